@@ -1,0 +1,29 @@
+# The two Quick-start commands: `make demo` and `make test`. Each first runs the idempotent
+# install (scripts/install.sh: Open MPI, TensorFlow, Horovod compiled against it, this package).
+VENV   := .venv
+PY     := $(VENV)/bin/python
+NP     ?= 2
+export PATH := $(abspath $(VENV))/bin:$(PATH)
+
+.PHONY: install demo test lint format bench clean
+
+install:
+	@bash scripts/install.sh
+
+demo: install
+	horovodrun -np $(NP) -H localhost:$(NP) --gloo $(PY) -m hvd_train --config configs/quickstart.yaml
+	@echo "Results: runs/quickstart (summary.json, metrics.csv, config.yaml, model.keras, tensorboard/)"
+
+test: install
+	$(PY) -m pytest -q -ra tests
+
+lint: install
+	$(VENV)/bin/ruff check hvd_train tests benchmarks
+	$(VENV)/bin/ruff format --check hvd_train tests benchmarks
+
+format: install
+	$(VENV)/bin/ruff format hvd_train tests benchmarks
+	$(VENV)/bin/ruff check --fix hvd_train tests benchmarks
+
+clean:
+	rm -rf runs .pytest_cache

@@ -1,0 +1,460 @@
+"""The one config loader: YAML file -> `--set` overrides -> checks -> a frozen, typed tree.
+
+Shared by the trainer and every launch script (`python -m hvd_train.config`), so there is one
+parser and one set of rules. The order of precedence is: field defaults, then `--config FILE`,
+then each `--set a.b=value` in the order given. Values are checked against the field's type as
+they are merged; rules that span fields run once after the merge (`check`); derived values
+(per-worker and global batch, scaled learning rate, steps per epoch) are computed in `derive`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import os
+import sys
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import yaml
+
+from hvd_train.errors import ConfigError
+
+
+def _positive(default: Any, **meta: Any) -> Any:
+    return field(default=default, metadata={"min": 1, **meta})
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    dir: str = "runs/default"  # results: config.yaml, metrics.csv, summary.json, checkpoints
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    epochs: int = _positive(10)
+    batch_size: int = _positive(32)
+    # per_worker: each worker takes batch_size examples a step (global = batch_size x workers).
+    # global: batch_size is split across the workers, so the step is the same at any worker count.
+    batch_size_mode: Literal["per_worker", "global"] = "per_worker"
+    steps_per_epoch: int | None = _positive(None)  # cap; default: one pass over the data
+    verbose: bool = True  # Keras progress bar on rank 0
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    name: Literal["sgd", "adam", "adamw", "rmsprop"] = "sgd"
+    # The rate for the global batch one worker would use; scaled by `lr_scaling` (see `derive`).
+    learning_rate: float = field(default=0.01, metadata={"min_exclusive": 0.0})
+    momentum: float = field(default=0.9, metadata={"min": 0.0, "max": 1.0})  # sgd, rmsprop
+    weight_decay: float = field(default=0.0, metadata={"min": 0.0})  # adamw
+    lr_scaling: Literal["linear", "sqrt", "none"] = "linear"
+    # Linear ramp, per batch, from learning_rate to the scaled rate (Goyal et al. 2017).
+    warmup_epochs: float = field(default=0.0, metadata={"min": 0.0})
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    # synthetic: random inputs made once in memory (speed runs measure the model, not the data).
+    # digits: scikit-learn's 8x8 handwritten digits, shipped inside the package (no download).
+    source: Literal["synthetic", "digits"] = "synthetic"
+    image_size: tuple[int, ...] = (32, 32)  # height, width (synthetic)
+    channels: int = _positive(3)  # synthetic
+    num_classes: int = field(default=10, metadata={"min": 2})  # synthetic
+    train_examples: int = _positive(4096)  # synthetic
+    val_examples: int = field(default=1024, metadata={"min": 0})  # synthetic
+    validation_fraction: float = field(default=0.2, metadata={"min": 0.0, "max": 0.9})  # digits
+    # What happens to the examples past the last full global batch of an epoch.
+    remainder: Literal["drop", "pad_by_repeat"] = "drop"
+    shuffle: bool = True  # reshuffled every epoch from runtime.seed
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: Literal["convnet7", "mlp"] = "convnet7"
+    # "module:function": called with the config, returns an uncompiled Keras model. Wins over name.
+    factory: str = ""
+    from_logits: bool = False  # True when the model's last layer has no softmax
+    filters: tuple[int, ...] = (32, 32, 64, 64)  # convnet7
+    dense_units: tuple[int, ...] = (256,)  # convnet7 and mlp hidden layers
+    dropout: float = field(default=0.25, metadata={"min": 0.0, "max": 0.95})
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    intra_op_threads: int = field(default=0, metadata={"min": 0})  # 0: cores / local workers
+    inter_op_threads: int = field(default=0, metadata={"min": 0})  # 0: 2 on CPU, TF's own on GPU
+    seed: int = 42
+    jit_compile: bool = False  # XLA
+
+
+@dataclass(frozen=True)
+class LoggingConfig:
+    tensorboard: bool = True  # <run.dir>/tensorboard, rank 0 only
+
+
+@dataclass(frozen=True)
+class Config:
+    run: RunConfig = field(default_factory=RunConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def load_config(path: str | os.PathLike | None, overrides: typing.Sequence[str] = ()) -> Config:
+    """Reads a YAML config, applies `key=value` overrides and returns the frozen tree.
+
+    Args:
+        path: YAML file, or None for the defaults alone.
+        overrides: `a.b=value` strings, applied in order; values are YAML scalars or lists.
+
+    Raises:
+        ConfigError: naming the file (or override), the dotted key and what was expected.
+    """
+    tree: dict[str, Any] = {}
+    if path is not None:
+        tree = _merge(tree, _tag(_read_yaml(str(path)), str(path)))
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--set {item}: expected key=value, for example train.epochs=5")
+        nested: Any = _parse_scalar(raw, f"--set {item}")
+        for part in reversed(key.strip().split(".")):
+            nested = {part: nested}
+        tree = _merge(tree, _tag(nested, f"--set {item}"))
+    return _build(Config, tree, "", path_label(path))
+
+
+def path_label(path: str | os.PathLike | None) -> str:
+    return str(path) if path is not None else "<defaults>"
+
+
+def _read_yaml(path: str) -> dict[str, Any]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = yaml.safe_load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: config file not found") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{path}: is a folder, expected a YAML config file") from None
+    except yaml.YAMLError as e:
+        where = getattr(e, "problem_mark", None)
+        line = f" (line {where.line + 1})" if where is not None else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(f"{path}{line}: not valid YAML: {problem}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of sections at the top, got {_kind(data)}")
+    return data
+
+
+def _parse_scalar(raw: str, source: str) -> Any:
+    try:
+        return yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        raise ConfigError(f"{source}: the value is not valid YAML") from None
+
+
+def _merge(base: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in new.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _tag(tree: dict[str, Any], source: str) -> dict[str, Any]:
+    """Wraps every leaf with the file or override it came from, for error messages."""
+    return {
+        k: _tag(v, source) if isinstance(v, dict) else _Sourced(v, source) for k, v in tree.items()
+    }
+
+
+@dataclass(frozen=True)
+class _Sourced:
+    value: Any
+    source: str
+
+
+def _build(cls: type, tree: Any, prefix: str, default_source: str) -> Any:
+    if isinstance(tree, _Sourced) and tree.value is None:  # `train:` with nothing under it
+        tree = {}
+    if isinstance(tree, _Sourced):
+        raise ConfigError(
+            f"{tree.source}: {prefix.rstrip('.')}: expected a mapping of keys, got {_got(tree.value)}"
+        )
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    for key in tree:
+        if key not in fields:
+            raise ConfigError(_unknown_key(tree, key, prefix, fields, default_source))
+    kwargs = {}
+    for name, value in tree.items():
+        path = f"{prefix}{name}"
+        if dataclasses.is_dataclass(hints[name]):
+            kwargs[name] = _build(hints[name], value, f"{path}.", default_source)
+        else:
+            if isinstance(value, dict):
+                raise ConfigError(
+                    f"{_first_source(value, default_source)}: {path}: expected "
+                    f"{_describe(hints[name])}, got a mapping"
+                )
+            kwargs[name] = _coerce(value.value, hints[name], fields[name], path, value.source)
+    return cls(**kwargs)
+
+
+def _first_source(tree: dict[str, Any], default: str) -> str:
+    for v in tree.values():
+        if isinstance(v, _Sourced):
+            return v.source
+        if isinstance(v, dict):
+            return _first_source(v, default)
+    return default
+
+
+def _unknown_key(tree: dict, key: str, prefix: str, fields: dict, default_source: str) -> str:
+    value = tree[key]
+    source = value.source if isinstance(value, _Sourced) else _first_source(value, default_source)
+    close = difflib.get_close_matches(key, list(fields), n=1, cutoff=0.6)
+    hint = (
+        f"; did you mean {prefix}{close[0]}?"
+        if close
+        else f"; known keys here: {', '.join(prefix + f for f in fields)}"
+    )
+    return f"{source}: {prefix}{key}: unknown key{hint}"
+
+
+def _coerce(value: Any, tp: Any, fld: dataclasses.Field, path: str, source: str) -> Any:
+    given = value
+
+    def fail(expected: str | None = None) -> ConfigError:
+        return ConfigError(
+            f"{source}: {path}: expected {expected or _describe(tp)}, got {_got(given)}"
+        )
+
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is typing.Union:  # Optional[X]
+        if value is None:
+            return None
+        tp = next(a for a in args if a is not type(None))
+        origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is Literal:
+        if value not in args:
+            raise fail()
+        return value
+    if origin is tuple:
+        if not isinstance(value, list) or not all(_is_int(v) for v in value):
+            raise fail()
+        if any(v < 1 for v in value):
+            raise fail("a list of positive integers")
+        return tuple(value)
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise fail()
+        return value
+    if tp is int:
+        if not _is_int(value):
+            raise fail()
+    elif tp is float:
+        value = _as_float(value)
+        if value is None:
+            raise fail()
+    elif tp is str:
+        if not isinstance(value, str):
+            raise fail()
+        return value
+    _check_range(value, fld, fail)
+    return value
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _as_float(v: Any) -> float | None:
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, (int, float)):
+        return float(v)
+    if isinstance(v, str):  # PyYAML reads 1e-3 (no dot) as a string
+        try:
+            f = float(v)
+        except ValueError:
+            return None
+        return f if math.isfinite(f) else None
+    return None
+
+
+def _check_range(value: float, fld: dataclasses.Field, fail: Any) -> None:
+    meta = fld.metadata
+    if "min" in meta and value < meta["min"]:
+        raise fail(f"a value >= {meta['min']}")
+    if "min_exclusive" in meta and value <= meta["min_exclusive"]:
+        raise fail(f"a value > {meta['min_exclusive']}")
+    if "max" in meta and value > meta["max"]:
+        raise fail(f"a value <= {meta['max']}")
+
+
+def _describe(tp: Any) -> str:
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is typing.Union:
+        inner = next(a for a in args if a is not type(None))
+        return f"{_describe(inner)} or null"
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in args)
+    if origin is tuple:
+        return "a list of integers"
+    return {bool: "true or false", int: "an integer", float: "a number", str: "a string"}[tp]
+
+
+def _got(v: Any) -> str:
+    return f"{v!r} ({_kind(v)})"
+
+
+def _kind(v: Any) -> str:
+    if v is None:
+        return "null"
+    return {dict: "a mapping", list: "a list", bool: "a boolean"}.get(type(v), type(v).__name__)
+
+
+# --------------------------------------------------------------------------- checks and derived
+
+
+def check(cfg: Config, world_size: int) -> None:
+    """Rules that span fields or need the worker count; run once, after the merge."""
+    t = cfg.train
+    if t.batch_size_mode == "global" and t.batch_size % world_size:
+        raise ConfigError(
+            f"train.batch_size: a global batch of {t.batch_size} does not divide evenly by "
+            f"{world_size} workers; use a multiple of {world_size}, or batch_size_mode: per_worker"
+        )
+    if cfg.model.factory and ":" not in cfg.model.factory:
+        raise ConfigError(f"model.factory: expected 'module:function', got {cfg.model.factory!r}")
+    if cfg.data.source == "synthetic" and len(cfg.data.image_size) not in (1, 2):
+        raise ConfigError(
+            f"data.image_size: expected [height, width] or [features], got {list(cfg.data.image_size)}"
+        )
+
+
+@dataclass(frozen=True)
+class Derived:
+    """Values computed from the config and the job; the only place they are computed."""
+
+    world_size: int
+    per_worker_batch: int
+    global_batch: int
+    lr_factor: float  # how much larger the step's global batch is than one worker's
+    base_lr: float
+    scaled_lr: float
+    steps_per_epoch: int
+    warmup_steps: int
+    examples_per_epoch: int  # examples that take part in an epoch (after drop or pad)
+
+
+def derive(cfg: Config, world_size: int, num_train: int) -> Derived:
+    """Batch sizes, learning rate and steps for `world_size` workers and `num_train` examples.
+
+    The learning rate is defined for the batch one worker would take. With
+    `batch_size_mode: per_worker` the global batch grows with the workers, so the rate is scaled
+    by the worker count (`linear`: x N, `sqrt`: x sqrt(N)). With `global` the batch, and so the
+    rate, do not change with the worker count.
+    """
+    check(cfg, world_size)
+    t = cfg.train
+    if t.batch_size_mode == "per_worker":
+        per_worker, global_batch, k = t.batch_size, t.batch_size * world_size, world_size
+    else:
+        per_worker, global_batch, k = t.batch_size // world_size, t.batch_size, 1
+    factor = {"linear": float(k), "sqrt": math.sqrt(k), "none": 1.0}[cfg.optimizer.lr_scaling]
+    if num_train < global_batch:
+        from hvd_train.errors import DataError
+
+        raise DataError(
+            f"data: {num_train} training examples are fewer than one global batch of "
+            f"{global_batch} ({world_size} workers x {per_worker}); lower train.batch_size"
+        )
+    full, rest = divmod(num_train, global_batch)
+    steps = full + (1 if rest and cfg.data.remainder == "pad_by_repeat" else 0)
+    if t.steps_per_epoch is not None:
+        steps = min(steps, t.steps_per_epoch)
+    return Derived(
+        world_size=world_size,
+        per_worker_batch=per_worker,
+        global_batch=global_batch,
+        lr_factor=factor,
+        base_lr=cfg.optimizer.learning_rate,
+        scaled_lr=cfg.optimizer.learning_rate * factor,
+        steps_per_epoch=steps,
+        warmup_steps=round(cfg.optimizer.warmup_epochs * steps),
+        examples_per_epoch=steps * global_batch,
+    )
+
+
+# --------------------------------------------------------------------------- output
+
+
+def to_dict(cfg: Config) -> dict[str, Any]:
+    """The resolved config as plain YAML-able data (tuples become lists)."""
+
+    def plain(v: Any) -> Any:
+        if isinstance(v, tuple):
+            return list(v)
+        if isinstance(v, dict):
+            return {k: plain(x) for k, x in v.items()}
+        return v
+
+    return plain(dataclasses.asdict(cfg))
+
+
+def dump_yaml(cfg: Config) -> str:
+    return yaml.safe_dump(to_dict(cfg), sort_keys=False)
+
+
+def get(cfg: Config, dotted: str) -> Any:
+    """`get(cfg, "train.batch_size")`; raises ConfigError for an unknown key."""
+    node: Any = cfg
+    for part in dotted.split("."):
+        if not dataclasses.is_dataclass(node) or not hasattr(node, part):
+            raise ConfigError(f"{dotted}: unknown key")
+        node = getattr(node, part)
+    return list(node) if isinstance(node, tuple) else node
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m hvd_train.config --config F [--set k=v ...] [--get KEY ...]`, for launch scripts.
+
+    Prints the resolved YAML, or with `--get` each key's value on its own line.
+    """
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m hvd_train.config")
+    p.add_argument("--config", required=True)
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--get", action="append", default=[], metavar="KEY")
+    args = p.parse_args(argv)
+    try:
+        cfg = load_config(args.config, args.overrides)
+        values = [get(cfg, key) for key in args.get]
+    except ConfigError as e:
+        print(f"hvd_train: error: {e}", file=sys.stderr)
+        return 2
+    if not args.get:
+        sys.stdout.write(dump_yaml(cfg))
+    for v in values:
+        print("" if v is None else (str(v).lower() if isinstance(v, bool) else v))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,132 @@
+"""Everything that touches Horovod's global state: init, ranks, devices, collectives, logging.
+
+Nothing else in hvd_train calls `hvd.rank()`: code asks `is_chief()` or uses `rank_zero_only`.
+Collectives (`allreduce_sum`, `broadcast_object`) must be called on every rank.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import horovod
+import horovod.tensorflow as hvd_tf
+import horovod.tensorflow.keras as hvd
+import numpy as np
+import tensorflow as tf
+
+from hvd_train.errors import UserError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def init() -> None:
+    """Starts Horovod (Gloo or MPI, whichever horovodrun or mpirun chose)."""
+    hvd.init()
+
+
+def rank() -> int:
+    return hvd.rank()
+
+
+def size() -> int:
+    return hvd.size()
+
+
+def local_rank() -> int:
+    return hvd.local_rank()
+
+
+def local_size() -> int:
+    return hvd.local_size()
+
+
+def is_chief() -> bool:
+    """True on the one worker that writes files and prints progress (rank 0)."""
+    return hvd.rank() == 0
+
+
+def controller() -> str:
+    """'gloo' or 'mpi': the controller this job runs on."""
+    return "gloo" if hvd.gloo_enabled() else "mpi"
+
+
+def rank_zero_only(fn: F) -> F:
+    """Runs `fn` on rank 0 only; elsewhere it returns None. Never wrap a collective in it."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        return fn(*args, **kwargs) if is_chief() else None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def log(message: str, *, all_ranks: bool = False) -> None:
+    """Prints on rank 0; with `all_ranks=True` every rank prints, prefixed `[rank N]`."""
+    if all_ranks:
+        print(f"[rank {rank()}] {message}", file=sys.stderr, flush=True)
+    elif is_chief():
+        print(f"[hvd_train] {message}", flush=True)
+
+
+def configure_devices(intra_op_threads: int, inter_op_threads: int) -> str:
+    """Pins this process to its device and sizes TensorFlow's thread pools; returns 'gpu'|'cpu'.
+
+    Must run before TensorFlow executes any op. `list_physical_devices` only enumerates GPUs; it
+    does not create a context on each of them (as `device_lib.list_local_devices()` would, the
+    trap that makes every worker allocate memory on every GPU).
+    """
+    gpus = tf.config.list_physical_devices("GPU")
+    if gpus:
+        # Horovod: one GPU per process, chosen by local rank. A launcher that already narrowed
+        # CUDA_VISIBLE_DEVICES to one GPU per process leaves exactly one visible.
+        if len(gpus) > 1 and local_rank() >= len(gpus):
+            raise UserError(
+                f"worker with local rank {local_rank()} found only {len(gpus)} GPUs on "
+                f"this host; start at most {len(gpus)} workers per host"
+            )
+        gpu = gpus[local_rank() if len(gpus) > 1 else 0]
+        tf.config.experimental.set_memory_growth(gpu, True)
+        tf.config.set_visible_devices(gpu, "GPU")
+    else:
+        # On CPU, workers on one host share its cores: give each its fair share, not all.
+        cores = len(os.sched_getaffinity(0))
+        intra_op_threads = intra_op_threads or max(1, cores // local_size())
+        inter_op_threads = inter_op_threads or 2
+    if intra_op_threads:
+        tf.config.threading.set_intra_op_parallelism_threads(intra_op_threads)
+    if inter_op_threads:
+        tf.config.threading.set_inter_op_parallelism_threads(inter_op_threads)
+    return "gpu" if gpus else "cpu"
+
+
+def allreduce_sum(values: np.ndarray | list[float], name: str) -> np.ndarray:
+    """Sums a float64 vector over all ranks (exact counts and sums, not a mean of means)."""
+    tensor = tf.constant(np.asarray(values, dtype=np.float64))
+    return hvd_tf.allreduce(tensor, op=hvd_tf.Sum, name=name).numpy()
+
+
+def broadcast_object(obj: Any, name: str) -> Any:
+    """Rank 0's `obj` on every rank."""
+    return hvd_tf.broadcast_object(obj, root_rank=0, name=name)
+
+
+def allgather_object(obj: Any, name: str) -> list[Any]:
+    """Every rank's `obj`, in rank order, on every rank."""
+    return hvd_tf.allgather_object(obj, name=name)
+
+
+def broadcast_variables(variables: list[tf.Variable]) -> None:
+    """Copies rank 0's values into `variables` on every rank."""
+    hvd_tf.broadcast_variables(variables, root_rank=0)
+
+
+def versions() -> dict[str, str]:
+    return {
+        "python": sys.version.split()[0],
+        "tensorflow": tf.__version__,
+        "horovod": horovod.__version__,
+    }

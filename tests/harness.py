@@ -1,0 +1,53 @@
+"""Launching real jobs from tests: horovodrun with Gloo on localhost, bounded by a timeout.
+
+On failure or timeout the assertion carries every rank's output, as horovodrun printed it.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+BIN = pathlib.Path(sys.executable).parent
+PYTHON = sys.executable
+WORKERS = ROOT / "tests" / "workers"
+QUICKSTART = ROOT / "configs" / "quickstart.yaml"
+
+
+def run(cmd: list[str], cwd: pathlib.Path, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Runs `cmd` in its own process group; kills the whole group if it outlives `timeout`."""
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+           "PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "2"}  # fmt: skip
+    proc = subprocess.Popen(
+        cmd, cwd=cwd, env=env, text=True, start_new_session=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        raise AssertionError(
+            f"timed out after {timeout} s: {' '.join(cmd)}\n--- stdout\n{out}\n--- stderr\n{err}"
+        ) from None
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def horovodrun(np: int, command: list[str], cwd: pathlib.Path, timeout: float = 300):
+    """`horovodrun -np N -H localhost:N --gloo COMMAND`, as Horovod's own CI runs its tests."""
+    cmd = [str(BIN / "horovodrun"), "-np", str(np), "-H", f"localhost:{np}", "--gloo", *command]
+    return run(cmd, cwd, timeout)
+
+
+def check(proc: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
+    """Raises with the job's whole output unless it exited 0."""
+    if proc.returncode != 0:
+        raise AssertionError(
+            f"exit code {proc.returncode}: {' '.join(map(str, proc.args))}\n"
+            f"--- stdout\n{proc.stdout[-8000:]}\n--- stderr\n{proc.stderr[-8000:]}"
+        )
+    return proc

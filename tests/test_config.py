@@ -1,0 +1,147 @@
+"""The config loader: every shipped config loads; every invalid one fails with its exact message."""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+
+import pytest
+import yaml
+
+from hvd_train.config import Config, check, derive, dump_yaml, load_config
+from hvd_train.errors import ConfigError, DataError
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+SHIPPED = sorted((ROOT / "configs").glob("*.yaml"))
+INVALID = sorted((ROOT / "tests" / "invalid_configs").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.name)
+def test_every_shipped_config_loads(path: pathlib.Path) -> None:
+    cfg = load_config(path)
+    assert isinstance(cfg, Config)
+    check(cfg, world_size=2)
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.name)
+def test_every_shipped_config_opens_with_its_launch_command(path: pathlib.Path) -> None:
+    first = path.read_text().splitlines()[0]
+    assert first.startswith("# ") and "hvd_train" in first and str(path.name) in first, first
+
+
+def test_shipped_configs_exist() -> None:
+    assert any(p.name == "quickstart.yaml" for p in SHIPPED)
+
+
+@pytest.mark.parametrize("path", INVALID, ids=lambda p: p.name)
+def test_invalid_config_gives_its_exact_message(path: pathlib.Path) -> None:
+    first = path.read_text().splitlines()[0]
+    assert first.startswith("# expect: "), f"{path.name} must open with '# expect: MESSAGE'"
+    expected = first.removeprefix("# expect: ").replace("{file}", str(path))
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert str(info.value) == expected
+
+
+def test_defaults_give_a_value_for_every_field() -> None:
+    cfg = load_config(None)
+    for section in dataclasses.fields(cfg):
+        for f in dataclasses.fields(getattr(cfg, section.name)):
+            assert f.default is not dataclasses.MISSING, f"{section.name}.{f.name} has no default"
+
+
+def test_config_is_frozen() -> None:
+    cfg = load_config(None)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.train.epochs = 3  # type: ignore[misc]
+
+
+def test_set_overrides_file_and_is_typed_by_field(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("train:\n  epochs: 3\n  batch_size: 16\n")
+    cfg = load_config(
+        path,
+        ["train.epochs=5", "optimizer.learning_rate=1e-3", "model.dense_units=[64, 32]",
+         "train.steps_per_epoch=null", "train.steps_per_epoch=7"],
+    )  # fmt: skip
+    assert cfg.train.epochs == 5
+    assert cfg.train.batch_size == 16  # from the file
+    assert cfg.optimizer.learning_rate == pytest.approx(1e-3)  # YAML reads 1e-3 as a string
+    assert cfg.model.dense_units == (64, 32)
+    assert cfg.train.steps_per_epoch == 7  # later overrides win
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("train.epocs=3", "--set train.epocs=3: train.epocs: unknown key; did you mean train.epochs?"),
+        ("train.epochs=x", "--set train.epochs=x: train.epochs: expected an integer, got 'x' (str)"),
+        ("train=3", "--set train=3: train: expected a mapping of keys, got 3 (int)"),
+        ("epochs", "--set epochs: expected key=value, for example train.epochs=5"),
+        ("train.verbose=1", "--set train.verbose=1: train.verbose: expected true or false, got 1 (int)"),
+    ],
+)  # fmt: skip
+def test_bad_override_names_the_override(override: str, message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(None, [override])
+    assert str(info.value) == message
+
+
+def test_resolved_config_round_trips_through_yaml(tmp_path: pathlib.Path) -> None:
+    cfg = load_config(ROOT / "configs" / "quickstart.yaml", ["train.epochs=2"])
+    path = tmp_path / "resolved.yaml"
+    path.write_text(dump_yaml(cfg))
+    assert load_config(path) == cfg
+
+
+def test_global_batch_must_divide_by_workers() -> None:
+    cfg = load_config(None, ["train.batch_size=30", "train.batch_size_mode=global"])
+    check(cfg, world_size=3)
+    with pytest.raises(ConfigError, match="a global batch of 30 does not divide evenly by 4"):
+        check(cfg, world_size=4)
+
+
+@pytest.mark.parametrize(
+    ("mode", "scaling", "world", "per_worker", "global_batch", "lr"),
+    [
+        ("per_worker", "linear", 4, 32, 128, 0.4),
+        ("per_worker", "sqrt", 4, 32, 128, 0.2),
+        ("per_worker", "none", 4, 32, 128, 0.1),
+        ("global", "linear", 4, 8, 32, 0.1),  # the global batch does not grow: nor does the rate
+        ("per_worker", "linear", 1, 32, 32, 0.1),
+    ],
+)
+def test_derived_batches_and_learning_rate(mode, scaling, world, per_worker, global_batch, lr):
+    cfg = load_config(None, [f"train.batch_size_mode={mode}", "train.batch_size=32",
+                             "optimizer.learning_rate=0.1", f"optimizer.lr_scaling={scaling}"])  # fmt: skip
+    d = derive(cfg, world, num_train=1000)
+    assert (d.per_worker_batch, d.global_batch) == (per_worker, global_batch)
+    assert d.scaled_lr == pytest.approx(lr)
+    assert d.steps_per_epoch == 1000 // global_batch
+
+
+def test_steps_per_epoch_follow_remainder_and_cap() -> None:
+    base = ["train.batch_size=10", "optimizer.warmup_epochs=1.5"]
+    drop = derive(load_config(None, base), 2, num_train=105)
+    assert (drop.steps_per_epoch, drop.examples_per_epoch, drop.warmup_steps) == (5, 100, 8)
+    pad = derive(load_config(None, [*base, "data.remainder=pad_by_repeat"]), 2, num_train=105)
+    assert (pad.steps_per_epoch, pad.examples_per_epoch) == (6, 120)
+    capped = derive(load_config(None, [*base, "train.steps_per_epoch=3"]), 2, num_train=105)
+    assert capped.steps_per_epoch == 3
+
+
+def test_fewer_examples_than_one_global_batch_is_a_data_error() -> None:
+    cfg = load_config(None, ["train.batch_size=64"])
+    with pytest.raises(DataError, match="50 training examples are fewer than one global batch"):
+        derive(cfg, 2, num_train=50)
+
+
+def test_config_module_prints_values_for_launch_scripts(capsys) -> None:
+    from hvd_train.config import main
+
+    path = str(ROOT / "configs" / "quickstart.yaml")
+    assert main(["--config", path, "--get", "train.batch_size", "--get", "data.source"]) == 0
+    assert capsys.readouterr().out.split() == ["32", "digits"]
+    assert main(["--config", path, "--get", "train.nope"]) == 2
+    full = yaml.safe_load((main(["--config", path]), capsys.readouterr().out)[1])
+    assert full["train"]["epochs"] == load_config(path).train.epochs

@@ -1,0 +1,162 @@
+"""Real 2-worker jobs through horovodrun (Gloo, localhost): no mock of Horovod anywhere."""
+
+from __future__ import annotations
+
+import csv
+import json
+import pathlib
+import re
+
+import pytest
+import yaml
+from harness import PYTHON, QUICKSTART, ROOT, WORKERS, check, horovodrun, run
+
+from hvd_train.config import load_config
+
+pytestmark = pytest.mark.multiworker
+
+README_VAL_ACCURACY = 0.95  # the quickstart accuracy the README promises
+
+
+def read_metrics(run_dir: pathlib.Path) -> list[dict[str, float]]:
+    with open(run_dir / "metrics.csv") as f:
+        return [{k: float(v) for k, v in row.items()} for row in csv.DictReader(f)]
+
+
+@pytest.fixture(scope="module")
+def quickstart(tmp_path_factory) -> tuple[pathlib.Path, str]:
+    """The shipped quickstart, unchanged, at 2 workers; each rank in a folder of its own."""
+    root = tmp_path_factory.mktemp("quickstart")
+    proc = check(horovodrun(2, [
+        str(WORKERS / "in_rank_dir.sh"), PYTHON, str(WORKERS / "train_and_compare_weights.py"),
+        str(QUICKSTART), "run.dir=out",
+    ], cwd=root))  # fmt: skip
+    return root, proc.stdout
+
+
+def test_all_ranks_end_with_identical_weights(quickstart) -> None:
+    _, out = quickstart
+    lines = re.findall(r"rank (\d): weights identical on 2 ranks: ([0-9a-f]+)", out)
+    assert sorted(r for r, _ in lines) == ["0", "1"], out[-3000:]
+    assert len({d for _, d in lines}) == 1
+
+
+def test_only_rank_zero_wrote_files(quickstart) -> None:
+    root, _ = quickstart
+    written = {p.name for p in (root / "rank0" / "out").iterdir()}
+    assert {"config.yaml", "metrics.csv", "summary.json", "model.keras", "tensorboard",
+            "checkpoints"} <= written  # fmt: skip
+    assert list((root / "rank1").iterdir()) == [], "rank 1 wrote files"
+
+
+def test_loss_goes_down(quickstart) -> None:
+    rows = read_metrics(quickstart[0] / "rank0" / "out")
+    assert len(rows) == load_config(QUICKSTART).train.epochs
+    assert rows[-1]["loss"] < 0.5 * rows[0]["loss"], rows
+    assert rows[-1]["val_loss"] < rows[0]["val_loss"], rows
+
+
+def test_summary_is_complete_and_consistent(quickstart) -> None:
+    run_dir = quickstart[0] / "rank0" / "out"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    cfg = load_config(QUICKSTART)
+    assert summary["status"] == "completed"
+    assert summary["world_size"] == 2
+    assert summary["controller"] == "gloo"
+    assert summary["per_worker_batch_size"] == cfg.train.batch_size
+    assert summary["global_batch_size"] == summary["per_worker_batch_size"] * 2
+    assert summary["epochs_completed"] == cfg.train.epochs
+    assert summary["train_examples_per_sec"] > 0
+    assert 0 < summary["wall_time_s"] < 300
+    assert set(summary["versions"]) == {"python", "tensorflow", "horovod"}
+    assert summary["versions"]["horovod"] == "0.28.1"
+    final = summary["final_metrics"]
+    assert final["val_accuracy"] >= README_VAL_ACCURACY, final
+    rows = read_metrics(run_dir)
+    assert final["val_accuracy"] == pytest.approx(rows[-1]["val_accuracy"], abs=1e-5)
+    # all workers' rate, the first (tracing) epoch left out
+    steps, g = summary["steps_per_epoch"], summary["global_batch_size"]
+    expected = (len(rows) - 1) * steps * g / sum(r["epoch_time_s"] for r in rows[1:])
+    assert summary["train_examples_per_sec"] == pytest.approx(expected, rel=1e-3)
+
+
+def test_learning_rate_after_warmup_is_the_scaled_rate(quickstart) -> None:
+    run_dir = quickstart[0] / "rank0" / "out"
+    rows = read_metrics(run_dir)
+    steps = json.loads((run_dir / "summary.json").read_text())["steps_per_epoch"]
+    o = load_config(QUICKSTART).optimizer
+    assert (o.lr_scaling, o.warmup_epochs) == ("linear", 2)
+    # logged: the rate of the epoch's last step, index steps-1 of a 2-epoch linear ramp
+    mid_ramp = o.learning_rate * (1 + (steps - 1) / (2 * steps))
+    assert rows[0]["learning_rate"] == pytest.approx(mid_ramp, rel=1e-5)
+    for row in rows[2:]:
+        assert row["learning_rate"] == pytest.approx(o.learning_rate * 2, rel=1e-5)
+
+
+def test_resolved_config_is_written(quickstart) -> None:
+    written = quickstart[0] / "rank0" / "out" / "config.yaml"
+    assert load_config(written) == load_config(QUICKSTART, ["run.dir=out"])
+
+
+def test_saved_model_loads_without_horovod(quickstart) -> None:
+    """The exported model loads and predicts with Horovod made unimportable."""
+    run_dir = quickstart[0] / "rank0" / "out"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    script = f"""
+import sys
+sys.modules["horovod"] = None  # any import of horovod now fails
+import numpy as np, tensorflow as tf
+from hvd_train.config import load_config
+from hvd_train.data import load_source
+src = load_source(load_config({str(QUICKSTART)!r}))
+model = tf.keras.models.load_model({str(run_dir / "model.keras")!r})
+acc = float(np.mean(np.argmax(model.predict(src.x_val, verbose=0), -1) == src.y_val))
+print("accuracy", acc)
+"""
+    out = check(run([PYTHON, "-c", script], cwd=run_dir)).stdout
+    acc = float(re.search(r"accuracy ([0-9.]+)", out).group(1))
+    assert acc == pytest.approx(summary["final_metrics"]["val_accuracy"], abs=1e-6)
+
+
+def test_two_workers_at_batch_b_train_like_one_worker_at_2b(tmp_path: pathlib.Path) -> None:
+    """Synchronous data parallelism is large-batch training: same global batches, same rate,
+    so the same losses up to float summation order. Also runs one worker without horovodrun."""
+    common = ["--config", str(QUICKSTART), "--set", "train.batch_size_mode=global",
+              "--set", "train.batch_size=64", "--set", "train.epochs=4",
+              "--set", "model.dropout=0", "--set", "logging.tensorboard=false"]  # fmt: skip
+    check(horovodrun(2, [PYTHON, "-m", "hvd_train", *common, "--set", "run.dir=two"], tmp_path))
+    check(run([PYTHON, "-m", "hvd_train", *common, "--set", "run.dir=one"], tmp_path))
+    one, two = read_metrics(tmp_path / "one"), read_metrics(tmp_path / "two")
+    s1 = json.loads((tmp_path / "one" / "summary.json").read_text())
+    s2 = json.loads((tmp_path / "two" / "summary.json").read_text())
+    assert (s1["world_size"], s2["world_size"]) == (1, 2)
+    assert (s1["per_worker_batch_size"], s2["per_worker_batch_size"]) == (64, 32)
+    assert s1["global_batch_size"] == s2["global_batch_size"] == 64
+    for a, b in zip(one, two, strict=True):
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-4), (one, two)
+        assert b["val_loss"] == pytest.approx(a["val_loss"], rel=1e-4), (one, two)
+        assert b["learning_rate"] == pytest.approx(a["learning_rate"], rel=1e-6)
+
+
+def test_bad_input_exits_2_with_one_line(tmp_path: pathlib.Path) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump({"data": {"source": "digits"}, "train": {"batch_size": 5000}}))
+    proc = run([PYTHON, "-m", "hvd_train", "--config", str(cfg)], tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("hvd_train: error:")]
+    assert errors == [
+        "hvd_train: error: data: 1438 training examples are fewer than one global batch of "
+        "5000 (1 workers x 5000); lower train.batch_size"
+    ]
+
+
+def test_bad_config_exits_2_before_loading_tensorflow(tmp_path: pathlib.Path) -> None:
+    for command in (["-m", "hvd_train"], ["-m", "hvd_train.config"]):
+        proc = run([PYTHON, *command, "--config", str(ROOT / "tests/invalid_configs/unknown_key.yaml")],
+                   tmp_path, timeout=60)  # fmt: skip
+        assert proc.returncode == 2
+        assert proc.stderr.strip().splitlines() == [
+            f"hvd_train: error: {ROOT}/tests/invalid_configs/unknown_key.yaml: train.batchsize: "
+            "unknown key; did you mean train.batch_size?"
+        ]
