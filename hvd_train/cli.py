@@ -7,6 +7,7 @@ exit code 1 are for everything else.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable
 
@@ -52,6 +53,9 @@ COMMANDS: dict[str, Callable[[list[str], str], int]] = {
 
 def main(argv: list[str] | None = None, prog: str = "hvd-train") -> int:
     argv = sys.argv[1:] if argv is None else argv
+    # TensorFlow's C++ INFO lines (CPU features, oneDNN) drown the training log; opt back in
+    # with TF_CPP_MIN_LOG_LEVEL=0.
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
     if argv and argv[0] in COMMANDS:
         command, argv, prog = COMMANDS[argv[0]], argv[1:], f"{prog} {argv[0]}"
     else:

@@ -67,7 +67,16 @@ if ! have "horovod==$HOROVOD_VERSION" || ! "$VENV/bin/python" -c "import horovod
   pip install -q "cmake>=3.13,<4"
   export HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITH_MPI=1 \
          HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 CMAKE_POLICY_VERSION_MINIMUM=3.5
-  if [ "$device" = gpu ]; then export HOROVOD_GPU_OPERATIONS=NCCL; fi
+  if [ "$device" = gpu ]; then
+    # Not run on this project's machines (no GPU): NCCL all-reduce, from the system (the CUDA
+    # Docker base images) or from the nvidia-nccl wheel that tensorflow[and-cuda] installs.
+    export HOROVOD_GPU_OPERATIONS=NCCL
+    if [ -z "${HOROVOD_NCCL_HOME:-}" ] && [ ! -e /usr/include/nccl.h ]; then
+      nccl=$("$VENV/bin/python" -c "import nvidia.nccl as n; print(list(n.__path__)[0])")
+      ln -sf libnccl.so.2 "$nccl/lib/libnccl.so"  # the wheel ships only the versioned name
+      export HOROVOD_NCCL_HOME="$nccl"
+    fi
+  fi
   PATH="$PWD/$VENV/bin:$PATH" pip install -q --no-build-isolation "horovod==$HOROVOD_VERSION"
 fi
 

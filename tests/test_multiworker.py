@@ -9,7 +9,7 @@ import re
 
 import pytest
 import yaml
-from harness import PYTHON, QUICKSTART, ROOT, WORKERS, check, horovodrun, run
+from harness import BIN, PYTHON, QUICKSTART, ROOT, WORKERS, check, horovodrun, run
 
 from hvd_train.config import load_config
 
@@ -152,9 +152,10 @@ def test_bad_input_exits_2_with_one_line(tmp_path: pathlib.Path) -> None:
 
 
 def test_bad_config_exits_2_before_loading_tensorflow(tmp_path: pathlib.Path) -> None:
-    for command in (["-m", "hvd_train"], ["-m", "hvd_train.config"]):
-        proc = run([PYTHON, *command, "--config", str(ROOT / "tests/invalid_configs/unknown_key.yaml")],
-                   tmp_path, timeout=60)  # fmt: skip
+    bad = str(ROOT / "tests/invalid_configs/unknown_key.yaml")
+    for command in ([PYTHON, "-m", "hvd_train"], [PYTHON, "-m", "hvd_train.config"],
+                    [str(BIN / "hvd-train")]):  # fmt: skip
+        proc = run([*command, "--config", bad], tmp_path, timeout=60)
         assert proc.returncode == 2
         assert proc.stderr.strip().splitlines() == [
             f"hvd_train: error: {ROOT}/tests/invalid_configs/unknown_key.yaml: train.batchsize: "
