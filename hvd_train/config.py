@@ -14,6 +14,7 @@ import difflib
 import math
 import os
 import sys
+import types
 import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -91,6 +92,23 @@ class RuntimeConfig:
 
 
 @dataclass(frozen=True)
+class HorovodConfig:
+    """Horovod's runtime knobs, applied by the trainer before hvd.init() (and passed as
+    horovodrun flags by the launch scripts). null keeps Horovod's own default."""
+
+    controller: Literal["gloo", "mpi"] = "gloo"  # used by launch scripts
+    fusion_threshold_mb: int | None = field(default=None, metadata={"min": 0})  # Horovod: 128
+    cycle_time_ms: float | None = field(default=None, metadata={"min_exclusive": 0.0})
+    timeline: bool = False  # <run.dir>/timeline.json (Chrome trace), written by rank 0
+    autotune: bool = False  # Horovod's Bayesian tuning of fusion and cycle time
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    cpu_workers: int = _positive(2)  # workers per node the launch scripts start without a GPU
+
+
+@dataclass(frozen=True)
 class LoggingConfig:
     tensorboard: bool = True  # <run.dir>/tensorboard, rank 0 only
 
@@ -103,6 +121,8 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    horovod: HorovodConfig = field(default_factory=HorovodConfig)
+    launch: LaunchConfig = field(default_factory=LaunchConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
 
 
@@ -236,15 +256,14 @@ def _unknown_key(tree: dict, key: str, prefix: str, fields: dict, default_source
 
 
 def _coerce(value: Any, tp: Any, fld: dataclasses.Field, path: str, source: str) -> Any:
-    given = value
+    given, declared = value, tp
 
     def fail(expected: str | None = None) -> ConfigError:
-        return ConfigError(
-            f"{source}: {path}: expected {expected or _describe(tp)}, got {_got(given)}"
-        )
+        wanted = expected or _describe(declared)
+        return ConfigError(f"{source}: {path}: expected {wanted}, got {_got(given)}")
 
     origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin is typing.Union:  # Optional[X]
+    if origin in _UNIONS:  # X | None
         if value is None:
             return None
         tp = next(a for a in args if a is not type(None))
@@ -278,6 +297,9 @@ def _coerce(value: Any, tp: Any, fld: dataclasses.Field, path: str, source: str)
     return value
 
 
+_UNIONS = (typing.Union, types.UnionType)
+
+
 def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
@@ -308,7 +330,7 @@ def _check_range(value: float, fld: dataclasses.Field, fail: Any) -> None:
 
 def _describe(tp: Any) -> str:
     origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin is typing.Union:
+    if origin in _UNIONS:
         inner = next(a for a in args if a is not type(None))
         return f"{_describe(inner)} or null"
     if origin is Literal:

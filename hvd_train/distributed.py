@@ -18,13 +18,33 @@ import horovod.tensorflow.keras as hvd
 import numpy as np
 import tensorflow as tf
 
+from hvd_train.config import HorovodConfig
 from hvd_train.errors import UserError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def init() -> None:
-    """Starts Horovod (Gloo or MPI, whichever horovodrun or mpirun chose)."""
+def init(knobs: HorovodConfig, run_dir: str) -> None:
+    """Starts Horovod (Gloo or MPI, whichever horovodrun or mpirun chose) with the config's knobs.
+
+    Horovod reads its tuning from the environment at init; a value the launcher already set
+    (a horovodrun flag) wins over the config.
+    """
+    env = {
+        "HOROVOD_FUSION_THRESHOLD": knobs.fusion_threshold_mb and knobs.fusion_threshold_mb << 20,
+        "HOROVOD_CYCLE_TIME": knobs.cycle_time_ms,
+        "HOROVOD_AUTOTUNE": 1 if knobs.autotune else None,
+        "HOROVOD_TIMELINE": os.path.abspath(os.path.join(run_dir, "timeline.json"))
+        if knobs.timeline
+        else None,
+    }
+    if knobs.fusion_threshold_mb == 0:
+        env["HOROVOD_FUSION_THRESHOLD"] = 0  # 0 turns fusion off
+    for key, value in env.items():
+        if value is not None:
+            os.environ.setdefault(key, str(value))
+    if knobs.timeline:
+        os.makedirs(run_dir, exist_ok=True)  # Horovod opens the file at init, on rank 0
     hvd.init()
 
 

@@ -23,7 +23,7 @@ from hvd_train.schedules import learning_rate_schedule
 def train(cfg: Config) -> tuple[tf.keras.Model, dict[str, Any]]:
     """Trains as one worker of the job horovodrun started (or alone); returns model and summary."""
     started = time.perf_counter()
-    distributed.init()
+    distributed.init(cfg.horovod, cfg.run.dir)
     device = distributed.configure_devices(
         cfg.runtime.intra_op_threads, cfg.runtime.inter_op_threads
     )

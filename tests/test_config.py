@@ -78,6 +78,9 @@ def test_set_overrides_file_and_is_typed_by_field(tmp_path: pathlib.Path) -> Non
         ("train.epochs=x", "--set train.epochs=x: train.epochs: expected an integer, got 'x' (str)"),
         ("train=3", "--set train=3: train: expected a mapping of keys, got 3 (int)"),
         ("epochs", "--set epochs: expected key=value, for example train.epochs=5"),
+        ("train.steps_per_epoch=x", "--set train.steps_per_epoch=x: train.steps_per_epoch: expected an integer or null, got 'x' (str)"),
+        ("train.steps_per_epoch=0", "--set train.steps_per_epoch=0: train.steps_per_epoch: expected a value >= 1, got 0 (int)"),
+        ("horovod.cycle_time_ms=-1", "--set horovod.cycle_time_ms=-1: horovod.cycle_time_ms: expected a value > 0.0, got -1 (int)"),
         ("train.verbose=1", "--set train.verbose=1: train.verbose: expected true or false, got 1 (int)"),
     ],
 )  # fmt: skip

@@ -124,7 +124,8 @@ def test_two_workers_at_batch_b_train_like_one_worker_at_2b(tmp_path: pathlib.Pa
     common = ["--config", str(QUICKSTART), "--set", "train.batch_size_mode=global",
               "--set", "train.batch_size=64", "--set", "train.epochs=4",
               "--set", "model.dropout=0", "--set", "logging.tensorboard=false"]  # fmt: skip
-    check(horovodrun(2, [PYTHON, "-m", "hvd_train", *common, "--set", "run.dir=two"], tmp_path))
+    two_worker = [*common, "--set", "run.dir=two", "--set", "horovod.timeline=true"]
+    check(horovodrun(2, [PYTHON, "-m", "hvd_train", *two_worker], tmp_path))
     check(run([PYTHON, "-m", "hvd_train", *common, "--set", "run.dir=one"], tmp_path))
     one, two = read_metrics(tmp_path / "one"), read_metrics(tmp_path / "two")
     s1 = json.loads((tmp_path / "one" / "summary.json").read_text())
@@ -136,6 +137,8 @@ def test_two_workers_at_batch_b_train_like_one_worker_at_2b(tmp_path: pathlib.Pa
         assert b["loss"] == pytest.approx(a["loss"], rel=1e-4), (one, two)
         assert b["val_loss"] == pytest.approx(a["val_loss"], rel=1e-4), (one, two)
         assert b["learning_rate"] == pytest.approx(a["learning_rate"], rel=1e-6)
+    # horovod.timeline=true: Horovod's own trace of the gradient all-reduces, in the run dir
+    assert "ALLREDUCE" in (tmp_path / "two" / "timeline.json").read_text()
 
 
 def test_bad_input_exits_2_with_one_line(tmp_path: pathlib.Path) -> None:
