@@ -81,9 +81,13 @@ if ! have "horovod==$HOROVOD_VERSION" || ! "$VENV/bin/python" -c "import horovod
 fi
 
 # --- this package and the rest of its pinned dependencies ---
-if ! have "hvd_train==0.1.0" || ! "$VENV/bin/python" -c "import mpi4py, yaml, sklearn, PIL, matplotlib, pytest, ruff" 2>/dev/null; then
+# Reinstalled whenever pyproject.toml (the pinned dependencies) changes.
+deps_stamp="$VENV/.hvd_train-deps.sha256"
+deps_sha=$(sha256sum pyproject.toml | cut -d' ' -f1)
+if [ "$(cat "$deps_stamp" 2>/dev/null)" != "$deps_sha" ]; then
   say "installing hvd_train and its dependencies"; changed=1
   pip install -q -e ".[$device,dev]"
+  echo "$deps_sha" > "$deps_stamp"
 fi
 
 # --- the check the whole install stands on ---
