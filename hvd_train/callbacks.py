@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import math
 import os
 import time
 
@@ -10,8 +11,9 @@ import horovod.tensorflow.keras as hvd
 import tensorflow as tf
 
 from hvd_train import distributed
-from hvd_train.checkpoint import export_plain_model
+from hvd_train.checkpoint import CheckpointStore, export_plain_model, monitor_mode, read_state
 from hvd_train.config import Config, Derived
+from hvd_train.control import RunControl
 from hvd_train.evaluation import Evaluator
 
 METRICS_COLUMNS = [
@@ -26,7 +28,7 @@ class EpochStats(tf.keras.callbacks.Callback):
 
     def __init__(self, d: Derived):
         super().__init__()
-        self.examples = d.steps_per_epoch * d.global_batch
+        self.global_batch = d.global_batch
         self._start = 0.0
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
@@ -34,80 +36,203 @@ class EpochStats(tf.keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         seconds = time.perf_counter() - self._start
+        # The steps of this fit call's epoch: fewer than steps_per_epoch in a resumed epoch.
+        logs["epoch_examples"] = self.params["steps"] * self.global_batch
         logs["epoch_time_s"] = seconds
-        logs["examples_per_sec"] = self.examples / seconds
+        logs["examples_per_sec"] = logs["epoch_examples"] / seconds
         # Keras reports, for a schedule, the rate its last apply_gradients used.
         logs["learning_rate"] = float(self.model.optimizer.learning_rate)
 
 
 class ExactValidation(tf.keras.callbacks.Callback):
-    """Puts exact `val_loss` and `val_accuracy` into the logs (a collective: every rank)."""
+    """Puts exact `val_loss` and `val_accuracy` into the logs (a collective: every rank).
 
-    def __init__(self, evaluator: Evaluator):
+    Skipped, on every rank alike, for an epoch that a stop cut short.
+    """
+
+    def __init__(self, evaluator: Evaluator, control: RunControl):
         super().__init__()
         self.evaluator = evaluator
+        self.control = control
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
-        logs.update(self.evaluator.evaluate())
+        if not self.control.stopped_mid_epoch():
+            logs.update(self.evaluator.evaluate())
 
 
 class MetricsCSV(tf.keras.callbacks.Callback):
-    """Appends one row per epoch to metrics.csv, flushed at once (rank 0 only)."""
+    """Appends one row per completed epoch to metrics.csv, flushed at once (rank 0 only).
 
-    def __init__(self, path: str):
+    A fresh run starts the file; a resumed run keeps the rows of the epochs it resumes after
+    and drops any later ones (written after the checkpoint it resumed from).
+    """
+
+    def __init__(self, path: str, control: RunControl, keep_epochs: int = 0):
         super().__init__()
         self.path = path
-
-    def on_train_begin(self, logs: dict | None = None) -> None:
-        with open(self.path, "w", newline="") as f:
-            csv.writer(f).writerow(METRICS_COLUMNS)
+        self.control = control
+        kept = _read_rows(path)[:keep_epochs] if keep_epochs else []
+        with open(path, "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(METRICS_COLUMNS)
+            w.writerows([row.get(c, "") for c in METRICS_COLUMNS] for row in kept)
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        if self.control.stopped_mid_epoch():
+            return
         row = {**logs, "epoch": epoch + 1}
         with open(self.path, "a", newline="") as f:
             csv.writer(f).writerow([_fmt(row.get(c, "")) for c in METRICS_COLUMNS])
 
 
-class SavePlainModel(tf.keras.callbacks.Callback):
-    """Exports the model after every epoch as a plain Keras model, atomically (rank 0 only)."""
+class Checkpointer(tf.keras.callbacks.Callback):
+    """Writes resumable checkpoints where the workers agreed it is safe (rank 0 only).
 
-    def __init__(self, path: str):
+    Every `checkpoint.every_epochs` epochs, the last epoch, every `checkpoint.every_steps`
+    steps, and where a signal stopped the run. RunControl, earlier in the callback list, has
+    already checked on every worker that loss and weights are finite at those points. A write
+    that fails (disk full, no permission) is reported and recorded; the previous checkpoints
+    stay as they were and training goes on. The best epoch by `checkpoint.monitor` is also
+    exported as the plain model `best.keras`.
+    """
+
+    def __init__(self, store: CheckpointStore, control: RunControl, cfg: Config, d: Derived):
         super().__init__()
-        self.path = path
+        self.store, self.control, self.cfg, self.d = store, control, cfg, d
+        self.failures: list[str] = []
+        self.last: str | None = store.newest()
+        best = store.best()
+        self.best_value = read_state(best)["metrics"][cfg.checkpoint.monitor] if best else None
+        self.best_model: str | None = None
+
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        c = self.control
+        if c.stopping or c.step_in_epoch == self.d.steps_per_epoch:
+            return  # written at the epoch's end
+        if every_steps_due(self.cfg, c.position_step):
+            self._save(c.epoch, c.step_in_epoch, "every_steps")
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
-        export_plain_model(self.model, self.path)
+        c, k = self.control, self.cfg.checkpoint
+        if c.stopped_mid_epoch():
+            self._save(*c.stopped_at, "stopped")
+            return
+        due = (
+            (k.every_epochs and (epoch + 1) % k.every_epochs == 0)
+            or epoch + 1 == self.cfg.train.epochs
+            or c.stopping
+            or every_steps_due(self.cfg, c.position_step)
+        )
+        metrics = {key: float(v) for key, v in (logs or {}).items() if _is_number(v)}
+        if due:
+            self._save(epoch + 1, 0, "stopped" if c.stopping else "epoch_end", metrics)
+        self._export_if_best(metrics)
+
+    def _save(self, epoch: int, step: int, reason: str, metrics: dict | None = None) -> None:
+        d = self.d
+        state = {
+            "global_step": int(self.model.optimizer.iterations.numpy()),
+            "epoch": epoch,  # the epoch to continue (0-based); `step` of its steps are done
+            "step": step,
+            "examples_in_epoch": step * d.global_batch,
+            "epochs": self.cfg.train.epochs,
+            "steps_per_epoch": d.steps_per_epoch,
+            "world_size": d.world_size,
+            "per_worker_batch": d.per_worker_batch,
+            "global_batch": d.global_batch,
+            "seed": self.cfg.runtime.seed,
+            "reason": reason,
+            "metrics": metrics or {},
+            "time": time.time(),
+        }
+        try:
+            self.last = self.store.save(self.model, state)
+        except Exception as e:  # noqa: BLE001 - any failed write: report, keep the old ones
+            what = f"checkpoint at epoch {epoch + (step > 0)}, step {step} failed: {e}"
+            self.failures.append(what)
+            distributed.log(f"warning: {what}; the previous checkpoint ({self.last}) is kept")
+
+    def _export_if_best(self, metrics: dict[str, float]) -> None:
+        value = metrics.get(self.cfg.checkpoint.monitor)
+        if value is None or not math.isfinite(value):
+            return
+        better = max if monitor_mode(self.cfg.checkpoint) == "max" else min
+        if self.best_value is not None and better(value, self.best_value) != value:
+            return
+        if value == self.best_value and self.best_model:
+            return
+        self.best_value = value
+        try:
+            self.best_model = export_plain_model(
+                self.model, os.path.join(self.cfg.run.dir, "best.keras")
+            )
+        except Exception as e:  # noqa: BLE001
+            self.failures.append(f"best.keras export failed: {e}")
+            distributed.log(f"warning: exporting best.keras failed: {e}")
+
+
+def _is_number(v: object) -> bool:
+    try:
+        return math.isfinite(float(v))
+    except (TypeError, ValueError):
+        return False
+
+
+def _read_rows(path: str) -> list[dict[str, str]]:
+    try:
+        with open(path, newline="") as f:
+            return list(csv.DictReader(f))
+    except FileNotFoundError:
+        return []
 
 
 def _fmt(v: object) -> object:
     return f"{v:.6g}" if isinstance(v, float) else v
 
 
-def build_callbacks(cfg: Config, d: Derived, evaluator: Evaluator, run_dir: str) -> list:
-    """The callbacks in the order they must run. Keras runs them in list order at each event,
-    all on the same `logs` dict, so later callbacks see what earlier ones wrote."""
+def every_steps_due(cfg: Config, position_step: int) -> bool:
+    """Whether `checkpoint.every_steps` asks for a checkpoint after this step."""
+    every = cfg.checkpoint.every_steps
+    return bool(every) and position_step % every == 0
+
+
+def build_callbacks(
+    cfg: Config, d: Derived, evaluator: Evaluator, control: RunControl, keep_epochs: int
+) -> tuple[list[tf.keras.callbacks.Callback], Checkpointer | None]:
+    """The callbacks in the order they must run, and rank 0's Checkpointer (else None).
+
+    Keras runs callbacks in list order at each event, all on the same `logs` dict, so later
+    callbacks see what earlier ones wrote. `keep_epochs`: the epochs a resumed run keeps in
+    metrics.csv.
+    """
     callbacks = [
         # Horovod: rank 0's weights and optimizer state to every rank, after the first batch
         # has created the optimizer's slots (the model weights were broadcast before fit).
         hvd.callbacks.BroadcastGlobalVariablesCallback(0),
-        # Timing first, so validation time is not counted as training time.
+        # Stop decisions (signals, NaN) agreed by all ranks at the same step, before anything
+        # acts on the step: a rank that stopped alone would hang the others.
+        control,
+        # Timing next, so validation time is not counted as training time.
         EpochStats(d),
         # Horovod: average the per-worker training metrics before anything reads them. All
         # workers run the same number of full batches, so the mean of means is exact here.
         hvd.callbacks.MetricAverageCallback(),
         # Validation sums and counts all-reduced: exact, and identical on every rank.
-        ExactValidation(evaluator),
+        ExactValidation(evaluator, control),
         # The learning-rate warm-up is not a callback: it lives in the optimizer's schedule
         # (schedules.WarmupScaled), scaled by the worker count and stepped per batch.
     ]
+    checkpointer = None
     if distributed.is_chief():
-        # Side effects on rank 0 only: files, TensorBoard, checkpoints.
-        callbacks.append(MetricsCSV(os.path.join(run_dir, "metrics.csv")))
+        # Side effects on rank 0 only: files, TensorBoard, checkpoints. None is a collective.
+        run_dir = cfg.run.dir
+        callbacks.append(MetricsCSV(os.path.join(run_dir, "metrics.csv"), control, keep_epochs))
         if cfg.logging.tensorboard:
             callbacks.append(
                 tf.keras.callbacks.TensorBoard(
                     os.path.join(run_dir, "tensorboard"), profile_batch=0
                 )
             )
-        callbacks.append(SavePlainModel(os.path.join(run_dir, "checkpoints", "latest.keras")))
-    return callbacks
+        checkpointer = Checkpointer(CheckpointStore(run_dir, cfg.checkpoint), control, cfg, d)
+        callbacks.append(checkpointer)
+    return callbacks, checkpointer

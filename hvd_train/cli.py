@@ -1,7 +1,8 @@
 """Command line: `hvd-train --config FILE [--set key=value ...]` trains; sub-commands do the rest.
 
-User errors (bad config, bad input) end in one line on stderr and exit code 2; a traceback and
-exit code 1 are for everything else.
+User errors (bad config, bad input) end in one line on stderr and exit code 2; a non-finite loss
+in one line and exit code 1; a stop by SIGTERM/SIGINT (after a checkpoint) in one line and exit
+code 128 + the signal's number. A traceback and exit code 1 are for everything else.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import os
 import sys
 from collections.abc import Callable
 
-from hvd_train.errors import UserError
+from hvd_train.errors import Interrupted, TrainingError, UserError
 
 
 def _train_parser(prog: str) -> argparse.ArgumentParser:
@@ -45,9 +46,16 @@ def _cmd_config(argv: list[str], prog: str) -> int:
     return config_main(argv)
 
 
+def _cmd_launch(argv: list[str], prog: str) -> int:
+    from hvd_train.launch import main as launch_main
+
+    return launch_main(argv, prog)
+
+
 COMMANDS: dict[str, Callable[[list[str], str], int]] = {
     "train": _cmd_train,
     "config": _cmd_config,
+    "launch": _cmd_launch,
 }
 
 
@@ -65,3 +73,9 @@ def main(argv: list[str] | None = None, prog: str = "hvd-train") -> int:
     except UserError as e:
         print(f"hvd_train: error: {e}", file=sys.stderr, flush=True)
         return 2
+    except TrainingError as e:
+        print(f"hvd_train: error: {e}", file=sys.stderr, flush=True)
+        return 1
+    except Interrupted as e:
+        print(f"hvd_train: {e}", file=sys.stderr, flush=True)
+        return 128 + e.signum

@@ -42,6 +42,10 @@ class TrainConfig:
     batch_size_mode: Literal["per_worker", "global"] = "per_worker"
     steps_per_epoch: int | None = _positive(None)  # cap; default: one pass over the data
     verbose: bool = True  # Keras progress bar on rank 0
+    # auto: continue from the newest valid checkpoint in run.dir if there is one; never: start
+    # afresh (existing checkpoints are left alone, new ones overwrite by step); or a checkpoint
+    # folder (run.dir/checkpoints/ckpt-NNNNNNNN) to continue from.
+    resume: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -101,11 +105,41 @@ class HorovodConfig:
     cycle_time_ms: float | None = field(default=None, metadata={"min_exclusive": 0.0})
     timeline: bool = False  # <run.dir>/timeline.json (Chrome trace), written by rank 0
     autotune: bool = False  # Horovod's Bayesian tuning of fusion and cycle time
+    # A collective that some ranks reached and others did not for this long is a hang (a rank
+    # stuck or its graph different): Horovod warns, then shuts down so the job ends with an error.
+    stall_warning_s: int = _positive(60)
+    stall_shutdown_s: int = field(default=300, metadata={"min": 0})  # 0: wait forever
 
 
 @dataclass(frozen=True)
 class LaunchConfig:
     cpu_workers: int = _positive(2)  # workers per node the launch scripts start without a GPU
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    """Checkpoints for exact resume: weights, optimizer state, epoch and step (rank 0 writes)."""
+
+    every_epochs: int = field(default=1, metadata={"min": 0})  # 0: only at stops and the end
+    every_steps: int | None = _positive(None)  # also every N global steps, mid-epoch
+    keep_last: int = _positive(3)  # newest checkpoints kept; the best is kept besides
+    # The epoch metric that picks the best checkpoint (and best.keras).
+    monitor: Literal["val_loss", "val_accuracy", "loss", "accuracy"] = "val_loss"
+    mode: Literal["auto", "min", "max"] = "auto"  # auto: max for accuracy, min for loss
+    # How often (in steps) the workers agree on stopping (SIGTERM/SIGINT, a non-finite loss).
+    # One tiny all-reduce each time; the agreement also runs before every checkpoint.
+    check_every_steps: int = _positive(1)
+
+
+@dataclass(frozen=True)
+class ElasticConfig:
+    """Horovod Elastic: the job goes on when workers leave or join (launch with --elastic)."""
+
+    enabled: bool = False
+    min_workers: int = _positive(1)
+    max_workers: int | None = _positive(None)  # null: as many as the discovery script offers
+    discovery_script: str = ""  # prints `host:slots` lines; required when enabled
+    commit_every_steps: int = _positive(50)  # in-memory commit of the state, besides epoch ends
 
 
 @dataclass(frozen=True)
@@ -124,6 +158,8 @@ class Config:
     horovod: HorovodConfig = field(default_factory=HorovodConfig)
     launch: LaunchConfig = field(default_factory=LaunchConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    elastic: ElasticConfig = field(default_factory=ElasticConfig)
 
 
 # --------------------------------------------------------------------------- loading
@@ -363,6 +399,19 @@ def check(cfg: Config, world_size: int) -> None:
         )
     if cfg.model.factory and ":" not in cfg.model.factory:
         raise ConfigError(f"model.factory: expected 'module:function', got {cfg.model.factory!r}")
+    h = cfg.horovod
+    if h.stall_shutdown_s and h.stall_shutdown_s <= h.stall_warning_s:
+        raise ConfigError(
+            f"horovod.stall_shutdown_s: {h.stall_shutdown_s} must exceed "
+            f"horovod.stall_warning_s ({h.stall_warning_s}), or be 0 to never shut down"
+        )
+    e = cfg.elastic
+    if e.enabled and not e.discovery_script:
+        raise ConfigError("elastic.discovery_script: required when elastic.enabled is true")
+    if e.max_workers is not None and e.max_workers < e.min_workers:
+        raise ConfigError(
+            f"elastic.max_workers: {e.max_workers} is below elastic.min_workers {e.min_workers}"
+        )
     if cfg.data.source == "synthetic" and len(cfg.data.image_size) not in (1, 2):
         raise ConfigError(
             f"data.image_size: expected [height, width] or [features], got {list(cfg.data.image_size)}"

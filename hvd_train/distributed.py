@@ -37,6 +37,8 @@ def init(knobs: HorovodConfig, run_dir: str) -> None:
         "HOROVOD_TIMELINE": os.path.abspath(os.path.join(run_dir, "timeline.json"))
         if knobs.timeline
         else None,
+        "HOROVOD_STALL_CHECK_TIME_SECONDS": knobs.stall_warning_s,
+        "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": knobs.stall_shutdown_s or None,
     }
     if knobs.fusion_threshold_mb == 0:
         env["HOROVOD_FUSION_THRESHOLD"] = 0  # 0 turns fusion off

@@ -11,3 +11,18 @@ class ConfigError(UserError):
 
 class DataError(UserError):
     """The training or validation data cannot be used as configured."""
+
+
+class TrainingError(Exception):
+    """Training cannot go on (a non-finite loss): one line, exit code 1, no checkpoint written."""
+
+
+class Interrupted(Exception):
+    """SIGTERM or SIGINT stopped the run at a step boundary after a checkpoint was written.
+
+    The CLI exits with 128 + the signal's number, as a shell does for a process it signalled.
+    """
+
+    def __init__(self, signum: int, message: str):
+        super().__init__(message)
+        self.signum = signum

@@ -4,24 +4,40 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import horovod.tensorflow.keras as hvd
 import tensorflow as tf
 
 from hvd_train import distributed
-from hvd_train.callbacks import build_callbacks
-from hvd_train.checkpoint import export_plain_model
+from hvd_train.callbacks import Checkpointer, build_callbacks, every_steps_due
+from hvd_train.checkpoint import (
+    CheckpointStore,
+    export_plain_model,
+    is_checkpoint,
+    read_state,
+    restore,
+)
 from hvd_train.config import Config, Derived, derive, dump_yaml
+from hvd_train.control import RunControl, StopSignals
 from hvd_train.data import Source, load_source, train_dataset
+from hvd_train.errors import DataError, Interrupted, UserError
 from hvd_train.evaluation import Evaluator
 from hvd_train.models import build_model
 from hvd_train.schedules import learning_rate_schedule
 
 
 def train(cfg: Config) -> tuple[tf.keras.Model, dict[str, Any]]:
-    """Trains as one worker of the job horovodrun started (or alone); returns model and summary."""
+    """Trains as one worker of the job horovodrun started (or alone); returns model and summary.
+
+    Raises:
+        UserError: bad config or data (exit code 2).
+        TrainingError: a NaN or infinite loss (exit code 1); no checkpoint is written.
+        Interrupted: SIGTERM or SIGINT; a checkpoint was written (exit code 128 + signal).
+    """
     started = time.perf_counter()
     distributed.init(cfg.horovod, cfg.run.dir)
     device = distributed.configure_devices(
@@ -43,27 +59,159 @@ def train(cfg: Config) -> tuple[tf.keras.Model, dict[str, Any]]:
         metrics=["accuracy"],
         jit_compile=cfg.runtime.jit_compile,
     )
-    # Horovod: every rank starts from rank 0's weights.
-    distributed.broadcast_variables(model.variables)
+    start = _resume(cfg, model, d)
     evaluator = Evaluator(model, source, d.per_worker_batch, cfg.model.from_logits)
-    callbacks = build_callbacks(cfg, d, evaluator, cfg.run.dir)
+    signals = StopSignals()
+    control = RunControl(
+        signals,
+        cfg.checkpoint.check_every_steps,
+        d.steps_per_epoch,
+        lambda step: every_steps_due(cfg, step),
+        first_step_in_epoch=start.step,
+    )
+    callbacks, checkpointer = build_callbacks(cfg, d, evaluator, control, start.epoch)
 
-    summary = _summary_base(cfg, d, device)
+    summary = _summary_base(cfg, d, device, start)
+    _write_summary(cfg, summary)
+    signals.install()
     try:
-        history = model.fit(
-            train_dataset(source, cfg, d, distributed.rank()),
-            epochs=cfg.train.epochs,
-            steps_per_epoch=d.steps_per_epoch,
-            callbacks=callbacks,
-            verbose=1 if distributed.is_chief() and cfg.train.verbose else 0,
-        )
-    except BaseException:
-        summary.update(status="failed", wall_time_s=time.perf_counter() - started)
-        _write_summary(cfg, summary)
+        history = _fit(model, source, cfg, d, start, callbacks, control)
+    except BaseException as e:
+        # Every rank says why it stopped: the launcher names the rank whose error came first
+        # and was not a consequence of another rank's failure.
+        distributed.log(f"failed: {_one_line(e)}", all_ranks=True)
+        summary.update(status="failed", error=_one_line(e))
+        _end_summary(cfg, summary, started, checkpointer)
         raise
-    summary.update(_results(history.history, d), wall_time_s=time.perf_counter() - started)
-    _finish(cfg, model, summary)
+    finally:
+        signals.uninstall()
+    summary.update(_results(history, cfg, control))
+    if summary["status"] == "interrupted":
+        _end_summary(cfg, summary, started, checkpointer)
+        where = checkpointer.last if checkpointer else "rank 0's run.dir"
+        raise Interrupted(
+            control.stop_signal,
+            f"stopped by {signal.Signals(control.stop_signal).name} at epoch "
+            f"{control.stopped_at[0] + 1}, step {control.stopped_at[1]}; checkpoint {where}; run "
+            "the same command again to resume",
+        )
+    _finish(cfg, model, summary, started, checkpointer)
     return model, summary
+
+
+@dataclass(frozen=True)
+class Start:
+    """Where training begins: `epoch` (0-based) with `step` of its steps already done."""
+
+    epoch: int = 0
+    step: int = 0
+    checkpoint: str | None = None
+
+
+def _resume(cfg: Config, model: tf.keras.Model, d: Derived) -> Start:
+    """Rank 0 picks and reads the checkpoint; weights, optimizer state and position are then
+    broadcast, so other hosts need not see rank 0's disk. Every rank raises alike on error."""
+    # Slots must exist on every rank before the restore and the broadcast fill them.
+    model.optimizer.build(model.trainable_variables)
+    found: dict[str, Any] = {}
+    if distributed.is_chief():
+        try:
+            found = _read_checkpoint(cfg, model)
+        except (UserError, OSError, ValueError, AssertionError, tf.errors.OpError) as e:
+            found = {"error": _one_line(e)}
+    found = distributed.broadcast_object(found, name="resume_point")
+    if "error" in found:
+        raise DataError(found["error"])
+    # Horovod: every rank starts from rank 0's weights and optimizer state (restored or not).
+    distributed.broadcast_variables(model.variables + model.optimizer.variables)
+    if not found:
+        return Start()
+    state = found["state"]
+    epoch, step = state["epoch"], state["step"]
+    if step and state["global_batch"] != d.global_batch:
+        # The epoch's order does not depend on the worker count: continue after the examples
+        # already seen, rounded down to a whole global batch (a few may be seen twice).
+        step = state["examples_in_epoch"] // d.global_batch
+    if step >= d.steps_per_epoch:
+        epoch, step = epoch + 1, 0
+    distributed.log(
+        f"resuming from {found['path']}: epoch {epoch + 1}, step {step} "
+        f"(saved with {state['world_size']} worker(s), global batch {state['global_batch']})"
+    )
+    return Start(epoch=epoch, step=step, checkpoint=found["path"])
+
+
+def _read_checkpoint(cfg: Config, model: tf.keras.Model) -> dict[str, Any]:
+    """Rank 0: {} to start afresh, or the restored checkpoint's path and state."""
+    resume = cfg.train.resume
+    if resume == "never":
+        return {}
+    if resume == "auto":
+        path = CheckpointStore(cfg.run.dir, cfg.checkpoint).newest()
+        if path is None:
+            return {}
+    else:
+        path = resume
+        if not is_checkpoint(path):
+            raise DataError(
+                f"train.resume: {path} is not a checkpoint folder (expected state.json and "
+                f"ckpt.index in it, as in {os.path.join(cfg.run.dir, 'checkpoints', 'ckpt-*')})"
+            )
+    state = read_state(path)
+    try:
+        restore(model, path)
+    except (AssertionError, ValueError, tf.errors.OpError) as e:
+        raise DataError(
+            f"train.resume: cannot resume from {path}: it does not match this model and "
+            f"optimizer ({_one_line(e)[:200]}); use train.resume=never or another run.dir"
+        ) from None
+    return {"path": path, "state": state}
+
+
+def _fit(
+    model: tf.keras.Model,
+    source: Source,
+    cfg: Config,
+    d: Derived,
+    start: Start,
+    callbacks: list,
+    control: RunControl,
+) -> dict[str, list[float]]:
+    """Runs the epochs from `start` to `train.epochs`; a partly done epoch first, on its own."""
+    history: dict[str, list[float]] = {}
+    verbose = 1 if distributed.is_chief() and cfg.train.verbose else 0
+    epoch = start.epoch
+    if start.step and epoch < cfg.train.epochs:
+        data = train_dataset(source, cfg, d, distributed.rank(), first_epoch=epoch)
+        _extend(history, model.fit(
+            data.skip(start.step), initial_epoch=epoch, epochs=epoch + 1,
+            steps_per_epoch=d.steps_per_epoch - start.step, callbacks=callbacks, verbose=verbose,
+        ))  # fmt: skip
+        epoch += 1
+    if epoch < cfg.train.epochs and not control.stopping:
+        data = train_dataset(source, cfg, d, distributed.rank(), first_epoch=epoch)
+        _extend(history, model.fit(
+            data, initial_epoch=epoch, epochs=cfg.train.epochs,
+            steps_per_epoch=d.steps_per_epoch, callbacks=callbacks, verbose=verbose,
+        ))  # fmt: skip
+    return history
+
+
+def _extend(history: dict[str, list[float]], h: tf.keras.callbacks.History) -> None:
+    for key, values in h.history.items():
+        history.setdefault(key, []).extend(values)
+
+
+def _one_line(e: BaseException) -> str:
+    """The exception's message on one line; for a TensorFlow op error its last real line
+    (its message also holds a Python traceback of where the op was defined)."""
+    text = str(e)
+    if isinstance(e, tf.errors.OpError):
+        lines = [ln.strip() for ln in e.message.splitlines() if ln.strip()]
+        lines = [ln for ln in lines if not ln.startswith("[[")] or lines
+        text = lines[-1] if lines else text
+    text = " ".join(text.split()) or type(e).__name__
+    return text if isinstance(e, UserError) else f"{type(e).__name__}: {text}"
 
 
 def make_optimizer(cfg: Config, d: Derived) -> tf.keras.optimizers.Optimizer:
@@ -98,7 +246,7 @@ def _log_plan(cfg: Config, d: Derived, source: Source, device: str) -> None:
     )
 
 
-def _summary_base(cfg: Config, d: Derived, device: str) -> dict[str, Any]:
+def _summary_base(cfg: Config, d: Derived, device: str, start: Start) -> dict[str, Any]:
     return {
         "status": "running",
         "world_size": d.world_size,
@@ -110,28 +258,57 @@ def _summary_base(cfg: Config, d: Derived, device: str) -> dict[str, Any]:
         "steps_per_epoch": d.steps_per_epoch,
         "base_learning_rate": d.base_lr,
         "scaled_learning_rate": d.scaled_lr,
-        "epochs_completed": 0,
+        "epochs": cfg.train.epochs,
+        "epochs_completed": start.epoch,
+        "resumed_from": start.checkpoint,
         "versions": distributed.versions(),
     }
 
 
-def _results(history: dict[str, list[float]], d: Derived) -> dict[str, Any]:
-    times = history.get("epoch_time_s", [])
-    measured = times[1:] if len(times) > 1 else times  # the first epoch is warm-up (tracing)
-    rate = len(measured) * d.steps_per_epoch * d.global_batch / sum(measured) if measured else 0
-    final = {k: float(v[-1]) for k, v in history.items() if v}
+def _results(history: dict[str, list[float]], cfg: Config, control: RunControl) -> dict[str, Any]:
+    times, examples = history.get("epoch_time_s", []), history.get("epoch_examples", [])
+    skip = 1 if len(times) > 1 else 0  # a process's first epoch is warm-up (tracing)
+    rate = sum(examples[skip:]) / sum(times[skip:]) if times else 0.0
+    final = {k: float(v[-1]) for k, v in history.items() if v and k != "epoch_examples"}
+    epoch, step = control.stopped_at or (cfg.train.epochs, 0)
+    finished = epoch >= cfg.train.epochs and step == 0  # a stop after the last step finished
     return {
-        "status": "completed",
-        "epochs_completed": len(times),
+        "status": "completed" if finished else "interrupted",
+        "epochs_completed": epoch,
+        # 1-based, as in the log: in epoch `epoch`, `step` steps were done (0: not begun).
+        "stopped_at": None if finished else {"epoch": epoch + 1, "step": step},
         "train_examples_per_sec": rate,
         "final_metrics": final,
     }
 
 
-@distributed.rank_zero_only
-def _finish(cfg: Config, model: tf.keras.Model, summary: dict[str, Any]) -> None:
-    summary["model_path"] = export_plain_model(model, os.path.join(cfg.run.dir, "model.keras"))
+def _end_summary(
+    cfg: Config, summary: dict[str, Any], started: float, checkpointer: Checkpointer | None
+) -> None:
+    summary["wall_time_s"] = time.perf_counter() - started
+    if checkpointer is not None:
+        summary["last_checkpoint"] = checkpointer.last
+        summary["best_model_path"] = checkpointer.best_model
+        summary["checkpoint_failures"] = checkpointer.failures
     _write_summary(cfg, summary)
+
+
+def _finish(
+    cfg: Config,
+    model: tf.keras.Model,
+    summary: dict[str, Any],
+    started: float,
+    checkpointer: Checkpointer | None,
+) -> None:
+    if distributed.is_chief():
+        try:
+            path = export_plain_model(model, os.path.join(cfg.run.dir, "model.keras"))
+        except Exception as e:  # noqa: BLE001 - the checkpoints still hold the run
+            path = None
+            checkpointer.failures.append(f"model.keras export failed: {_one_line(e)}")
+            distributed.log(f"warning: exporting model.keras failed: {_one_line(e)}")
+        summary["model_path"] = path
+    _end_summary(cfg, summary, started, checkpointer)
     m = summary["final_metrics"]
     distributed.log(
         f"done in {summary['wall_time_s']:.1f} s: val_accuracy {m.get('val_accuracy', 0):.4f}, "

@@ -51,3 +51,45 @@ def check(proc: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
             f"--- stdout\n{proc.stdout[-8000:]}\n--- stderr\n{proc.stderr[-8000:]}"
         )
     return proc
+
+
+def start(cmd: list[str], cwd: pathlib.Path) -> subprocess.Popen:
+    """Starts `cmd` in the background, in its own process group, output captured."""
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+           "PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "2"}  # fmt: skip
+    return subprocess.Popen(
+        cmd, cwd=cwd, env=env, text=True, start_new_session=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+
+
+def finish(proc: subprocess.Popen, timeout: float) -> subprocess.CompletedProcess:
+    """Waits for a `start`ed job; kills its process group if it outlives `timeout`."""
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        raise AssertionError(
+            f"timed out after {timeout} s\n--- stdout\n{out}\n--- stderr\n{err}"
+        ) from None
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def workers(marker: str) -> dict[int, int]:
+    """{Horovod rank: pid} of the live training processes whose command line holds `marker`."""
+    found = {}
+    for entry in pathlib.Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if marker not in cmdline or "hvd_train" not in cmdline or "horovodrun" in cmdline:
+            continue
+        for item in environ:
+            if item.startswith(b"HOROVOD_RANK="):
+                found[int(item.split(b"=", 1)[1])] = int(entry.name)
+    return found

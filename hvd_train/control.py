@@ -1,0 +1,150 @@
+"""Stopping together: signals and non-finite values, agreed by all workers at step boundaries.
+
+A worker that stops alone leaves the others waiting forever in the next all-reduce. So each
+worker only records what it saw (a SIGTERM or SIGINT, a NaN or infinite loss, non-finite
+weights before a checkpoint) and, at the same steps on every worker, one small all-reduce
+turns the local observations into one decision that every worker then acts on.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+from collections.abc import Callable
+
+import numpy as np
+import tensorflow as tf
+
+from hvd_train import distributed
+from hvd_train.errors import TrainingError
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class StopSignals:
+    """Records SIGTERM/SIGINT instead of dying, so training can stop at a step boundary.
+
+    A second signal of either kind restores the default handlers and re-sends itself: a user who
+    presses Ctrl-C twice gets the usual immediate stop.
+    """
+
+    def __init__(self) -> None:
+        self.signum = 0
+        self._previous: dict[int, object] = {}
+
+    def install(self) -> None:
+        for sig in STOP_SIGNALS:
+            self._previous[sig] = signal.signal(sig, self._handle)
+
+    def uninstall(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+
+    def _handle(self, signum: int, frame: object) -> None:
+        if self.signum:
+            self.uninstall()
+            os.kill(os.getpid(), signum)
+            return
+        self.signum = signum
+
+
+class RunControl(tf.keras.callbacks.Callback):
+    """Agrees, every `every` steps and whenever `checkpoint_due(step)` holds, on going on.
+
+    A signal anywhere makes every worker stop after the same step: `stopped_at` records the
+    epoch and the steps done in it, or `(epoch + 1, 0)` when the epoch was complete. A
+    non-finite loss, or non-finite weights where a checkpoint is due, raise `TrainingError` on
+    every worker at the same step. It also agrees at every epoch's end.
+    """
+
+    def __init__(
+        self,
+        signals: StopSignals,
+        every: int,
+        steps_per_epoch: int,
+        checkpoint_due: Callable[[int], bool],
+        first_step_in_epoch: int = 0,
+    ):
+        super().__init__()
+        self.signals = signals
+        self.every = every
+        self.steps_per_epoch = steps_per_epoch
+        self.checkpoint_due = checkpoint_due
+        self.epoch = 0
+        self.step_in_epoch = 0  # steps of `epoch` done, counting those before a resume
+        self._offset = first_step_in_epoch
+        self.stop_signal = 0
+        self.stopped_at: tuple[int, int] | None = None
+        self._loss = 0.0
+
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+        self.epoch, self.step_in_epoch = epoch, self._offset
+        self._offset = 0  # only the first epoch of a resumed run starts part-way
+
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        self.step_in_epoch += 1
+        self._loss = (logs or {}).get("loss", 0.0)
+        due = self.checkpoint_due(self.position_step)
+        if due or self.position_step % self.every == 0:
+            self.sync(check_weights=due)
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        if self.stopped_at is None:
+            self._loss = (logs or {}).get("loss", self._loss)
+            self.sync(check_weights=True)
+
+    @property
+    def position_step(self) -> int:
+        """Steps since the run began, by position: the same on every worker, across resumes."""
+        return self.epoch * self.steps_per_epoch + self.step_in_epoch
+
+    @property
+    def stopping(self) -> bool:
+        return self.stopped_at is not None
+
+    def stopped_mid_epoch(self) -> bool:
+        return self.stopped_at is not None and self.stopped_at[1] > 0
+
+    def sync(self, check_weights: bool = False) -> None:
+        """One all-reduce of every worker's observations; acts on the agreed decision."""
+        weights_bad = check_weights and not _all_finite(self.model.weights)
+        local = [
+            float(self.signals.signum),
+            0.0 if _finite(self._loss) else 1.0,
+            1.0 if weights_bad else 0.0,
+        ]
+        if distributed.size() > 1:
+            signals, bad_loss, bad_weights = distributed.allreduce_sum(local, name="run_control")
+        else:
+            signals, bad_loss, bad_weights = local
+        where = f"epoch {self.epoch + 1}, step {self.step_in_epoch}"
+        if bad_loss or bad_weights:
+            what = "loss" if bad_loss else "weights"
+            raise TrainingError(
+                f"the training {what} became NaN or infinite at {where}; stopped without "
+                "writing a checkpoint (the last good one is kept). Lower optimizer.learning_rate, "
+                "add optimizer.warmup_epochs, or check the data for invalid values"
+            )
+        if signals and self.stopped_at is None:
+            self.stop_signal = self.signals.signum or int(signal.SIGTERM)
+            # After an epoch's last step the epoch is complete: its end-of-epoch work
+            # (validation, metrics, checkpoint) runs, and training resumes at the next epoch.
+            if self.step_in_epoch >= self.steps_per_epoch:
+                self.stopped_at = (self.epoch + 1, 0)
+            else:
+                self.stopped_at = (self.epoch, self.step_in_epoch)
+            self.model.stop_training = True
+            distributed.log(f"{signal.Signals(self.stop_signal).name}: stopping after {where}")
+
+
+def _finite(value: object) -> bool:
+    try:
+        return math.isfinite(float(value))
+    except (TypeError, ValueError):
+        return True
+
+
+def _all_finite(variables: list[tf.Variable]) -> bool:
+    return all(bool(np.isfinite(v.numpy()).all()) for v in variables if v.dtype.is_floating)

@@ -1,0 +1,230 @@
+"""`hvd-train launch`: horovodrun under a supervisor that restarts a failed job from its checkpoint.
+
+    hvd-train launch --config FILE [--set k=v ...] [--np N] [--hosts H:S,...] [--mpi]
+                     [--max-restarts N]
+
+Each attempt is one real `horovodrun` job. When it fails, the supervisor names the rank that
+failed first (from horovodrun's or mpirun's report), marks summary.json `failed`, and, while
+restarts remain, starts the same job again with `train.resume=auto`, which continues from the
+newest checkpoint. It does not restart after a bad config or bad input (exit code 2), a
+non-finite loss (the same data would fail again), or a SIGTERM/SIGINT sent to the supervisor
+itself (passed on to horovodrun, whose workers stop at a step boundary and checkpoint).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from typing import Any
+
+from hvd_train.config import Config, load_config
+
+GLOO_FIRST = re.compile(r"Terminating remaining workers after failure of Process (\d+)")
+GLOO_NAMED = re.compile(r"Process name: (\d+)\s+Exit code: (-?\d+)")
+GLOO_EXIT = re.compile(r"Process (\d+) exit with status code (-?\d+)")
+MPI_NAMED = re.compile(r"Process name:\s+\[\[\d+,\d+\],(\d+)\]\s+Exit code:\s+(-?\d+)")
+RANK_FAILED = re.compile(r"\[rank (\d+)\] failed: (.*)")
+# What a rank reports when another rank's failure took Horovod down under it.
+CONSEQUENCES = ("Horovod has been shut down", "HorovodInternalError", "Connection closed by peer")
+
+
+def parser(prog: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
+    p.add_argument("--config", required=True, help="YAML config file")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--np", type=int, help="workers (default: GPUs here, else launch.cpu_workers)")
+    p.add_argument("--hosts", help="horovodrun -H, e.g. host1:4,host2:4 (default localhost:NP)")
+    p.add_argument("--mpi", action="store_true", help="Open MPI instead of Gloo")
+    p.add_argument("--max-restarts", type=int, default=0, metavar="N",
+                   help="start the job again after a failure, up to N times (default 0)")  # fmt: skip
+    return p
+
+
+def main(argv: list[str], prog: str) -> int:
+    args = parser(prog).parse_args(argv)
+    cfg = load_config(args.config, args.overrides)  # the shared loader: fails fast, exit 2
+    np_ = args.np or _gpu_count() or cfg.launch.cpu_workers
+    summary_path = os.path.join(cfg.run.dir, "summary.json")
+    history: list[dict[str, Any]] = []
+    stop = _forward_signals()
+    for attempt in range(args.max_restarts + 1):
+        overrides = list(args.overrides) + (["train.resume=auto"] if attempt else [])
+        cmd = horovodrun_command(cfg, args, np_, overrides)
+        _say(f"attempt {attempt + 1} of {args.max_restarts + 1}: {shlex.join(cmd)}")
+        code, output = _run(cmd, stop)
+        if code == 0:
+            _record(summary_path, history, attempt)
+            _say(f"job completed after {attempt} restart(s)")
+            return 0
+        failure = first_failure(output)
+        failure.update(attempt=attempt + 1, exit_code=code, time=time.time())
+        history.append(failure)
+        _say(f"attempt {attempt + 1} failed: {describe(failure)}")
+        _mark_failed(summary_path, failure)
+        reason = _no_restart_reason(failure, summary_path, stop)
+        if reason:
+            _say(f"not restarting: {reason}")
+            break
+        if attempt < args.max_restarts:
+            _say(f"restarting ({attempt + 1} of {args.max_restarts}) from the newest checkpoint")
+    _record(summary_path, history, len(history) - 1)
+    return history[-1]["exit_code"] if history else 1
+
+
+def horovodrun_command(
+    cfg: Config, args: argparse.Namespace, np_: int, overrides: list[str]
+) -> list[str]:
+    """The horovodrun command line for one attempt."""
+    bindir = os.path.dirname(sys.executable)
+    horovodrun = os.path.join(bindir, "horovodrun")
+    cmd = [horovodrun if os.path.exists(horovodrun) else "horovodrun", "-np", str(np_)]
+    cmd += ["-H", args.hosts or f"localhost:{np_}"]
+    if args.mpi:
+        cmd += ["--mpi", "--mpi-args=--allow-run-as-root" if os.geteuid() == 0 else ""]
+        cmd = [c for c in cmd if c]
+    else:
+        cmd += ["--gloo"]
+    cmd += [sys.executable, "-m", "hvd_train", "--config", args.config]
+    for item in overrides:
+        cmd += ["--set", item]
+    return cmd
+
+
+def first_failure(output: str) -> dict[str, Any]:
+    """{'rank': R, 'rank_exit_code': C, 'error': ...} of the worker that failed first.
+
+    horovodrun and mpirun name the first process to *exit*. A rank killed by a signal exits at
+    once, so that report is right for it. But after an error in one rank, the others often exit
+    first, with Horovod shut down under them; so the first error a rank reported that is not
+    such a consequence wins over the exit order.
+    """
+    codes = {int(r): int(c) for r, c in GLOO_EXIT.findall(output)}
+    m = MPI_NAMED.search(output) or GLOO_NAMED.search(output)
+    if m:
+        rank, code = int(m.group(1)), int(m.group(2))
+    elif GLOO_FIRST.search(output):
+        rank = int(GLOO_FIRST.search(output).group(1))
+        code = codes.get(rank)
+    else:
+        rank, code = None, None
+    killed = code is not None and (code > 128 or code < 0)
+    for r, error in RANK_FAILED.findall(output):
+        if not killed and not any(c in error for c in CONSEQUENCES):
+            return {"rank": int(r), "rank_exit_code": codes.get(int(r), code), "error": error}
+    return {"rank": rank, "rank_exit_code": code, "error": None}
+
+
+def describe(failure: dict[str, Any]) -> str:
+    rank, code = failure["rank"], failure["rank_exit_code"]
+    if rank is None:
+        return f"horovodrun exited with code {failure['exit_code']} (no rank reported)"
+    how = f"exit code {code}"
+    if code is not None and code > 128 and code - 128 in _SIGNALS:
+        how += f", killed by {_SIGNALS[code - 128]}"
+    elif code is not None and code < 0 and -code in _SIGNALS:
+        how += f", killed by {_SIGNALS[-code]}"
+    return f"rank {rank} failed first ({how})"
+
+
+_SIGNALS = {s.value: s.name for s in signal.Signals}
+
+
+def _no_restart_reason(failure: dict[str, Any], summary_path: str, stop: dict) -> str:
+    if stop["signum"]:
+        return f"the launcher received {_SIGNALS[stop['signum']]}"
+    if failure["rank_exit_code"] == 2:
+        return "a bad config or bad input (exit code 2) would fail again"
+    error = _read(summary_path).get("error", "")
+    if error.startswith("TrainingError"):
+        return "a non-finite loss would recur from the same checkpoint and data"
+    return ""
+
+
+def _run(cmd: list[str], stop: dict) -> tuple[int, str]:
+    """Runs horovodrun, echoing its output as it comes; returns its exit code and output."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    stop["proc"] = proc
+    tail: deque[str] = deque(maxlen=400)  # the failure report is at the end
+
+    def pump(src, dst) -> None:
+        for line in src:
+            dst.write(line)
+            dst.flush()
+            tail.append(line)
+
+    threads = [
+        threading.Thread(target=pump, args=(proc.stdout, sys.stdout), daemon=True),
+        threading.Thread(target=pump, args=(proc.stderr, sys.stderr), daemon=True),
+    ]
+    for t in threads:
+        t.start()
+    code = proc.wait()
+    for t in threads:
+        t.join()
+    stop["proc"] = None
+    return code, "".join(tail)
+
+
+def _forward_signals() -> dict:
+    """SIGTERM/SIGINT to the supervisor go to horovodrun, which stops its workers gracefully."""
+    state: dict[str, Any] = {"signum": 0, "proc": None}
+
+    def handle(signum: int, frame: object) -> None:
+        state["signum"] = signum
+        if state["proc"] is not None:
+            state["proc"].send_signal(signum)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, handle)
+    return state
+
+
+def _mark_failed(path: str, failure: dict[str, Any]) -> None:
+    """summary.json says `failed` (rank 0 may have died before it could say so)."""
+    summary = _read(path)
+    if not summary or summary.get("status") in ("completed", "interrupted"):
+        return
+    summary.update(status="failed", failed_rank=failure["rank"], failure=describe(failure))
+    _write(path, summary)
+
+
+def _record(path: str, history: list[dict[str, Any]], restarts: int) -> None:
+    summary = _read(path)
+    if summary:
+        summary["launch"] = {"restarts": max(restarts, 0), "failures": history}
+        _write(path, summary)
+
+
+def _read(path: str) -> dict[str, Any]:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return {}
+
+
+def _write(path: str, summary: dict[str, Any]) -> None:
+    with open(path + ".tmp", "w") as f:
+        json.dump(summary, f, indent=2)
+    os.replace(path + ".tmp", path)
+
+
+def _gpu_count() -> int:
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    return sum(line.startswith("GPU ") for line in out.stdout.splitlines())
+
+
+def _say(message: str) -> None:
+    print(f"[hvd_train launch] {message}", file=sys.stderr, flush=True)

@@ -1,0 +1,245 @@
+"""State and faults with real 2-worker Horovod jobs: checkpoints, exact resume, no hangs,
+graceful stops, restarts. Faults are real: SIGKILL, SIGTERM, SIGINT, a NaN or an exception
+planted in one rank's model, a file-size limit that makes writes fail."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import pathlib
+import resource
+import signal
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from harness import (
+    PYTHON,
+    QUICKSTART,
+    WORKERS,
+    check,
+    finish,
+    horovodrun,
+    run,
+    start,
+    workers,
+)
+
+from hvd_train.checkpoint import is_checkpoint, read_state
+
+pytestmark = pytest.mark.multiworker
+
+# The quickstart (digits, 22 steps/epoch at 2 workers) without dropout: the only randomness
+# left is the data order, which is a function of (seed, epoch), so a resumed run must repeat an
+# uninterrupted one. (Dropout masks come from TensorFlow's stateful RNG, whose position a
+# checkpoint cannot hold: with dropout a resumed run is equivalent, not identical.)
+BASE = ["--config", str(QUICKSTART), "--set", "model.dropout=0", "--set", "train.verbose=false",
+        "--set", "logging.tensorboard=false"]  # fmt: skip
+# Synthetic 32x32x3 data, 64 steps/epoch at 2 workers: epochs long enough to stop in.
+LONG = [*BASE, "--set", "data.source=synthetic", "--set", "train.epochs=6"]
+JOB_END_LIMIT_S = 60  # a dead worker must end the whole job within this
+
+
+def train_cmd(*overrides: str, base: list[str] = BASE) -> list[str]:
+    return [PYTHON, "-m", "hvd_train", *base, *(x for o in overrides for x in ("--set", o))]
+
+
+def summary(run_dir: pathlib.Path) -> dict:
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def epochs_in_csv(run_dir: pathlib.Path) -> list[int]:
+    with open(run_dir / "metrics.csv") as f:
+        return [int(row["epoch"]) for row in csv.DictReader(f)]
+
+
+def wait_for_epochs(run_dir: pathlib.Path, n: int, proc, timeout: float = 240) -> None:
+    """Blocks until metrics.csv holds `n` epochs (the job is then mid-training)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, "the job ended before the fault could be planted"
+        if (run_dir / "metrics.csv").exists() and len(epochs_in_csv(run_dir)) >= n:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"no {n} epochs within {timeout} s")
+
+
+def checkpoints(run_dir: pathlib.Path) -> list[pathlib.Path]:
+    return sorted((run_dir / "checkpoints").glob("ckpt-*"))
+
+
+def test_resume_from_mid_epoch_checkpoint_repeats_the_uninterrupted_run(tmp_path) -> None:
+    """Run A trains 4 epochs with a checkpoint every 5 steps. Run B starts from A's checkpoint
+    in the middle of epoch 2 and must end with A's final metrics. Tolerance 1e-5 relative:
+    the same float operations in the same order on the same machine, so the observed
+    difference is 0; the margin covers summation order inside multi-threaded kernels."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    common = ["train.epochs=4", "checkpoint.every_steps=5", "checkpoint.keep_last=100"]
+    check(horovodrun(2, train_cmd(*common, f"run.dir={a}"), tmp_path))
+    mid = [p for p in checkpoints(a) if read_state(p)["epoch"] == 1 and read_state(p)["step"]]
+    assert mid, [read_state(p) for p in checkpoints(a)]
+    state = read_state(mid[0])
+    assert state["global_step"] == state["epoch"] * state["steps_per_epoch"] + state["step"]
+    proc = check(
+        horovodrun(2, train_cmd(*common, f"run.dir={b}", f"train.resume={mid[0]}"), tmp_path)
+    )
+    assert f"resuming from {mid[0]}: epoch 2, step {state['step']}" in proc.stdout
+    sa, sb = summary(a), summary(b)
+    assert sb["status"] == "completed" and sb["resumed_from"] == str(mid[0])
+    assert sb["epochs_completed"] == sa["epochs_completed"] == 4
+    for key in ("loss", "accuracy", "val_loss", "val_accuracy"):
+        assert sb["final_metrics"][key] == pytest.approx(sa["final_metrics"][key], rel=1e-5), key
+    # Every checkpoint is complete (renamed into place whole) and nothing temporary is left.
+    assert all(is_checkpoint(str(p)) for p in checkpoints(a))
+    assert not list((a / "checkpoints").glob(".tmp*"))
+
+
+def test_sigterm_and_sigint_stop_at_a_step_checkpoint_and_resume_completes(tmp_path) -> None:
+    """Preemption (SIGTERM to every worker), then Ctrl-C (SIGINT to horovodrun, which passes
+    SIGTERM on), then the same command runs to the end."""
+    d = tmp_path / "run"
+    cmd = ["horovodrun", "-np", "2", "-H", "localhost:2", "--gloo",
+           *train_cmd(f"run.dir={d}", "checkpoint.keep_last=2", base=LONG)]  # fmt: skip
+
+    proc = start(cmd, tmp_path)
+    wait_for_epochs(d, 1, proc)
+    for pid in workers(str(d)).values():
+        os.kill(pid, signal.SIGTERM)
+    first = finish(proc, JOB_END_LIMIT_S)
+    assert first.returncode != 0
+    s = summary(d)
+    assert s["status"] == "interrupted", s
+    assert first.stderr.count("hvd_train: stopped by SIGTERM") == 2, first.stderr[-3000:]
+    stop = s["stopped_at"]
+    newest = read_state(s["last_checkpoint"])
+    assert (newest["epoch"] + 1, newest["step"]) == (stop["epoch"], stop["step"])
+    assert newest["reason"] == "stopped"
+    assert epochs_in_csv(d) == list(range(1, stop["epoch"]))  # completed epochs only
+
+    proc = start(cmd, tmp_path)
+    wait_for_epochs(d, stop["epoch"], proc)
+    os.kill(proc.pid, signal.SIGINT)
+    second = finish(proc, JOB_END_LIMIT_S)
+    assert second.returncode != 0
+    s2 = summary(d)
+    assert s2["status"] == "interrupted", s2
+    assert s2["resumed_from"] == s["last_checkpoint"]
+
+    third = check(run(cmd, tmp_path))
+    s3 = summary(d)
+    assert s3["status"] == "completed" and s3["epochs_completed"] == 6
+    assert "resuming from" in third.stdout
+    assert epochs_in_csv(d) == [1, 2, 3, 4, 5, 6]
+    # keep_last=2, plus the best by val_loss when it is not among them
+    kept = checkpoints(d)
+    assert 2 <= len(kept) <= 3, kept
+    assert read_state(kept[-1])["epoch"] == 6
+
+
+def test_killed_worker_ends_the_job_within_60_s_naming_the_rank(tmp_path) -> None:
+    d = tmp_path / "run"
+    proc = start(["horovodrun", "-np", "2", "-H", "localhost:2", "--gloo",
+                  *train_cmd(f"run.dir={d}", base=LONG)], tmp_path)  # fmt: skip
+    wait_for_epochs(d, 1, proc)
+    os.kill(workers(str(d))[1], signal.SIGKILL)
+    killed = time.monotonic()
+    result = finish(proc, JOB_END_LIMIT_S)
+    assert time.monotonic() - killed < JOB_END_LIMIT_S
+    assert result.returncode != 0
+    assert "Process name: 1\nExit code: 137" in result.stderr + result.stdout
+    assert summary(d)["status"] == "failed"
+
+
+def test_exception_in_one_rank_ends_the_job_and_the_launcher_names_it(tmp_path) -> None:
+    d = tmp_path / "run"
+    env_cmd = ["env", "FAULTY_AFTER_STEPS=30", "FAULTY_RANK=1"]
+    proc = run([*env_cmd, PYTHON, "-m", "hvd_train", "launch", "--np", "2",
+                *BASE[:2], *_sets(f"run.dir={d}", "model.factory=faulty_models:error_on_one_rank")],
+               cwd=WORKERS, timeout=JOB_END_LIMIT_S + 60)  # fmt: skip
+    assert proc.returncode != 0
+    assert "attempt 1 failed: rank 1 failed first (exit code 1)" in proc.stderr, proc.stderr[-3000:]
+    assert "planted failure on rank 1" in proc.stderr
+    s = summary(d)
+    assert s["status"] == "failed" and s["failed_rank"] == 1, s
+
+
+def test_nan_loss_stops_every_worker_with_exit_1_and_keeps_the_last_checkpoint(tmp_path) -> None:
+    """NaN planted in rank 1's forward pass at step 30 (epoch 2 of 22-step epochs)."""
+    d = tmp_path / "run"
+    proc = run(["env", "FAULTY_AFTER_STEPS=30", "horovodrun", "-np", "2", "-H", "localhost:2",
+                "--gloo", PYTHON, "-m", "hvd_train", *BASE[:2],
+                *_sets(f"run.dir={d}", "model.factory=faulty_models:nan_on_one_rank",
+                       "train.verbose=false", "logging.tensorboard=false")],
+               cwd=WORKERS)  # fmt: skip
+    assert proc.returncode == 1
+    assert "exit with status code 1." in proc.stdout, proc.stdout[-3000:]  # a rank's own code
+    # Every rank decided at the same step; whichever exits first ends the job (the other may be
+    # terminated before it prints), each printing one line and no traceback.
+    lines = [ln for ln in proc.stderr.splitlines() if "hvd_train: error:" in ln]
+    assert lines, proc.stderr[-3000:]
+    assert all("loss became NaN or infinite at epoch 2, step 9;" in ln for ln in lines), lines
+    assert "]<stderr>:Traceback" not in proc.stderr  # (horovodrun prints its own)
+    s = summary(d)
+    assert s["status"] == "failed" and s["error"].startswith("TrainingError"), s
+    kept = checkpoints(d)
+    assert [read_state(p)["epoch"] for p in kept] == [1]  # the one from before the NaN
+    reader = tf.train.load_checkpoint(str(kept[0] / "ckpt"))
+    for name in reader.get_variable_to_shape_map():
+        value = reader.get_tensor(name)
+        if isinstance(value, np.ndarray) and value.dtype.kind == "f":
+            assert np.isfinite(value).all(), name
+
+
+def test_failing_checkpoint_write_keeps_the_previous_one(tmp_path) -> None:
+    """After the first checkpoint, rank 0 may write no file over 16 KiB (what a full disk
+    does to the next write): later checkpoints fail, are reported, and the first survives."""
+    d = tmp_path / "run"
+    proc = start(train_cmd(f"run.dir={d}", "train.epochs=6"), tmp_path)
+    deadline = time.monotonic() + 240
+    while not checkpoints(d):
+        assert proc.poll() is None and time.monotonic() < deadline, "no first checkpoint"
+        time.sleep(0.02)
+    resource.prlimit(proc.pid, resource.RLIMIT_FSIZE, (16 << 10, 16 << 10))
+    result = check(finish(proc, 240))
+    s = summary(d)
+    assert s["status"] == "completed"
+    failures = s["checkpoint_failures"]
+    assert failures and any("File too large" in f for f in failures), failures
+    assert "warning: checkpoint at epoch" in result.stdout
+    kept = checkpoints(d)
+    assert kept and all(is_checkpoint(str(p)) for p in kept)
+    assert not list((d / "checkpoints").glob(".tmp*"))
+    assert read_state(kept[0])["epoch"] < 6  # training went on; the old one was kept
+
+
+def test_launcher_restarts_after_a_killed_worker_and_completes(tmp_path) -> None:
+    d = tmp_path / "run"
+    proc = start([PYTHON, "-m", "hvd_train", "launch", "--np", "2", "--max-restarts", "2",
+                  *LONG, *_sets(f"run.dir={d}")], tmp_path)  # fmt: skip
+    wait_for_epochs(d, 2, proc)
+    os.kill(workers(str(d))[1], signal.SIGKILL)
+    result = check(finish(proc, 400))
+    assert (
+        "attempt 1 failed: rank 1 failed first (exit code 137, killed by SIGKILL)" in result.stderr
+    )
+    assert "restarting (1 of 2) from the newest checkpoint" in result.stderr
+    s = summary(d)
+    assert s["status"] == "completed" and s["epochs_completed"] == 6, s
+    assert s["launch"]["restarts"] == 1 and s["launch"]["failures"][0]["rank"] == 1
+    assert s["resumed_from"] is not None
+    assert epochs_in_csv(d) == [1, 2, 3, 4, 5, 6]
+
+
+def test_resume_from_a_missing_checkpoint_is_a_one_line_error(tmp_path) -> None:
+    proc = run(train_cmd(f"run.dir={tmp_path}", f"train.resume={tmp_path}/nope"), tmp_path)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"hvd_train: error: train.resume: {tmp_path}/nope is not a checkpoint folder (expected "
+        f"state.json and ckpt.index in it, as in {tmp_path}/checkpoints/ckpt-*)"
+    )
+
+
+def _sets(*overrides: str) -> list[str]:
+    return [x for o in overrides for x in ("--set", o)]

@@ -1,0 +1,60 @@
+"""Model factories that fail on purpose, for the fault tests (`model.factory: faulty_models:...`).
+
+Each wraps the quickstart's convnet7 (digits, 8x8x1) with a layer that misbehaves after a
+number of training steps on one rank only, so the tests also check that one rank's trouble
+becomes every rank's decision.
+"""
+
+import os
+
+import tensorflow as tf
+
+from hvd_train.models import convnet7
+
+FAIL_AFTER_STEPS = int(os.environ.get("FAULTY_AFTER_STEPS", "30"))
+FAULTY_RANK = int(os.environ.get("FAULTY_RANK", "1"))
+
+
+class _Trap(tf.keras.layers.Layer):
+    """Identity until `after` training calls on the faulty rank; then NaN or an exception.
+
+    The graph is the same on every rank (only a value differs): Horovod matches collectives
+    across ranks by op name, and a rank with extra control flow would name them differently.
+    """
+
+    def __init__(self, mode: str, after: int, **kwargs):
+        super().__init__(**kwargs)
+        self.mode, self.after = mode, after
+        self.calls = tf.Variable(0, trainable=False, dtype=tf.int64)
+        self.armed = int(os.environ.get("HOROVOD_RANK", "0")) == FAULTY_RANK
+
+    def get_config(self) -> dict:
+        return {**super().get_config(), "mode": self.mode, "after": self.after}
+
+    def call(self, x, training=None):
+        if not training:
+            return x
+        n = self.calls.assign_add(1)
+        fire = tf.logical_and(n > self.after, self.armed)
+        if self.mode == "nan":
+            return x * tf.where(fire, float("nan"), 1.0)
+        ok = tf.debugging.Assert(
+            tf.logical_not(fire), [f"planted failure on rank {FAULTY_RANK}", n]
+        )
+        with tf.control_dependencies([ok]):
+            return tf.identity(x)
+
+
+def _trapped(cfg, mode: str) -> tf.keras.Model:
+    """convnet7 with the trap on its output (a NaN there reaches the loss at once)."""
+    inner = convnet7((8, 8, 1), 10, cfg.model.filters, cfg.model.dense_units, 0.0)
+    inputs = tf.keras.Input((8, 8, 1))
+    return tf.keras.Model(inputs, _Trap(mode, FAIL_AFTER_STEPS)(inner(inputs)))
+
+
+def nan_on_one_rank(cfg) -> tf.keras.Model:
+    return _trapped(cfg, "nan")
+
+
+def error_on_one_rank(cfg) -> tf.keras.Model:
+    return _trapped(cfg, "error")
