@@ -197,18 +197,23 @@ def every_steps_due(cfg: Config, position_step: int) -> bool:
 
 
 def build_callbacks(
-    cfg: Config, d: Derived, evaluator: Evaluator, control: RunControl, keep_epochs: int
+    cfg: Config,
+    d: Derived,
+    evaluator: Evaluator,
+    control: RunControl,
+    keep_epochs: int,
+    broadcast: bool = True,
 ) -> tuple[list[tf.keras.callbacks.Callback], Checkpointer | None]:
     """The callbacks in the order they must run, and rank 0's Checkpointer (else None).
 
     Keras runs callbacks in list order at each event, all on the same `logs` dict, so later
     callbacks see what earlier ones wrote. `keep_epochs`: the epochs a resumed run keeps in
-    metrics.csv.
+    metrics.csv. `broadcast=False` under Horovod Elastic, whose state sync does that job.
     """
     callbacks = [
-        # Horovod: rank 0's weights and optimizer state to every rank, after the first batch
-        # has created the optimizer's slots (the model weights were broadcast before fit).
-        hvd.callbacks.BroadcastGlobalVariablesCallback(0),
+        # Horovod: rank 0's weights and optimizer state to every rank (already broadcast once
+        # before fit; this also covers anything created in the first step).
+        *([hvd.callbacks.BroadcastGlobalVariablesCallback(0)] if broadcast else []),
         # Stop decisions (signals, NaN) agreed by all ranks at the same step, before anything
         # acts on the step: a rank that stopped alone would hang the others.
         control,

@@ -87,7 +87,12 @@ def horovodrun_command(
     bindir = os.path.dirname(sys.executable)
     horovodrun = os.path.join(bindir, "horovodrun")
     cmd = [horovodrun if os.path.exists(horovodrun) else "horovodrun", "-np", str(np_)]
-    cmd += ["-H", args.hosts or f"localhost:{np_}"]
+    e = cfg.elastic
+    if e.enabled:  # Horovod Elastic (Gloo): hosts come and go as the script reports them
+        cmd += ["--min-np", str(e.min_workers), "--host-discovery-script", e.discovery_script]
+        cmd += ["--max-np", str(e.max_workers)] if e.max_workers else []
+    else:
+        cmd += ["-H", args.hosts or f"localhost:{np_}"]
     if args.mpi:
         cmd += ["--mpi", "--mpi-args=--allow-run-as-root" if os.geteuid() == 0 else ""]
         cmd = [c for c in cmd if c]

@@ -24,6 +24,7 @@ from hvd_train.checkpoint import (
 from hvd_train.config import Config, Derived, derive, dump_yaml
 from hvd_train.control import RunControl, StopSignals
 from hvd_train.data import Source, load_source, train_dataset
+from hvd_train.elastic import fit_elastic
 from hvd_train.errors import DataError, Interrupted, UserError
 from hvd_train.evaluation import Evaluator
 from hvd_train.models import build_model
@@ -60,31 +61,48 @@ def train(cfg: Config) -> tuple[tf.keras.Model, dict[str, Any]]:
         jit_compile=cfg.runtime.jit_compile,
     )
     start = _resume(cfg, model, d)
-    evaluator = Evaluator(model, source, d.per_worker_batch, cfg.model.from_logits)
     signals = StopSignals()
-    control = RunControl(
-        signals,
-        cfg.checkpoint.check_every_steps,
-        d.steps_per_epoch,
-        lambda step: every_steps_due(cfg, step),
-        first_step_in_epoch=start.step,
-    )
-    callbacks, checkpointer = build_callbacks(cfg, d, evaluator, control, start.epoch)
+    made: dict[str, Any] = {}
+
+    def make_callbacks(d: Derived, epoch: int, first_step: int) -> list:
+        """This membership's callbacks (rebuilt by Horovod Elastic when workers change)."""
+        evaluator = Evaluator(model, source, d.per_worker_batch, cfg.model.from_logits)
+        made["control"] = RunControl(
+            signals,
+            cfg.checkpoint.check_every_steps,
+            d.steps_per_epoch,
+            lambda step: every_steps_due(cfg, step),
+            first_step_in_epoch=first_step,
+        )
+        made["d"] = d
+        callbacks, made["checkpointer"] = build_callbacks(
+            cfg, d, evaluator, made["control"], epoch, broadcast=not cfg.elastic.enabled
+        )
+        return callbacks
 
     summary = _summary_base(cfg, d, device, start)
     _write_summary(cfg, summary)
     signals.install()
     try:
-        history = _fit(model, source, cfg, d, start, callbacks, control)
+        if cfg.elastic.enabled:
+            history, report = fit_elastic(
+                model, source, cfg, start.epoch, start.step, make_callbacks
+            )
+            d = made["d"]
+            summary.update(world_size=d.world_size, elastic=report, **_batches(d))
+        else:
+            callbacks = make_callbacks(d, start.epoch, start.step)
+            history = _fit(model, source, cfg, d, start, callbacks, made["control"])
     except BaseException as e:
         # Every rank says why it stopped: the launcher names the rank whose error came first
         # and was not a consequence of another rank's failure.
         distributed.log(f"failed: {_one_line(e)}", all_ranks=True)
         summary.update(status="failed", error=_one_line(e))
-        _end_summary(cfg, summary, started, checkpointer)
+        _end_summary(cfg, summary, started, made.get("checkpointer"))
         raise
     finally:
         signals.uninstall()
+    control, checkpointer = made["control"], made["checkpointer"]
     summary.update(_results(history, cfg, control))
     if summary["status"] == "interrupted":
         _end_summary(cfg, summary, started, checkpointer)
@@ -252,16 +270,22 @@ def _summary_base(cfg: Config, d: Derived, device: str, start: Start) -> dict[st
         "world_size": d.world_size,
         "controller": distributed.controller(),
         "device": device,
-        "per_worker_batch_size": d.per_worker_batch,
-        "global_batch_size": d.global_batch,
+        **_batches(d),
         "batch_size_mode": cfg.train.batch_size_mode,
-        "steps_per_epoch": d.steps_per_epoch,
-        "base_learning_rate": d.base_lr,
-        "scaled_learning_rate": d.scaled_lr,
         "epochs": cfg.train.epochs,
         "epochs_completed": start.epoch,
         "resumed_from": start.checkpoint,
         "versions": distributed.versions(),
+    }
+
+
+def _batches(d: Derived) -> dict[str, Any]:
+    return {
+        "per_worker_batch_size": d.per_worker_batch,
+        "global_batch_size": d.global_batch,
+        "steps_per_epoch": d.steps_per_epoch,
+        "base_learning_rate": d.base_lr,
+        "scaled_learning_rate": d.scaled_lr,
     }
 
 

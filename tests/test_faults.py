@@ -243,3 +243,41 @@ def test_resume_from_a_missing_checkpoint_is_a_one_line_error(tmp_path) -> None:
 
 def _sets(*overrides: str) -> list[str]:
     return [x for o in overrides for x in ("--set", o)]
+
+
+def test_elastic_goes_on_with_one_worker_after_one_is_killed(tmp_path) -> None:
+    """Horovod Elastic on Gloo: two one-slot 'hosts' (localhost and 127.0.0.1, both this
+    machine). The worker on 127.0.0.1 is killed; Horovod blacklists that host and the survivor
+    finishes alone, its learning rate rescaled for one worker."""
+    hosts = tmp_path / "hosts"
+    hosts.write_text("localhost:1\n127.0.0.1:1\n")
+    discover = tmp_path / "discover.sh"
+    discover.write_text(f"#!/bin/sh\ncat {hosts}\n")
+    discover.chmod(0o755)
+    d = tmp_path / "run"
+    proc = start([PYTHON, "-m", "hvd_train", "launch", "--np", "2", *LONG,
+                  *_sets(f"run.dir={d}", "elastic.enabled=true", "elastic.min_workers=1",
+                         f"elastic.discovery_script={discover}", "elastic.commit_every_steps=10",
+                         "optimizer.warmup_epochs=0")], tmp_path)  # fmt: skip
+    wait_for_epochs(d, 1, proc)
+    victims = [pid for pid, host in _worker_hosts(str(d)).items() if host == "127.0.0.1"]
+    assert len(victims) == 1, _worker_hosts(str(d))
+    os.kill(victims[0], signal.SIGKILL)
+    result = check(finish(proc, 400))
+    assert "elastic reset: now 1 worker(s)" in result.stdout
+    s = summary(d)
+    assert s["status"] == "completed" and s["epochs_completed"] == 6, s
+    assert s["elastic"]["world_sizes"] == [2, 1] and s["world_size"] == 1
+    assert s["final_metrics"]["learning_rate"] == pytest.approx(0.001)  # 0.002 at 2 workers
+    assert epochs_in_csv(d) == [1, 2, 3, 4, 5, 6]
+
+
+def _worker_hosts(marker: str) -> dict[int, str]:
+    """{pid: HOROVOD_HOSTNAME} of the training processes whose command line holds `marker`."""
+    found = {}
+    for pid in workers(marker).values():
+        environ = pathlib.Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        for item in environ:
+            if item.startswith(b"HOROVOD_HOSTNAME="):
+                found[pid] = item.split(b"=", 1)[1].decode()
+    return found
