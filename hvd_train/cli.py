@@ -45,9 +45,16 @@ def _cmd_config(argv: list[str], prog: str) -> int:
     return config_main(argv)
 
 
+def _cmd_doctor(argv: list[str], prog: str) -> int:
+    from hvd_train.doctor import main as doctor_main
+
+    return doctor_main(argv, prog)
+
+
 COMMANDS: dict[str, Callable[[list[str], str], int]] = {
     "train": _cmd_train,
     "config": _cmd_config,
+    "doctor": _cmd_doctor,
 }
 
 
