@@ -238,7 +238,11 @@ def _device_problems(facts: dict[str, Any]) -> list[Problem]:
     smi, out = facts["nvidia_smi_gpus"], []
     if smi and not tf_gpus and facts["tensorflow"].get("version"):
         cuda = facts["tensorflow"].get("built_with_cuda")
-        why = "CUDA libraries were not found" if cuda else "the CPU-only TensorFlow wheel is installed"
+        why = (
+            "CUDA libraries were not found"
+            if cuda
+            else "the CPU-only TensorFlow wheel is installed"
+        )
         out.append(Problem("warning", f"nvidia-smi lists {smi} GPU(s) but TensorFlow sees none ({why}): training runs on the CPU; HVD_TRAIN_DEVICE=gpu scripts/install.sh installs the CUDA build"))  # fmt: skip
     ops = facts["horovod"].get("tensor_ops")
     if tf_gpus and ops is not None and "nccl" not in ops:
