@@ -44,6 +44,8 @@ preflight() {
   remote="cd $(printf %q "$PWD") >/dev/null 2>&1; "
   [ -z "${PYTHONPATH:-}" ] || remote+="PYTHONPATH=$(printf %q "$PYTHONPATH") "
   remote+="TF_CPP_MIN_LOG_LEVEL=3 $(printf %q "$PY") -m hvd_train doctor --versions"
+  # And the address the host's own name resolves to (see check_host).
+  remote+=' && echo "name=$(hostname) address=$(getent ahosts "$(hostname)" | awk "NR==1{print \$1}")"'
   say "pre-flight: ssh to ${#HOSTS[@]} host(s), comparing hvd_train, TensorFlow and Horovod versions"
   (rc=0; "$PY" -m hvd_train doctor --versions >"$dir/local.out" 2>"$dir/local.err" || rc=$?
    echo "$rc" >"$dir/local.rc") &
@@ -80,12 +82,24 @@ check_host() {
     1) fail_host "$host" "cannot train there (hvd-train doctor): ${why}"; return 1 ;;
     *) fail_host "$host" "the check failed there (exit $rc): ${why}"; return 1 ;;
   esac
-  there=$(tail -n1 "$out")
+  there=$(grep -v '^name=' "$out" | tail -n1)
   if [ "$there" != "$here" ]; then
     fail_host "$host" "versions differ: $there there, $here here (every host needs the same install)"
     return 1
   fi
+  # Horovod 0.28.1's Gloo sets up its process-set contexts on the address the host's own name
+  # resolves to, not on HOROVOD_GLOO_IFACE (gloo_context.cc, InitializeForProcessSet). A name
+  # that resolves to loopback (Debian's 127.0.1.1 default) makes peers connect to themselves.
+  local name address
+  read -r name address < <(grep '^name=' "$out" | sed 's/^name=//; s/ address=/ /')
+  if [ "$controller" = gloo ] && [ "${#HOSTS[@]}" -gt 1 ] && ! is_loopback "$host" &&
+     { [ -z "${address:-}" ] || is_loopback "$address"; }; then
+    fail_host "$host" "its name '$name' resolves to ${address:-nothing}, not to its address on the job's network: Horovod's Gloo controller needs that (map the name in /etc/hosts, or use --mpi)"
+    return 1
+  fi
 }
+
+is_loopback() { [[ $1 == localhost || $1 == 127.* || $1 == ::1 ]]; }
 
 fail_host() { printf '%s: error: host %s: %s\n' "$PROG" "$1" "$2" >&2; }
 

@@ -14,6 +14,7 @@ import pathlib
 import re
 import shlex
 import shutil
+import socket
 import subprocess
 import uuid
 
@@ -54,7 +55,14 @@ def summary(run_dir: pathlib.Path) -> dict:
 def test_single_node_trains_with_two_cpu_workers_from_any_folder(tmp_path) -> None:
     proc = expect(run([str(SINGLE), str(QUICKSTART), *ONE_EPOCH], cwd=tmp_path), 0)
     cmd = printed_command(proc.stdout)
-    assert cmd[:6] == [str(VENV_PY.parent / "horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo"]
+    assert cmd[:6] == [
+        str(VENV_PY.parent / "horovodrun"),
+        "-np",
+        "2",
+        "-H",
+        "localhost:2",
+        "--gloo",
+    ]
     assert cmd[6:] == [str(VENV_PY), "-m", "hvd_train", "--config", str(QUICKSTART), *ONE_EPOCH]
     s = summary(tmp_path / "out")
     assert (s["status"], s["world_size"], s["controller"]) == ("completed", 2, "gloo")
@@ -98,7 +106,9 @@ def test_single_node_passes_the_configs_horovod_knobs_as_flags(tmp_path) -> None
     knobs = cmd[6 : cmd.index(str(VENV_PY))]
     assert knobs == ["--fusion-threshold-mb", "32", "--cycle-time-ms", "2.5",
                      "--timeline-filename", str(tmp_path / "res" / "timeline.json"), "--autotune"]  # fmt: skip
-    plain = printed_command(expect(run([str(SINGLE), str(QUICKSTART), "--dry-run"], tmp_path), 0).stdout)
+    plain = printed_command(
+        expect(run([str(SINGLE), str(QUICKSTART), "--dry-run"], tmp_path), 0).stdout
+    )
     assert plain[6] == str(VENV_PY), "no knob set in the config: no flag"
 
 
@@ -108,7 +118,9 @@ def test_single_node_reads_controller_and_cpu_workers_from_the_config(tmp_path) 
     cmd = printed_command(expect(run([str(SINGLE), str(config), "--dry-run"], tmp_path), 0).stdout)
     assert cmd[1:6] == ["-np", "3", "-H", "localhost:3", "--mpi"]
     cmd = printed_command(
-        expect(run([str(SINGLE), str(config), "--dry-run", "--gloo", "--np", "1"], tmp_path), 0).stdout
+        expect(
+            run([str(SINGLE), str(config), "--dry-run", "--gloo", "--np", "1"], tmp_path), 0
+        ).stdout
     )
     assert cmd[1:6] == ["-np", "1", "-H", "localhost:1", "--gloo"]
 
@@ -127,7 +139,9 @@ def test_single_node_starts_one_worker_per_gpu(tmp_path, monkeypatch) -> None:
     assert cmd[1:6] == ["-np", "4", "-H", "localhost:4", "--mpi"]
     assert not any("yield" in a for a in cmd), "GPU workers keep MPI's low-latency polling"
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,3")
-    cmd = printed_command(expect(run([str(SINGLE), str(QUICKSTART), "--dry-run"], tmp_path), 0).stdout)
+    cmd = printed_command(
+        expect(run([str(SINGLE), str(QUICKSTART), "--dry-run"], tmp_path), 0).stdout
+    )
     assert cmd[1:4] == ["-np", "2", "-H"]
 
 
@@ -253,9 +267,13 @@ def test_preflight_names_the_host_that_does_not_answer(tmp_path, ssh_setup) -> N
     ), proc.stderr
 
 
-@pytest.fixture
-def two_hosts(ssh_setup, tmp_path):
-    """Two network namespaces joined by a veth pair (10.213.7.1 and .2 on `hvd0`), sshd in each."""
+@pytest.fixture(scope="module")
+def two_hosts(ssh_setup):
+    """Two network namespaces joined by a veth pair (10.213.7.1 and .2 on `hvd0`), sshd in each.
+
+    Like real hosts, each resolves its own name to its own address: `ip netns exec` mounts
+    /etc/netns/NAME/hosts over /etc/hosts for everything started in NAME.
+    """
     if not shutil.which("ip") or not shutil.which("unshare"):
         pytest.skip("needs iproute2 (ip netns) and util-linux (unshare)")
     folder, key, port = ssh_setup
@@ -264,14 +282,18 @@ def two_hosts(ssh_setup, tmp_path):
     setup = [
         *(["ip", "netns", "add", n] for n in names),
         ["ip", "link", "add", f"hv{tag}a", "type", "veth", "peer", "name", f"hv{tag}b"],
-        *(["ip", "link", "set", f"hv{tag}{s}", "netns", n] for s, n in zip("ab", names)),
+        *(["ip", "link", "set", f"hv{tag}{s}", "netns", n] for s, n in zip("ab", names, strict=False)),
     ]
     for i, n in enumerate(names):
         ns = ["ip", "netns", "exec", n, "ip"]
         setup += [[*ns, "link", "set", f"hv{tag}{'ab'[i]}", "name", "hvd0"],
                   [*ns, "addr", "add", f"10.213.7.{i + 1}/24", "dev", "hvd0"],
                   [*ns, "link", "set", "hvd0", "up"], [*ns, "link", "set", "lo", "up"]]  # fmt: skip
+    hosts_files = [pathlib.Path("/etc/netns", n, "hosts") for n in names]
     try:
+        for i, path in enumerate(hosts_files):
+            path.parent.mkdir(parents=True)
+            path.write_text(f"127.0.0.1 localhost\n10.213.7.{i + 1} {socket.gethostname()}\n")
         for cmd in setup:
             done = subprocess.run(cmd, capture_output=True, text=True)
             if done.returncode:
@@ -279,30 +301,61 @@ def two_hosts(ssh_setup, tmp_path):
         with contextlib.ExitStack() as stack:
             for i, n in enumerate(names):
                 stack.enter_context(sshd.sshd(folder / n, f"10.213.7.{i + 1}", port, key, netns=n))
-            yield names, key, port
+            yield names, key, port, hosts_files
     finally:
-        for n in names:
+        for n, path in zip(names, hosts_files, strict=False):
             subprocess.run(["ip", "netns", "del", n], capture_output=True)
+            shutil.rmtree(path.parent, ignore_errors=True)
+
+
+def launch_from_first_host(names: list[str], cmd: list[str], tmp_path: pathlib.Path):
+    """Runs `cmd` in the first namespace, with a private ~/.ssh for horovodrun's known_hosts."""
+    dot_ssh = tmp_path / "dot_ssh"
+    dot_ssh.mkdir(exist_ok=True)
+    pathlib.Path("/root/.ssh").mkdir(mode=0o700, exist_ok=True)
+    wrapped = ["ip", "netns", "exec", names[0], "unshare", "--mount", "--propagation", "private",
+               "sh", "-c", f'mount --bind {dot_ssh} /root/.ssh && exec "$@"', "sh", *cmd]  # fmt: skip
+    return run(wrapped, tmp_path, timeout=400)
 
 
 @pytest.mark.multiworker
 def test_multi_node_trains_across_two_hosts_in_network_namespaces(tmp_path, two_hosts) -> None:
-    names, key, port = two_hosts
+    names, key, port, _ = two_hosts
     hostfile = tmp_path / "hosts"
     hostfile.write_text("10.213.7.1 slots=1\n10.213.7.2 slots=1\n")
-    # Launched from the first host, as on a cluster. horovodrun reaches the second over ssh;
-    # its known_hosts writes land in a private ~/.ssh (a mount namespace), not the real one.
-    dot_ssh = tmp_path / "dot_ssh"
-    dot_ssh.mkdir()
-    pathlib.Path("/root/.ssh").mkdir(mode=0o700, exist_ok=True)
+    # Launched from the first host, as on a cluster: horovodrun reaches the second over ssh.
     cmd = [str(MULTI), "--hostfile", str(hostfile), str(QUICKSTART), *ONE_EPOCH,
            "--ssh-port", str(port), "--ssh-identity-file", str(key), "--network-interface", "hvd0"]  # fmt: skip
-    wrapped = ["ip", "netns", "exec", names[0], "unshare", "--mount", "--propagation", "private",
-               "sh", "-c", f'mount --bind {dot_ssh} /root/.ssh && exec "$@"', "sh", *cmd]  # fmt: skip
-    proc = expect(run(wrapped, tmp_path, timeout=400), 0)
+    proc = expect(launch_from_first_host(names, cmd, tmp_path), 0)
     assert "pre-flight: all 2 host(s) answer" in proc.stdout
     assert printed_command(proc.stdout)[1:5] == ["-np", "2", "-H", "10.213.7.1:1,10.213.7.2:1"]
     s = summary(tmp_path / "out")
     assert (s["status"], s["world_size"], s["epochs_completed"]) == ("completed", 2, 1)
-    # Each rank ran on its own host: rank 1's output came back through ssh from 10.213.7.2.
-    assert re.search(r"\[1\]<std(out|err)>:", proc.stdout + proc.stderr)
+    # Rank 1 ran on the second host: its sshd let the launcher in (pre-flight, then the worker).
+    second_sshd_log = (ssh_folder(key) / names[1] / "sshd.log").read_text()
+    assert second_sshd_log.count("Accepted publickey for root from 10.213.7.1") >= 2
+
+
+def test_preflight_catches_a_host_name_that_resolves_to_loopback(tmp_path, two_hosts) -> None:
+    # Debian's default /etc/hosts maps the host's name to 127.0.1.1; Horovod 0.28.1's Gloo then
+    # makes the peers connect to themselves, and the job aborts after it started.
+    names, key, port, hosts_files = two_hosts
+    saved = hosts_files[1].read_text()
+    hosts_files[1].write_text(f"127.0.0.1 localhost\n127.0.1.1 {socket.gethostname()}\n")
+    try:
+        hostfile = tmp_path / "hosts"
+        hostfile.write_text("10.213.7.1 slots=1\n10.213.7.2 slots=1\n")
+        cmd = [str(MULTI), "--hostfile", str(hostfile), str(QUICKSTART),
+               "--ssh-port", str(port), "--ssh-identity-file", str(key)]  # fmt: skip
+        proc = expect(launch_from_first_host(names, cmd, tmp_path), 3)
+    finally:
+        hosts_files[1].write_text(saved)
+    assert proc.stderr.splitlines()[0] == (
+        f"multi_node.sh: error: host 10.213.7.2: its name '{socket.gethostname()}' resolves to "
+        "127.0.1.1, not to its address on the job's network: Horovod's Gloo controller needs "
+        "that (map the name in /etc/hosts, or use --mpi)"
+    ), proc.stderr
+
+
+def ssh_folder(key: pathlib.Path) -> pathlib.Path:
+    return key.parent
