@@ -1,3 +1,4 @@
+# shellcheck shell=bash disable=SC2034  # CFG_* and the flags are read by the sourcing script
 # Shared by single_node.sh and multi_node.sh (sourced, not run). Reads the config only through
 # `python -m hvd_train.config --get` (the trainer's own loader) and turns its Horovod section
 # into horovodrun flags.

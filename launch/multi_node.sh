@@ -12,6 +12,7 @@
 # or config; 3 pre-flight failed; otherwise the job's.
 set -euo pipefail
 PROG=multi_node.sh
+# shellcheck source-path=SCRIPTDIR source=_common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/_common.sh"
 
 usage() { printf 'usage: %s\n' "$(sed -n '4p' "${BASH_SOURCE[0]}" | sed 's/^#  *//')" >&2; exit 2; }
@@ -45,6 +46,7 @@ preflight() {
   [ -z "${PYTHONPATH:-}" ] || remote+="PYTHONPATH=$(printf %q "$PYTHONPATH") "
   remote+="TF_CPP_MIN_LOG_LEVEL=3 $(printf %q "$PY") -m hvd_train doctor --versions"
   # And the address the host's own name resolves to (see check_host).
+  # shellcheck disable=SC2016  # expanded on the remote host
   remote+=' && echo "name=$(hostname) address=$(getent ahosts "$(hostname)" | awk "NR==1{print \$1}")"'
   say "pre-flight: ssh to ${#HOSTS[@]} host(s), comparing hvd_train, TensorFlow and Horovod versions"
   (rc=0; "$PY" -m hvd_train doctor --versions >"$dir/local.out" 2>"$dir/local.err" || rc=$?
@@ -122,7 +124,7 @@ while [ $# -gt 0 ]; do
     *) [ -z "$config" ] || die "one CONFIG expected, got '$config' and '$1'"; config=$1; shift ;;
   esac
 done
-[ -n "$hostfile" ] && [ -n "$config" ] || usage
+if [ -z "$hostfile" ] || [ -z "$config" ]; then usage; fi
 # The options horovodrun's own ssh uses, plus no prompt, no known_hosts writes and quiet.
 SSH_OPTS=(-o BatchMode=yes -o PasswordAuthentication=no -o StrictHostKeyChecking=no
           -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR "${SSH_OPTS[@]}")

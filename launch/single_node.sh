@@ -7,7 +7,9 @@
 # The config's Horovod knobs become horovodrun flags. The exact horovodrun command is printed
 # before it runs; the exit code is the job's (2 with one line for a bad config).
 set -euo pipefail
+# shellcheck disable=SC2034  # PROG and DRY_RUN are read by _common.sh
 PROG=single_node.sh
+# shellcheck source-path=SCRIPTDIR source=_common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/_common.sh"
 
 usage() { sed -n '4p' "${BASH_SOURCE[0]}" | sed 's/^#  *//' >&2; exit 2; }
