@@ -282,7 +282,10 @@ def two_hosts(ssh_setup):
     setup = [
         *(["ip", "netns", "add", n] for n in names),
         ["ip", "link", "add", f"hv{tag}a", "type", "veth", "peer", "name", f"hv{tag}b"],
-        *(["ip", "link", "set", f"hv{tag}{s}", "netns", n] for s, n in zip("ab", names, strict=False)),
+        *(
+            ["ip", "link", "set", f"hv{tag}{s}", "netns", n]
+            for s, n in zip("ab", names, strict=False)
+        ),
     ]
     for i, n in enumerate(names):
         ns = ["ip", "netns", "exec", n, "ip"]
