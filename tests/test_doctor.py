@@ -28,13 +28,17 @@ def here(tmp_path_factory) -> dict:
 
 
 def test_doctor_reports_this_machine_ready(here) -> None:
-    from importlib.metadata import version
+    from importlib.metadata import PackageNotFoundError, version
 
     import horovod
 
     facts = here["facts"]
     assert here["ok"] is True and [p for p in here["problems"] if p["level"] == "error"] == []
-    assert facts["tensorflow"]["version"] == version("tensorflow-cpu")
+    try:
+        installed = version("tensorflow-cpu")
+    except PackageNotFoundError:  # the CUDA build
+        installed = version("tensorflow")
+    assert facts["tensorflow"]["version"] == installed
     assert facts["horovod"]["version"] == horovod.__version__
     assert facts["horovod"]["built_against"]["tensorflow"] == facts["tensorflow"]["version"]
     assert facts["horovod"]["frameworks"] == ["tensorflow"]
