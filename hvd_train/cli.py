@@ -52,10 +52,17 @@ def _cmd_launch(argv: list[str], prog: str) -> int:
     return launch_main(argv, prog)
 
 
+def _cmd_doctor(argv: list[str], prog: str) -> int:
+    from hvd_train.doctor import main as doctor_main
+
+    return doctor_main(argv, prog)
+
+
 COMMANDS: dict[str, Callable[[list[str], str], int]] = {
     "train": _cmd_train,
     "config": _cmd_config,
     "launch": _cmd_launch,
+    "doctor": _cmd_doctor,
 }
 
 

@@ -34,6 +34,22 @@ if ! command -v mpirun >/dev/null 2>&1 || ! command -v mpicxx >/dev/null 2>&1; t
     libopenmpi-dev openmpi-bin g++ make >/dev/null
 fi
 
+# --- ssh: multi_node.sh and horovodrun reach other hosts with it ---
+# The server too under CI (or HVD_TRAIN_WITH_SSHD=1): the multi-node tests start private sshd
+# servers (tests/sshd.py); a workstation's `make demo` should not get an ssh server.
+ssh_pkgs=""
+command -v ssh >/dev/null 2>&1 || ssh_pkgs="openssh-client"
+if { [ -n "${CI:-}" ] || [ "${HVD_TRAIN_WITH_SSHD:-0}" = 1 ]; } && [ ! -x /usr/sbin/sshd ]; then
+  ssh_pkgs="$ssh_pkgs openssh-server"
+fi
+if [ -n "$ssh_pkgs" ]; then
+  say "installing$ssh_pkgs from apt"; changed=1
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
+  $SUDO apt-get update -qq
+  # shellcheck disable=SC2086  # a list of package names
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends $ssh_pkgs >/dev/null
+fi
+
 # --- the virtualenv ---
 if [ ! -x "$VENV/bin/python" ]; then
   say "creating $VENV"; changed=1

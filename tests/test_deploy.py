@@ -1,0 +1,202 @@
+"""Static checks of what cannot run here: the Dockerfile (no Docker engine) and the Kubernetes
+manifests (no cluster). Linters from PyPI (hadolint, shellcheck) plus the facts that tie the
+pieces together: the image installs with the README's script, the manifests mount the config
+where the command reads it, and the GPU and slot counts agree."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import re
+import shlex
+import subprocess
+
+import pytest
+import yaml
+from harness import BIN, ROOT
+
+from hvd_train.config import load_config
+
+DOCKERFILE = ROOT / "Dockerfile"
+K8S = ROOT / "launch" / "k8s"
+MANIFESTS = sorted(K8S.glob("*.yaml"))
+
+
+def dockerfile_instructions() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) pairs, continuation lines joined, comments dropped."""
+    text = re.sub(r"\\\n", " ", DOCKERFILE.read_text())
+    out = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            word, _, rest = line.partition(" ")
+            out.append((word.upper(), rest.strip()))
+    return out
+
+
+def test_dockerfile_passes_hadolint() -> None:
+    proc = subprocess.run([str(BIN / "hadolint"), str(DOCKERFILE)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_launch_scripts_pass_shellcheck() -> None:
+    scripts = sorted(str(p) for p in (ROOT / "launch").glob("*.sh"))
+    proc = subprocess.run([str(BIN / "shellcheck"), "-x", *scripts], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_image_is_pinned_to_tensorflow_215_gpu_with_a_cpu_build_arg() -> None:
+    steps = dockerfile_instructions()
+    assert ("ARG", "BASE_IMAGE=tensorflow/tensorflow:2.15.0-gpu") in steps
+    assert steps[[w for w, _ in steps].index("FROM")] == ("FROM", "${BASE_IMAGE}")
+    assert ("ARG", "DEVICE=gpu") in steps
+    header = DOCKERFILE.read_text()
+    assert "--build-arg BASE_IMAGE=tensorflow/tensorflow:2.15.0 --build-arg DEVICE=cpu" in header
+
+
+def test_image_installs_with_the_readmes_install_script() -> None:
+    runs = [args for word, args in dockerfile_instructions() if word == "RUN"]
+    assert any("HVD_TRAIN_DEVICE=${DEVICE} bash scripts/install.sh" in r for r in runs)
+    assert "scripts/install.sh" in (ROOT / "README.md").read_text()
+    assert "scripts/install.sh" in (ROOT / "Makefile").read_text()  # what CI's `make test` runs
+    apt = next(r for r in runs if "apt-get install" in r)
+    for package in ("openmpi-bin", "libopenmpi-dev", "openssh-server", "openssh-client", "libnccl-dev"):  # fmt: skip
+        assert package in apt
+
+
+def test_image_runs_the_quickstart_by_default() -> None:
+    cmd = [args for word, args in dockerfile_instructions() if word == "CMD"]
+    assert len(cmd) == 1
+    argv = json.loads(cmd[0])
+    assert argv == ["launch/single_node.sh", "configs/quickstart.yaml"]
+    assert all((ROOT / p).exists() for p in argv)
+    workdir = [args for word, args in dockerfile_instructions() if word == "WORKDIR"]
+    assert workdir[-1] == "/opt/hvd_train"
+
+
+def test_image_ssh_setup_suits_the_mpi_operator() -> None:
+    text = re.sub(r"\\\n", " ", DOCKERFILE.read_text())
+    for needed in ("mkdir -p /var/run/sshd", "'StrictModes no'", "'    StrictHostKeyChecking no'",
+                   "'    UserKnownHostsFile /dev/null'", "'HostKey /home/mpiuser/.ssh/id_rsa'"):  # fmt: skip
+        assert needed in text, needed
+    users = [args for word, args in dockerfile_instructions() if word == "USER"]
+    assert users == ["1000:1000"] and "--uid 1000" in text and "mpiuser" in text
+
+
+def test_dockerignore_keeps_the_host_venv_and_results_out() -> None:
+    ignored = (ROOT / ".dockerignore").read_text().split()
+    assert {".venv", "runs", ".git"} <= set(ignored)
+
+
+# --------------------------------------------------------------------------- Kubernetes
+
+
+def documents() -> list[tuple[str, dict]]:
+    return [(p.name, d) for p in MANIFESTS for d in yaml.safe_load_all(p.read_text()) if d]
+
+
+def mpijobs() -> list[tuple[str, dict]]:
+    return [(name, d) for name, d in documents() if d["kind"] == "MPIJob"]
+
+
+def config_maps() -> dict[str, dict]:
+    return {d["metadata"]["name"]: d for _, d in documents() if d["kind"] == "ConfigMap"}
+
+
+def test_manifests_exist_and_parse() -> None:
+    names = {p.name for p in MANIFESTS}
+    assert {"configmap.yaml", "mpijob.yaml", "mpijob-elastic.yaml"} <= names
+    kinds = sorted(d["kind"] for _, d in documents())
+    assert kinds.count("MPIJob") == 2 and "PersistentVolumeClaim" in kinds
+
+
+@pytest.mark.parametrize("name,job", mpijobs(), ids=lambda x: x if isinstance(x, str) else "")
+def test_mpijob_is_v2beta1_with_gpu_workers_and_slots(name, job) -> None:
+    assert job["apiVersion"] == "kubeflow.org/v2beta1"
+    spec = job["spec"]
+    slots = spec["slotsPerWorker"]
+    replicas = spec["mpiReplicaSpecs"]
+    assert set(replicas) == {"Launcher", "Worker"} and replicas["Launcher"]["replicas"] == 1
+    worker = replicas["Worker"]["template"]["spec"]["containers"][0]
+    assert worker["resources"]["limits"]["nvidia.com/gpu"] == slots, "one worker process per GPU"
+    assert worker["command"] == ["/usr/sbin/sshd", "-De", "-f", "/home/mpiuser/.sshd_config"]
+    assert spec["sshAuthMountPath"] == "/home/mpiuser/.ssh"  # the image's non-root user
+    for role in replicas.values():
+        assert role["template"]["spec"]["securityContext"]["runAsUser"] == 1000
+
+
+def launcher_argv(job: dict) -> list[str]:
+    c = job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]
+    return [*c["command"], *c["args"]]
+
+
+def flag(argv: list[str], name: str) -> str:
+    return argv[argv.index(name) + 1]
+
+
+def mounted_config(job: dict, role: str) -> tuple[str, dict]:
+    """(mount path, ConfigMap) of the config volume in `role`'s pod."""
+    pod = job["spec"]["mpiReplicaSpecs"][role]["template"]["spec"]
+    volume = next(v for v in pod["volumes"] if "configMap" in v)
+    mount = next(m for m in pod["containers"][0]["volumeMounts"] if m["name"] == volume["name"])
+    return mount["mountPath"], config_maps()[volume["configMap"]["name"]]
+
+
+@pytest.mark.parametrize("name,job", mpijobs(), ids=lambda x: x if isinstance(x, str) else "")
+def test_workers_read_the_config_where_the_command_says(name, job, tmp_path) -> None:
+    argv = launcher_argv(job)
+    assert argv[0] == "horovodrun" and argv[argv.index("python") :][:3] == [
+        "python",
+        "-m",
+        "hvd_train",
+    ]
+    config_path = pathlib.PurePosixPath(flag(argv, "--config"))
+    for role in ("Launcher", "Worker"):
+        mount, cm = mounted_config(job, role)
+        assert str(config_path.parent) == mount and config_path.name in cm["data"], role
+    # The ConfigMap's config is a valid hvd_train config, writing to the results volume.
+    _, cm = mounted_config(job, "Worker")
+    tree = yaml.safe_load(cm["data"][config_path.name])
+    pod = job["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]
+    results = next(
+        m["mountPath"] for m in pod["containers"][0]["volumeMounts"] if m["name"] == "results"
+    )
+    assert tree["run"]["dir"].startswith(results + "/")
+    path = tmp_path / config_path.name
+    path.write_text(yaml.safe_dump(tree))
+    load_config(path)
+
+
+def test_mpijob_starts_one_process_per_gpu() -> None:
+    (_, job) = next((n, j) for n, j in mpijobs() if n == "mpijob.yaml")
+    spec = job["spec"]
+    argv = launcher_argv(job)
+    np = int(flag(argv, "-np"))
+    assert np == spec["slotsPerWorker"] * spec["mpiReplicaSpecs"]["Worker"]["replicas"]
+    assert flag(argv, "--hostfile") == "/etc/mpi/hostfile" and "--mpi" in argv
+    first_line = config_maps()["hvd-train-config"]["data"]["train.yaml"].splitlines()[0]
+    assert shlex.split(first_line.lstrip("# ")) == argv, "the config opens with its launch command"
+
+
+def test_elastic_mpijob_matches_its_config() -> None:
+    (_, job) = next((n, j) for n, j in mpijobs() if n == "mpijob-elastic.yaml")
+    argv = launcher_argv(job)
+    _, cm = mounted_config(job, "Worker")
+    elastic = yaml.safe_load(cm["data"]["train.yaml"])["elastic"]
+    assert elastic["enabled"] is True
+    assert int(flag(argv, "--min-np")) == elastic["min_workers"]
+    assert int(flag(argv, "--max-np")) == elastic["max_workers"]
+    assert flag(argv, "--host-discovery-script") == "/etc/mpi/discover_hosts.sh"
+    assert elastic["discovery_script"] == "/etc/mpi/discover_hosts.sh"
+    spec = job["spec"]
+    assert int(flag(argv, "--slots-per-host")) == spec["slotsPerWorker"]
+    capacity = spec["slotsPerWorker"] * spec["mpiReplicaSpecs"]["Worker"]["replicas"]
+    assert elastic["min_workers"] <= int(flag(argv, "-np")) <= elastic["max_workers"] <= capacity
+
+
+def test_results_claim_exists_for_every_job() -> None:
+    claims = {d["metadata"]["name"] for _, d in documents() if d["kind"] == "PersistentVolumeClaim"}
+    for _, job in mpijobs():
+        pod = job["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]
+        used = [v["persistentVolumeClaim"]["claimName"] for v in pod["volumes"] if "persistentVolumeClaim" in v]  # fmt: skip
+        assert used and set(used) <= claims

@@ -1,0 +1,186 @@
+"""`hvd-train doctor`: its report and exit code on this machine, with a planted mismatch, and
+the known-bad combinations its diagnosis catches."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import pathlib
+
+import pytest
+from harness import PYTHON, ROOT, run
+
+from hvd_train.doctor import diagnose, version_tuple
+
+
+def doctor(*args: str, cwd: pathlib.Path, pythonpath: str = "") -> tuple[int, str, str]:
+    env_path = os.pathsep.join(p for p in (pythonpath, str(ROOT)) if p)
+    proc = run(["env", f"PYTHONPATH={env_path}", PYTHON, "-m", "hvd_train", "doctor", *args], cwd)
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+@pytest.fixture(scope="module")
+def here(tmp_path_factory) -> dict:
+    code, out, err = doctor("--json", cwd=tmp_path_factory.mktemp("doctor"))
+    assert code == 0, out + err
+    return json.loads(out)
+
+
+def test_doctor_reports_this_machine_ready(here) -> None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    import horovod
+
+    facts = here["facts"]
+    assert here["ok"] is True and [p for p in here["problems"] if p["level"] == "error"] == []
+    try:
+        installed = version("tensorflow-cpu")
+    except PackageNotFoundError:  # the CUDA build
+        installed = version("tensorflow")
+    assert facts["tensorflow"]["version"] == installed
+    assert facts["horovod"]["version"] == horovod.__version__
+    assert facts["horovod"]["built_against"]["tensorflow"] == facts["tensorflow"]["version"]
+    assert facts["horovod"]["frameworks"] == ["tensorflow"]
+    assert set(facts["horovod"]["controllers"]) == {"gloo", "mpi"}
+    assert {"gloo", "mpi"} <= set(facts["horovod"]["tensor_ops"])
+    assert facts["tensorflow"]["gpus"] == []  # no GPU on this machine
+    assert facts["mpirun"]["version"].startswith("mpirun (Open MPI)")
+
+
+def test_doctor_prints_a_report_and_exits_0(tmp_path, here) -> None:
+    code, out, _ = doctor(cwd=tmp_path)
+    assert code == 0
+    tf_version = here["facts"]["tensorflow"]["version"]
+    assert f"tensorflow   {tf_version} (keras 2." in out
+    assert f"built against TensorFlow {tf_version}" in out
+    assert "controllers  gloo, mpi" in out
+    assert out.rstrip().endswith("ready to train")
+
+
+def test_doctor_fails_on_a_horovod_built_against_another_tensorflow(tmp_path, here) -> None:
+    # A Horovod install whose build record (metadata.json, written by Horovod's setup.py and
+    # checked by its own import) says it was compiled against TensorFlow 2.14.0: the real
+    # package linked file by file, with that one file changed, first on PYTHONPATH.
+    real = pathlib.Path(here["facts"]["horovod"]["path"])
+    planted = tmp_path / "site" / "horovod"
+    planted.mkdir(parents=True)
+    for entry in real.iterdir():
+        if entry.name != "metadata.json":
+            (planted / entry.name).symlink_to(entry)
+    (planted / "metadata.json").write_text('{"tensorflow": "2.14.0"}')
+    code, out, _ = doctor(cwd=tmp_path, pythonpath=str(tmp_path / "site"))
+    assert code == 1, out
+    tf_version = here["facts"]["tensorflow"]["version"]
+    assert (
+        f"error: Horovod 0.28.1 was built against TensorFlow 2.14.0, but TensorFlow {tf_version} "
+        "is installed: rebuild Horovod against it"
+    ) in out
+    assert out.rstrip().endswith("NOT READY: 1 error(s): training cannot work here")
+    code, line, err = doctor("--versions", cwd=tmp_path, pythonpath=str(tmp_path / "site"))
+    assert code == 1 and "built against TensorFlow 2.14.0" in err
+    assert line.strip() == f"hvd_train=0.1.0 tensorflow={tf_version} horovod=0.28.1"
+
+
+# --------------------------------------------------------------------------- diagnosis rules
+
+
+@pytest.fixture
+def facts(here) -> dict:
+    """This machine's facts, to change one at a time."""
+    return copy.deepcopy(here["facts"])
+
+
+def errors(facts: dict) -> list[str]:
+    return [p.message for p in diagnose(facts) if p.level == "error"]
+
+
+def warnings_(facts: dict) -> list[str]:
+    return [p.message for p in diagnose(facts) if p.level == "warning"]
+
+
+def test_this_machines_facts_have_no_problem(facts) -> None:
+    assert errors(facts) == [] and warnings_(facts) == []
+
+
+def test_keras_3_is_an_error(facts) -> None:
+    facts["tensorflow"].update(version="2.16.1", keras="keras 3.3.3")
+    assert [m for m in errors(facts) if m.startswith("Keras 3 is active (TensorFlow 2.16.1, keras 3.3.3)")]  # fmt: skip
+
+
+def test_tf_216_with_legacy_keras_is_only_untested(facts) -> None:
+    facts["tensorflow"].update(version="2.16.1", keras="tf_keras 2.16.0")
+    facts["env"]["TF_USE_LEGACY_KERAS"] = "1"
+    facts["horovod"]["built_against"]["tensorflow"] = "2.16.1"
+    assert errors(facts) == []
+    assert warnings_(facts) == ["TensorFlow 2.16.1: hvd_train is tested with 2.15.1"]
+
+
+def test_tf_216_whose_keras_cannot_be_read_counts_as_keras_3(facts) -> None:
+    facts["tensorflow"].update(version="2.16.1", keras=None)
+    facts["horovod"]["built_against"]["tensorflow"] = "2.16.1"
+    assert len(errors(facts)) == 1 and errors(facts)[0].startswith("Keras 3 is active")
+
+
+def test_tf_220_or_newer_is_an_error(facts) -> None:
+    facts["tensorflow"].update(version="2.20.0", keras="tf_keras 2.20.0")
+    facts["horovod"]["built_against"]["tensorflow"] = "2.20.0"
+    assert errors(facts) == [
+        "TensorFlow 2.20.0 is not supported: Horovod 0.28.1, its last release, predates it; "
+        "install tensorflow 2.15.1 (scripts/install.sh)"
+    ]
+
+
+def test_extension_that_does_not_load_is_an_error(facts) -> None:
+    facts["horovod"]["tensorflow_extension_error"] = (
+        "NotFoundError: mpi_lib.so: undefined symbol: _ZN10tensorflow8OpKernel"
+    )
+    assert errors(facts) == [
+        "horovod.tensorflow does not load: NotFoundError: mpi_lib.so: undefined symbol: "
+        "_ZN10tensorflow8OpKernel; rebuild Horovod against the installed TensorFlow "
+        "(scripts/install.sh)"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("controllers", "mpirun", "level", "start"),
+    [
+        (["mpi"], None, "error", "no usable controller: Horovod was built without Gloo, and MPI is built but mpirun"),
+        ([], {"path": "/usr/bin/mpirun", "version": "x"}, "error", "no usable controller"),
+        (["gloo", "mpi"], None, "warning", "mpirun is not on PATH: only the Gloo controller works"),
+        (["gloo"], None, "warning", "Horovod was built without MPI"),
+    ],
+)  # fmt: skip
+def test_controller_problems(facts, controllers, mpirun, level, start) -> None:
+    facts["horovod"]["controllers"], facts["mpirun"] = controllers, mpirun
+    found = [p for p in diagnose(facts) if p.message.startswith(start)]
+    assert len(found) == 1 and found[0].level == level, diagnose(facts)
+
+
+def test_gpus_tensorflow_cannot_see_are_a_warning(facts) -> None:
+    facts["nvidia_smi_gpus"] = 4
+    assert errors(facts) == []
+    assert warnings_(facts)[0].startswith(
+        "nvidia-smi lists 4 GPU(s) but TensorFlow sees none (the CPU-only TensorFlow wheel is installed)"
+    )
+
+
+def test_gpus_without_nccl_are_a_warning(facts) -> None:
+    facts["tensorflow"]["gpus"] = ["/physical_device:GPU:0"]
+    assert warnings_(facts)[0].startswith("TensorFlow sees GPUs but Horovod was built without NCCL")
+    facts["horovod"]["tensor_ops"].append("nccl")
+    assert warnings_(facts) == []
+
+
+def test_missing_tensorflow_or_horovod_is_an_error(facts) -> None:
+    broken = copy.deepcopy(facts)
+    broken["tensorflow"] = {"version": None, "error": "ModuleNotFoundError: No module named 'tensorflow'"}  # fmt: skip
+    assert errors(broken)[0].startswith("TensorFlow does not import: ModuleNotFoundError")
+    facts["horovod"] = {"version": None, "error": "ModuleNotFoundError: No module named 'horovod'"}
+    assert errors(facts) == ["Horovod does not import: ModuleNotFoundError: No module named 'horovod'; run scripts/install.sh"]  # fmt: skip
+
+
+def test_version_tuple() -> None:
+    assert version_tuple("2.16.0rc1") == (2, 16, 0)
+    assert version_tuple("2.15.1") > version_tuple("2.15")
+    assert version_tuple(None) == ()
