@@ -14,6 +14,8 @@ demo: install
 	horovodrun -np $(NP) -H localhost:$(NP) --gloo $(PY) -m hvd_train --config configs/quickstart.yaml
 	@echo "Results: runs/quickstart (summary.json, metrics.csv, config.yaml, model.keras, tensorboard/)"
 
+# The multi-node launch tests start private ssh servers: the install adds openssh-server.
+test: export HVD_TRAIN_WITH_SSHD = 1
 test: install
 	$(PY) -m pytest -q -ra tests
 
