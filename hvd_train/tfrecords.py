@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from hvd_train import images
 from hvd_train.errors import DataError
 
 CLASSES_FILE = "classes.txt"
@@ -132,10 +133,14 @@ class _Counter:
 
 def _progress(futures, done: _Counter, total: int, label: str) -> None:
     """A one-line progress bar on stderr, redrawn until every future has finished."""
-    width = 30
+    width, shown = 30, -1
     while True:
         finished = all(f.done() for f in futures)
         n = done.value
+        if n == shown and not finished:
+            time.sleep(0.2)
+            continue
+        shown = n
         bar = "#" * (width * n // max(total, 1))
         sys.stderr.write(f"\r{label}: [{bar:<{width}}] {n}/{total}")
         sys.stderr.flush()
@@ -225,3 +230,40 @@ def _class_names(folder: str, at_least: int) -> tuple[str, ...]:
         return tuple(str(i) for i in range(at_least))
     with open(path) as f:
         return tuple(line.strip() for line in f if line.strip())
+
+
+# --------------------------------------------------------------------------- converting
+
+
+def convert(src: str, dst: str, shards: int, val_dir: str = "", on_corrupt: str = "error") -> None:
+    """`hvd-train convert-tfrecord`: checks every image, then writes DST/train (and DST/val).
+
+    Example ids are positions in the folder's sorted listing, so `data.validation_fraction`
+    holds out the same images from DST/train as from SRC itself.
+    """
+    splits = [("train", src, "SRC_IMAGE_FOLDER")]
+    if val_dir:
+        splits.append(("val", val_dir, "--val-dir"))
+    listed = [(name, images.list_class_folders(folder, key), key) for name, folder, key in splits]
+    if val_dir and listed[0][1].class_names != listed[1][1].class_names:
+        raise DataError(f"--val-dir: {val_dir} has other class sub-folders than {src}")
+    for name, folders, key in listed:
+        paths = [p for files in folders.files for p in files]
+        labels = [c for c, files in enumerate(folders.files) for _ in files]
+        chosen = images.choose_checked(
+            [paths], ["all"], None, images.file_problem, on_corrupt, str, key
+        )
+        good = set(chosen.per_class[0])
+        keep = [i for i, p in enumerate(paths) if p in good]  # ids: places in the full listing
+        written = write_split(
+            [paths[i] for i in keep], [labels[i] for i in keep], keep,
+            folders.root, folders.class_names, os.path.join(dst, name), name, shards,
+        )  # fmt: skip
+        note = f", {len(chosen.bad)} corrupt files skipped" if chosen.bad else ""
+        print(
+            f"{name}: {len(keep)} images of {len(folders.class_names)} classes in "
+            f"{len(written)} files{note}",
+            flush=True,
+        )
+    val_line = f", val_dir: {os.path.join(dst, 'val')}" if val_dir else ""
+    print(f"use: data: {{source: tfrecord, train_dir: {os.path.join(dst, 'train')}{val_line}}}")

@@ -16,6 +16,7 @@ from hvd_train.checkpoint import export_plain_model
 from hvd_train.config import Config, Derived, derive, dump_yaml
 from hvd_train.data import Source, load_source, train_dataset
 from hvd_train.evaluation import Evaluator
+from hvd_train.input_diagnostics import InputWait, data_summary
 from hvd_train.models import build_model
 from hvd_train.schedules import learning_rate_schedule
 
@@ -46,12 +47,14 @@ def train(cfg: Config) -> tuple[tf.keras.Model, dict[str, Any]]:
     # Horovod: every rank starts from rank 0's weights.
     distributed.broadcast_variables(model.variables)
     evaluator = Evaluator(model, source, d.per_worker_batch, cfg.model.from_logits)
-    callbacks = build_callbacks(cfg, d, evaluator, cfg.run.dir)
+    # Input wait first: its epoch end is a collective, and its value must reach the files.
+    input_wait = InputWait(cfg.data.input_wait_warning)
+    callbacks = [input_wait, *build_callbacks(cfg, d, evaluator, cfg.run.dir)]
 
     summary = _summary_base(cfg, d, device)
     try:
         history = model.fit(
-            train_dataset(source, cfg, d, distributed.rank()),
+            input_wait.attach(train_dataset(source, cfg, d, distributed.rank())),
             epochs=cfg.train.epochs,
             steps_per_epoch=d.steps_per_epoch,
             callbacks=callbacks,
@@ -62,6 +65,7 @@ def train(cfg: Config) -> tuple[tf.keras.Model, dict[str, Any]]:
         _write_summary(cfg, summary)
         raise
     summary.update(_results(history.history, d), wall_time_s=time.perf_counter() - started)
+    summary.update(data_summary(history.history, source.skipped_files))
     _finish(cfg, model, summary)
     return model, summary
 
@@ -89,6 +93,9 @@ def _log_plan(cfg: Config, d: Derived, source: Source, device: str) -> None:
     used = d.examples_per_epoch
     n = source.num_train
     rest = f"{n - used} unused per epoch" if used <= n else f"{used - n} repeated per epoch"
+    rest += f", data.remainder: {cfg.data.remainder}"
+    if source.description:
+        distributed.log(source.description)
     warm = f", warm-up {cfg.optimizer.warmup_epochs:g} epochs" if d.warmup_steps else ""
     distributed.log(
         f"{d.world_size} worker(s), {distributed.controller()}, {device} | batch "
