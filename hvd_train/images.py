@@ -135,6 +135,7 @@ def choose_checked(
     on_corrupt: str,
     describe: Callable[[T], str],
     key: str,
+    skip_hint: str = "set data.on_corrupt: skip",
 ) -> Chosen:
     """Takes up to `cap` examples from the front of each class, checking each one in parallel.
 
@@ -159,9 +160,7 @@ def choose_checked(
                 if why is None:
                     chosen[c].append(x)
                 elif on_corrupt == "error":
-                    raise DataError(
-                        f"{key}: {describe(x)}: {why}; remove it, or set data.on_corrupt: skip"
-                    )
+                    raise DataError(f"{key}: {describe(x)}: {why}; remove it, or {skip_hint}")
                 else:  # skip: the class's next example takes its place in the next round
                     bad.append((x, why))
     for c, ch in enumerate(chosen):

@@ -251,7 +251,14 @@ def convert(src: str, dst: str, shards: int, val_dir: str = "", on_corrupt: str 
         paths = [p for files in folders.files for p in files]
         labels = [c for c, files in enumerate(folders.files) for _ in files]
         chosen = images.choose_checked(
-            [paths], ["all"], None, images.file_problem, on_corrupt, str, key
+            [paths],
+            ["all"],
+            None,
+            images.file_problem,
+            on_corrupt,
+            str,
+            key,
+            "use --on-corrupt skip",
         )
         good = set(chosen.per_class[0])
         keep = [i for i, p in enumerate(paths) if p in good]  # ids: places in the full listing
