@@ -33,12 +33,12 @@ class Selection:
 
 def load_image_source(cfg: Config) -> Source:
     """The configured image source; identical on every rank (rank 0 lists and checks)."""
-    from hvd_train import distributed
+    from hvd_train import distributed  # Horovod only for image sources, not for digits
 
     d = cfg.data
     decode_size, channels = tuple(d.image_size), d.channels
     if d.source == "image_folder":
-        sel = _shared(lambda: _select_folder(cfg), distributed)
+        sel = distributed.chief_computes(lambda: _select_folder(cfg), name="image_selection")
         x_train = np.array([p for p, _ in sel.train], dtype=str)
         x_val = np.array([p for p, _ in sel.val], dtype=str)
 
@@ -50,7 +50,9 @@ def load_image_source(cfg: Config) -> Source:
     else:
         train = _read_records(d.train_dir, "data.train_dir")
         val = _read_records(d.val_dir, "data.val_dir") if d.val_dir else None
-        sel = _shared(lambda: _select_records(cfg, train, val), distributed)
+        sel = distributed.chief_computes(
+            lambda: _select_records(cfg, train, val), name="record_selection"
+        )
         x_train = _take(train.encoded, [i for i, _ in sel.train])
         x_val = _take((val or train).encoded, [i for i, _ in sel.val])
 
@@ -68,14 +70,6 @@ def load_image_source(cfg: Config) -> Source:
         skipped_files=tuple(name for name, _ in sel.skipped),
         description=_describe(cfg, sel),
     )
-
-
-def _shared(fn: Callable[[], Selection], distributed) -> Selection:
-    import horovod.tensorflow as hvd_tf
-
-    if not hvd_tf.is_initialized():
-        return fn()
-    return distributed.chief_computes(fn, name="image_selection")
 
 
 def _take(encoded: np.ndarray, idx: list[int]) -> np.ndarray:

@@ -139,8 +139,7 @@ def choose_checked(
 ) -> Chosen:
     """Takes up to `cap` examples from the front of each class, checking each one in parallel.
 
-    With `on_corrupt: error` the first bad example (in listing order) ends the run with a
-    DataError naming it; with `skip` it is left out, counted, and the next example of the
+    With `on_corrupt: error` the first bad example found ends the run with a DataError naming it; with `skip` it is left out, counted, and the next example of the
     class takes its place, so the caps stay balanced where the class has enough good images.
     """
     limit = [len(items) if cap is None else min(cap, len(items)) for items in per_class]
@@ -164,7 +163,7 @@ def choose_checked(
                 else:  # skip: the class's next example takes its place in the next round
                     bad.append((x, why))
     for c, ch in enumerate(chosen):
-        if not ch:
+        if per_class[c] and not ch:
             raise DataError(
                 f"{key}: class {names[c]} has no readable images left after skipping corrupt files"
             )

@@ -185,6 +185,8 @@ def read_folder(folder: str, key: str) -> Records:
             labels.append(label)
             ids.append(example_id if example_id >= 0 else len(ids))
             names.append(f"{path} record #{k}" + (f" ({filename.decode()})" if filename else ""))
+    if not encoded:
+        raise DataError(f"{key}: the {SUFFIX} files in {folder} hold no records")
     order = np.argsort(np.asarray(ids), kind="stable")
     classes = _class_names(folder, max(labels) + 1)
     labels_arr = np.asarray(labels, np.int32)[order]
