@@ -332,3 +332,23 @@ def test_convert_stops_at_a_corrupt_file_unless_told_to_skip(bad_root) -> None:
     ]
     skipped = check(convert(root / "corrupt", root / "out", 2, root, "--on-corrupt", "skip"))
     assert "train: 7 images of 2 classes in 2 files, 1 corrupt files skipped" in skipped.stdout
+
+
+# --------------------------------------------------------------------------- config rules
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["data.source=image_folder"], "data.train_dir: data.source image_folder needs the folder of training data; set data.train_dir"),
+        (["data.source=tfrecord", "data.train_dir=x", "data.channels=4"], "data.channels: expected 1 (grey) or 3 (RGB) for data.source tfrecord, got 4"),
+        (["data.source=image_folder", "data.train_dir=x", "data.image_size=[32]"], "data.image_size: expected [height, width] for data.source image_folder, got [32]"),
+    ],
+)  # fmt: skip
+def test_image_source_config_rules(overrides: list[str], message: str) -> None:
+    from hvd_train.config import check, load_config
+    from hvd_train.errors import ConfigError
+
+    with pytest.raises(ConfigError) as info:
+        check(load_config(None, overrides), world_size=2)
+    assert str(info.value) == message
