@@ -9,7 +9,8 @@ change in the machine's load hits all variants alike; the median of each variant
 `train_examples_per_sec` (all workers, first epoch left out) is reported, and its ratio to
 synthetic (target >= 0.95).
 
-    .venv/bin/python benchmarks/input_pipeline.py [--repeats 3] [--epochs 3] [--workdir DIR]
+    .venv/bin/python benchmarks/input_pipeline.py [--repeats 3] [--epochs 3] [--steps 40]
+        [--workdir DIR]
 """
 
 from __future__ import annotations
@@ -68,8 +69,9 @@ def variants(data: pathlib.Path) -> dict[str, list[str]]:
     }  # fmt: skip
 
 
-def train_once(sets: list[str], run_dir: pathlib.Path, epochs: int) -> dict:
-    overrides = [*COMMON, *sets, f"train.epochs={epochs}", f"run.dir={run_dir}"]
+def train_once(sets: list[str], run_dir: pathlib.Path, epochs: int, steps: int) -> dict:
+    overrides = [*COMMON, *sets, f"train.epochs={epochs}", f"train.steps_per_epoch={steps}",
+                 f"run.dir={run_dir}"]  # fmt: skip
     cmd = [str(BIN / "horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo", str(PIN),
            sys.executable, "-m", "hvd_train", "--config", str(ROOT / "configs/quickstart.yaml"),
            *[a for s in overrides for a in ("--set", s)]]  # fmt: skip
@@ -83,7 +85,8 @@ def train_once(sets: list[str], run_dir: pathlib.Path, epochs: int) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--epochs", type=int, default=3, help="the first is left out of the rate")
+    p.add_argument("--steps", type=int, default=40, help="steps per epoch (of 78 in one pass)")
     p.add_argument("--workdir", default="")
     args = p.parse_args()
     work = pathlib.Path(args.workdir or tempfile.mkdtemp(prefix="hvd_input_bench_"))
@@ -100,7 +103,7 @@ def main() -> None:
     for r in range(args.repeats):
         for name, sets in variants(data).items():
             started = time.perf_counter()
-            s = train_once(sets, work / f"{name}_{r}", args.epochs)
+            s = train_once(sets, work / f"{name}_{r}", args.epochs, args.steps)
             rates[name].append(s["train_examples_per_sec"])
             waits[name].append(s["input_wait_fraction"])
             print(f"repeat {r + 1} {name:19s} {s['train_examples_per_sec']:7.1f} examples/s "
