@@ -198,7 +198,7 @@ def test_validation_metrics_are_equal_at_1_2_and_3_workers(exactness_runs) -> No
 
 def test_corrupt_files_skipped_and_counted_and_slow_input_warned(data, tmp_path) -> None:
     """One run: planted corrupt files with on_corrupt: skip, and a decode-heavy pipeline (16x16
-    images upscaled to 96x96) feeding a tiny model, so training waits for input."""
+    images upscaled to 128x128) feeding a tiny model, so training waits for input."""
     folder = tmp_path / "digits"
     for cls in data["digits"].iterdir():
         (folder / cls.name).mkdir(parents=True)
@@ -207,7 +207,7 @@ def test_corrupt_files_skipped_and_counted_and_slow_input_warned(data, tmp_path)
     planted = plant_corrupt(folder)
     proc = check(run([PYTHON, *train_args(
         "data.source=image_folder", f"data.train_dir={folder}", "data.on_corrupt=skip",
-        "data.image_size=[96,96]", "data.channels=3", "model.name=mlp", "model.dense_units=[4]",
+        "data.image_size=[128,128]", "data.channels=3", "model.name=mlp", "model.dense_units=[4]",
         "train.epochs=2", "train.steps_per_epoch=15", f"run.dir={tmp_path / 'out'}",
     )], tmp_path))  # fmt: skip
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
