@@ -19,6 +19,7 @@ from hvd_train.evaluation import Evaluator
 METRICS_COLUMNS = [
     "epoch", "loss", "accuracy", "val_loss", "val_accuracy",
     "learning_rate", "epoch_time_s", "examples_per_sec",
+    "input_wait_fraction",
 ]  # fmt: skip
 
 

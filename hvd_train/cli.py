@@ -58,11 +58,57 @@ def _cmd_doctor(argv: list[str], prog: str) -> int:
     return doctor_main(argv, prog)
 
 
+def _cmd_convert_tfrecord(argv: list[str], prog: str) -> int:
+    p = argparse.ArgumentParser(
+        prog=prog,
+        description="Write an image folder (one sub-folder per class) as sharded TFRecord "
+        "files for data.source: tfrecord (layout: docs/data.md).",
+    )
+    p.add_argument("src", metavar="SRC_IMAGE_FOLDER", help="training images, a folder per class")
+    p.add_argument("dst", metavar="DST", help="output folder: DST/train (and DST/val)")
+    p.add_argument("--shards", type=int, default=8, help="files per split (default 8)")
+    p.add_argument(
+        "--val-dir", default="", metavar="FOLDER",
+        help="validation images, a folder per class, written to DST/val; without it, training "
+        "holds out data.validation_fraction of DST/train, as for the image folder itself",
+    )  # fmt: skip
+    p.add_argument(
+        "--on-corrupt", choices=["error", "skip"], default="error",
+        help="a file that is not a readable JPEG/PNG: stop naming it (default), or leave it out",
+    )  # fmt: skip
+    args = p.parse_args(argv)
+    if args.shards < 1:
+        p.error(f"--shards: expected a value >= 1, got {args.shards}")
+    from hvd_train.tfrecords import convert
+
+    convert(args.src, args.dst, args.shards, args.val_dir, args.on_corrupt)
+    return 0
+
+
+def _cmd_data_bench(argv: list[str], prog: str) -> int:
+    p = _train_parser(prog)
+    p.description = (
+        "Measure the input pipeline alone (examples/s per worker) beside the rate the model "
+        "consumes. Run it under horovodrun with the job's worker count."
+    )
+    p.add_argument("--batches", type=int, default=50, help="batches timed (default 50)")
+    args = p.parse_args(argv)
+    from hvd_train.config import load_config
+
+    cfg = load_config(args.config, args.overrides)
+    from hvd_train.input_diagnostics import data_bench
+
+    data_bench(cfg, max(1, args.batches))
+    return 0
+
+
 COMMANDS: dict[str, Callable[[list[str], str], int]] = {
     "train": _cmd_train,
     "config": _cmd_config,
     "launch": _cmd_launch,
     "doctor": _cmd_doctor,
+    "convert-tfrecord": _cmd_convert_tfrecord,
+    "data-bench": _cmd_data_bench,
 }
 
 

@@ -64,9 +64,10 @@ class OptimizerConfig:
 class DataConfig:
     # synthetic: random inputs made once in memory (speed runs measure the model, not the data).
     # digits: scikit-learn's 8x8 handwritten digits, shipped inside the package (no download).
-    source: Literal["synthetic", "digits"] = "synthetic"
-    image_size: tuple[int, ...] = (32, 32)  # height, width (synthetic)
-    channels: int = _positive(3)  # synthetic
+    # image_folder: one sub-folder of JPEG/PNG files per class; tfrecord: see docs/data.md.
+    source: Literal["synthetic", "digits", "image_folder", "tfrecord"] = "synthetic"
+    image_size: tuple[int, ...] = (32, 32)  # height, width (synthetic; images are resized to it)
+    channels: int = _positive(3)  # synthetic; images are converted to it (1 or 3)
     num_classes: int = field(default=10, metadata={"min": 2})  # synthetic
     train_examples: int = _positive(4096)  # synthetic
     val_examples: int = field(default=1024, metadata={"min": 0})  # synthetic
@@ -74,6 +75,19 @@ class DataConfig:
     # What happens to the examples past the last full global batch of an epoch.
     remainder: Literal["drop", "pad_by_repeat"] = "drop"
     shuffle: bool = True  # reshuffled every epoch from runtime.seed
+    # image_folder: class sub-folders; tfrecord: a folder of *.tfrecord files.
+    train_dir: str = ""
+    # The same for validation; "" holds out validation_fraction of each class, split by seed.
+    val_dir: str = ""
+    max_train_per_class: int | None = _positive(None)  # class-balanced caps, chosen by seed
+    max_val_per_class: int | None = _positive(None)
+    # memory: decode every image once, before training, and keep it (uint8) on every worker.
+    cache: Literal["none", "memory"] = "none"
+    # A file that is not a readable JPEG/PNG: error (exit 2, naming it) or skip (count, report).
+    on_corrupt: Literal["error", "skip"] = "error"
+    prefetch_to_device: bool = False  # GPU only: batches copied to the GPU ahead (untested)
+    # Rank 0 warns when an epoch waits longer than this share of its step time for input.
+    input_wait_warning: float = field(default=0.1, metadata={"min": 0.0, "max": 1.0})
 
 
 @dataclass(frozen=True)
@@ -415,6 +429,26 @@ def check(cfg: Config, world_size: int) -> None:
     if cfg.data.source == "synthetic" and len(cfg.data.image_size) not in (1, 2):
         raise ConfigError(
             f"data.image_size: expected [height, width] or [features], got {list(cfg.data.image_size)}"
+        )
+    if cfg.data.source in ("image_folder", "tfrecord"):
+        _check_image_source(cfg.data)
+
+
+def _check_image_source(d: DataConfig) -> None:
+    if not d.train_dir:
+        raise ConfigError(
+            f"data.train_dir: data.source {d.source} needs the folder of training data; "
+            "set data.train_dir"
+        )
+    if len(d.image_size) != 2:
+        raise ConfigError(
+            f"data.image_size: expected [height, width] for data.source {d.source}, "
+            f"got {list(d.image_size)}"
+        )
+    if d.channels not in (1, 3):
+        raise ConfigError(
+            f"data.channels: expected 1 (grey) or 3 (RGB) for data.source {d.source}, "
+            f"got {d.channels}"
         )
 
 

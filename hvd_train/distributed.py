@@ -152,3 +152,29 @@ def versions() -> dict[str, str]:
         "tensorflow": tf.__version__,
         "horovod": horovod.__version__,
     }
+
+
+def chief_computes(fn: Callable[[], Any], name: str) -> Any:
+    """Runs `fn` on rank 0 alone and gives every rank its result, or its error.
+
+    For work whose answer every rank must share, done once (listing and checking a data
+    folder). A UserError on rank 0 is raised on every rank, so none is left waiting in the
+    broadcast; another error on rank 0 ends the other ranks with a RuntimeError. Without
+    Horovod started (a tool run outside a job), it just calls `fn`.
+    """
+    if not hvd.is_initialized() or size() == 1:
+        return fn()
+    result: Any = None
+    error: Exception | None = None
+    if is_chief():
+        try:
+            result = fn()
+        except Exception as e:  # shared below, then raised on rank 0 too
+            error = e
+    shared = error if isinstance(error, UserError) or error is None else RuntimeError(repr(error))
+    result, shared = broadcast_object((result, shared), name=name)
+    if error is not None:
+        raise error
+    if shared is not None:
+        raise shared
+    return result

@@ -45,11 +45,12 @@ def fit_elastic(
     start_epoch: int,
     start_step: int,
     make_callbacks: Callable[[Derived, int, int], list],
+    attach: Callable[[tf.data.Dataset], tf.data.Dataset],
 ) -> tuple[dict[str, list[float]], dict[str, Any]]:
     """Trains to `train.epochs` under Horovod Elastic; returns the history and a report.
 
     `make_callbacks(d, epoch, first_step)` builds this membership's callbacks (they depend on
-    the worker count and on which worker is rank 0).
+    the worker count and on which worker is rank 0); `attach` wraps the training data.
     """
     history: dict[str, list[float]] = {}
     report: dict[str, Any] = {"resets": 0, "world_sizes": []}
@@ -80,7 +81,7 @@ def fit_elastic(
         ]
         verbose = 1 if distributed.is_chief() and cfg.train.verbose else 0
         while epoch < cfg.train.epochs:
-            data = train_dataset(source, cfg, d, hvd.rank(), first_epoch=epoch).skip(step)
+            data = attach(train_dataset(source, cfg, d, hvd.rank(), first_epoch=epoch).skip(step))
             last = epoch + 1 if step else cfg.train.epochs  # a part-done epoch on its own
             h = model.fit(
                 data, initial_epoch=epoch, epochs=last, steps_per_epoch=d.steps_per_epoch - step,

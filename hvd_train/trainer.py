@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +28,7 @@ from hvd_train.data import Source, load_source, train_dataset
 from hvd_train.elastic import fit_elastic
 from hvd_train.errors import DataError, Interrupted, UserError
 from hvd_train.evaluation import Evaluator
+from hvd_train.input_diagnostics import InputWait, data_summary
 from hvd_train.models import build_model
 from hvd_train.schedules import learning_rate_schedule
 
@@ -78,7 +80,13 @@ def train(cfg: Config) -> tuple[tf.keras.Model, dict[str, Any]]:
         callbacks, made["checkpointer"] = build_callbacks(
             cfg, d, evaluator, made["control"], epoch, broadcast=not cfg.elastic.enabled
         )
-        return callbacks
+        # Input wait first: its epoch end is a collective, and its value must reach the files.
+        made["input_wait"] = InputWait(cfg.data.input_wait_warning)
+        return [made["input_wait"], *callbacks]
+
+    def attach(data: tf.data.Dataset) -> tf.data.Dataset:
+        """The training data, time-stamped for the input-wait measurement."""
+        return made["input_wait"].attach(data)
 
     summary = _summary_base(cfg, d, device, start)
     _write_summary(cfg, summary)
@@ -86,13 +94,13 @@ def train(cfg: Config) -> tuple[tf.keras.Model, dict[str, Any]]:
     try:
         if cfg.elastic.enabled:
             history, report = fit_elastic(
-                model, source, cfg, start.epoch, start.step, make_callbacks
+                model, source, cfg, start.epoch, start.step, make_callbacks, attach
             )
             d = made["d"]
             summary.update(world_size=d.world_size, elastic=report, **_batches(d))
         else:
             callbacks = make_callbacks(d, start.epoch, start.step)
-            history = _fit(model, source, cfg, d, start, callbacks, made["control"])
+            history = _fit(model, source, cfg, d, start, callbacks, made["control"], attach)
     except BaseException as e:
         # Every rank says why it stopped: the launcher names the rank whose error came first
         # and was not a consequence of another rank's failure.
@@ -104,6 +112,7 @@ def train(cfg: Config) -> tuple[tf.keras.Model, dict[str, Any]]:
         signals.uninstall()
     control, checkpointer = made["control"], made["checkpointer"]
     summary.update(_results(history, cfg, control))
+    summary.update(data_summary(history, source.skipped_files))
     if summary["status"] == "interrupted":
         _end_summary(cfg, summary, started, checkpointer)
         where = checkpointer.last if checkpointer else "rank 0's run.dir"
@@ -194,6 +203,7 @@ def _fit(
     start: Start,
     callbacks: list,
     control: RunControl,
+    attach: Callable[[tf.data.Dataset], tf.data.Dataset],
 ) -> dict[str, list[float]]:
     """Runs the epochs from `start` to `train.epochs`; a partly done epoch first, on its own."""
     history: dict[str, list[float]] = {}
@@ -202,14 +212,14 @@ def _fit(
     if start.step and epoch < cfg.train.epochs:
         data = train_dataset(source, cfg, d, distributed.rank(), first_epoch=epoch)
         _extend(history, model.fit(
-            data.skip(start.step), initial_epoch=epoch, epochs=epoch + 1,
+            attach(data.skip(start.step)), initial_epoch=epoch, epochs=epoch + 1,
             steps_per_epoch=d.steps_per_epoch - start.step, callbacks=callbacks, verbose=verbose,
         ))  # fmt: skip
         epoch += 1
     if epoch < cfg.train.epochs and not control.stopping:
         data = train_dataset(source, cfg, d, distributed.rank(), first_epoch=epoch)
         _extend(history, model.fit(
-            data, initial_epoch=epoch, epochs=cfg.train.epochs,
+            attach(data), initial_epoch=epoch, epochs=cfg.train.epochs,
             steps_per_epoch=d.steps_per_epoch, callbacks=callbacks, verbose=verbose,
         ))  # fmt: skip
     return history
@@ -255,6 +265,9 @@ def _log_plan(cfg: Config, d: Derived, source: Source, device: str) -> None:
     used = d.examples_per_epoch
     n = source.num_train
     rest = f"{n - used} unused per epoch" if used <= n else f"{used - n} repeated per epoch"
+    rest += f", data.remainder: {cfg.data.remainder}"
+    if source.description:
+        distributed.log(source.description)
     warm = f", warm-up {cfg.optimizer.warmup_epochs:g} epochs" if d.warmup_steps else ""
     distributed.log(
         f"{d.world_size} worker(s), {distributed.controller()}, {device} | batch "

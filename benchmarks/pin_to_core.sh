@@ -1,0 +1,4 @@
+#!/bin/sh
+# Pins each worker horovodrun starts to one core of its own (core = local rank), then runs the
+# command: `horovodrun -np 2 ... benchmarks/pin_to_core.sh python -m hvd_train ...`.
+exec taskset -c "${HOROVOD_LOCAL_RANK:?not started by horovodrun}" "$@"

@@ -1,0 +1,230 @@
+"""Image files: listing a folder of class sub-folders, the seeded split and class-balanced caps,
+the up-front check of every chosen file, and decoding to a fixed size and channel count.
+
+Listing and checking happen once, before training (on rank 0, shared by broadcast: see
+`data.load_source`), so every worker trains on the same list of files known to be readable. A
+corrupt file is found there, never mid-epoch on one rank, where it would kill that rank while
+the others wait for it in an all-reduce.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TypeVar
+
+import numpy as np
+
+from hvd_train.errors import DataError
+
+T = TypeVar("T")
+
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
+_CHECK_THREADS = 8  # file reads and PIL's checks release the GIL
+
+
+# --------------------------------------------------------------------------- listing
+
+
+@dataclass(frozen=True)
+class ClassFolders:
+    """The image files of a folder with one sub-folder per class, sorted."""
+
+    root: str
+    class_names: tuple[str, ...]
+    files: tuple[tuple[str, ...], ...]  # per class, full paths, sorted
+    ignored: int  # files without an image extension (as Keras' image_dataset_from_directory)
+
+
+def list_class_folders(root: str, key: str) -> ClassFolders:
+    """Lists `root/<class>/**/*.{jpg,jpeg,png}` (case-insensitive), classes in sorted order.
+
+    One `os.scandir` per folder and no file is opened, so it stays cheap for many files.
+
+    Raises:
+        DataError: the folder is missing, has no class sub-folders, or a class has no images.
+    """
+    if not os.path.exists(root):
+        raise DataError(f"{key}: folder {root} does not exist")
+    if not os.path.isdir(root):
+        raise DataError(f"{key}: {root} is a file; expected a folder with one sub-folder per class")
+    classes = sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
+    if not classes:
+        raise DataError(
+            f"{key}: folder {root} has no class sub-folders; expected one sub-folder of "
+            ".jpg/.jpeg/.png images per class"
+        )
+    files, ignored = [], 0
+    for name in classes:
+        found, skipped = _images_under(os.path.join(root, name))
+        if not found:
+            raise DataError(
+                f"{key}: class folder {os.path.join(root, name)} has no .jpg, .jpeg or .png "
+                "images; add some or remove the folder"
+            )
+        files.append(tuple(found))
+        ignored += skipped
+    return ClassFolders(root, tuple(classes), tuple(files), ignored)
+
+
+def _images_under(folder: str) -> tuple[list[str], int]:
+    found, ignored = [], 0
+    for dirpath, dirnames, filenames in os.walk(folder):
+        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+        for f in filenames:
+            if f.lower().endswith(IMAGE_EXTENSIONS):
+                found.append(os.path.join(dirpath, f))
+            elif not f.startswith("."):
+                ignored += 1
+    return sorted(found), ignored
+
+
+# --------------------------------------------------------------------------- split and caps
+
+
+def seeded_order(n: int, seed: int, class_index: int) -> np.ndarray:
+    """A permutation of one class's examples that depends only on the seed and the class."""
+    return np.random.default_rng([seed, class_index]).permutation(n)
+
+
+def split_by_fraction(
+    per_class: Sequence[Sequence[T]], fraction: float, seed: int, key: str, names: Sequence[str]
+) -> tuple[list[list[T]], list[list[T]]]:
+    """Holds out `round(fraction x n)` of each class, chosen by seed: (train, val) per class.
+
+    Both come back in their seeded order, so a cap taken from the front is a seeded sample.
+    """
+    train, val = [], []
+    for c, items in enumerate(per_class):
+        order = [items[i] for i in seeded_order(len(items), seed, c)]
+        n_val = int(round(len(items) * fraction))
+        if n_val >= len(items):
+            raise DataError(
+                f"{key}: class {names[c]} has {len(items)} images, none left for training after "
+                f"holding out data.validation_fraction={fraction}; add images or lower it"
+            )
+        val.append(order[:n_val])
+        train.append(order[n_val:])
+    return train, val
+
+
+def shuffled(per_class: Sequence[Sequence[T]], seed: int) -> list[list[T]]:
+    """Each class in its seeded order (so that a cap takes a seeded sample)."""
+    return [
+        [items[i] for i in seeded_order(len(items), seed, c)] for c, items in enumerate(per_class)
+    ]
+
+
+@dataclass(frozen=True)
+class Chosen:
+    """The examples of one split that passed the check, per class, and those left out."""
+
+    per_class: list[list]
+    bad: list[tuple[object, str]]  # (item, problem), with data.on_corrupt: skip
+    short: list[tuple[int, int]]  # (class index, count) of classes below the cap
+
+
+def choose_checked(
+    per_class: Sequence[Sequence[T]],
+    names: Sequence[str],
+    cap: int | None,
+    problem: Callable[[T], str | None],
+    on_corrupt: str,
+    describe: Callable[[T], str],
+    key: str,
+    skip_hint: str = "set data.on_corrupt: skip",
+) -> Chosen:
+    """Takes up to `cap` examples from the front of each class, checking each one in parallel.
+
+    With `on_corrupt: error` the first bad example found ends the run with a DataError naming it; with `skip` it is left out, counted, and the next example of the
+    class takes its place, so the caps stay balanced where the class has enough good images.
+    """
+    limit = [len(items) if cap is None else min(cap, len(items)) for items in per_class]
+    chosen: list[list[T]] = [[] for _ in per_class]
+    bad: list[tuple[T, str]] = []
+    pos = [0] * len(per_class)
+    with ThreadPoolExecutor(_CHECK_THREADS) as pool:
+        while True:
+            batch = []
+            for c, items in enumerate(per_class):
+                take = items[pos[c] : pos[c] + limit[c] - len(chosen[c])]
+                batch += [(c, x) for x in take]
+                pos[c] += len(take)
+            if not batch:
+                break
+            for (c, x), why in zip(batch, pool.map(lambda cx: problem(cx[1]), batch), strict=True):
+                if why is None:
+                    chosen[c].append(x)
+                elif on_corrupt == "error":
+                    raise DataError(f"{key}: {describe(x)}: {why}; remove it, or {skip_hint}")
+                else:  # skip: the class's next example takes its place in the next round
+                    bad.append((x, why))
+    for c, ch in enumerate(chosen):
+        if per_class[c] and not ch:
+            raise DataError(
+                f"{key}: class {names[c]} has no readable images left after skipping corrupt files"
+            )
+    short = [(c, len(ch)) for c, ch in enumerate(chosen) if cap is not None and len(ch) < cap]
+    return Chosen(chosen, bad, short)
+
+
+# --------------------------------------------------------------------------- checking files
+
+
+def image_problem(data: bytes) -> str | None:
+    """Why `data` is not an image we can decode, or None. Cheap: PIL reads the header and the
+    file's structure (`Image.verify`, which checks PNG chunk CRCs), without decoding pixels;
+    a JPEG must also end with its end-of-image marker (a truncated JPEG fails TF's decoder)."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(io.BytesIO(data)) as im:
+            kind = im.format
+            im.verify()
+    except UnidentifiedImageError:
+        return "not a JPEG or PNG image"
+    except Exception as e:  # PIL raises many kinds (SyntaxError, OSError, struct.error) here
+        return f"corrupt image ({type(e).__name__}: {e})"
+    if kind not in ("JPEG", "PNG"):
+        return f"a {kind} image; expected JPEG or PNG"
+    if kind == "JPEG" and b"\xff\xd9" not in data[-64:]:
+        return "truncated JPEG (no end-of-image marker)"
+    return None
+
+
+def file_problem(path: str) -> str | None:
+    """`image_problem` of the file at `path`, or why it cannot be read."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        return f"cannot be read ({e.strerror})"
+    if not data:
+        return "empty file"
+    return image_problem(data)
+
+
+# --------------------------------------------------------------------------- decoding
+
+
+def decode_image(contents, size: Sequence[int], channels: int):
+    """Encoded JPEG/PNG bytes -> uint8 `[height, width, channels]` (a TensorFlow function).
+
+    Grey, grey+alpha, palette and RGBA images are converted to `channels` (alpha dropped);
+    16-bit PNGs are scaled to 8 bits. Images of another size are resized with antialiasing and
+    rounded back to uint8, so decoded images cost a quarter of float32 in a cache or a queue.
+    """
+    import tensorflow as tf
+
+    img = tf.io.decode_image(contents, channels=channels, expand_animations=False)
+    same = tf.reduce_all(tf.equal(tf.shape(img)[:2], tf.constant(list(size), tf.int32)))
+
+    def resize():
+        out = tf.image.resize(img, list(size), antialias=True)
+        return tf.cast(tf.clip_by_value(tf.round(out), 0.0, 255.0), tf.uint8)
+
+    img = tf.cond(same, lambda: img, resize)
+    return tf.ensure_shape(img, [*size, channels])

@@ -1,0 +1,354 @@
+"""Image sources end to end: image folders and TFRecords built at test time from the digits.
+
+Real jobs throughout: `python -m hvd_train` for one worker, horovodrun (Gloo) for 2 and 3.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import pathlib
+import re
+
+import numpy as np
+import pytest
+from harness import PYTHON, QUICKSTART, WORKERS, check, horovodrun, run
+from PIL import Image
+
+pytestmark = pytest.mark.multiworker
+
+DIGITS_VAL = 359  # round(0.2 x 1,797): divides by neither 2 nor 3
+ID_CLASS_SIZES = (23, 31, 17, 26)
+
+
+# --------------------------------------------------------------------------- datasets
+
+
+def write_digits(root: pathlib.Path) -> pathlib.Path:
+    """scikit-learn's 1,797 digits as 16x16 class folders: JPEG and PNG; grey, RGB and RGBA;
+    a few at other sizes (resized on decode)."""
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    for i, (img, label) in enumerate(zip(digits.images, digits.target, strict=True)):
+        folder = root / f"digit_{label}"
+        folder.mkdir(parents=True, exist_ok=True)
+        im = Image.fromarray((img * 255 / 16).astype(np.uint8)).resize((16, 16))
+        if i % 50 == 0:
+            im = im.resize((20, 12) if i % 100 else (8, 8))
+        kind = i % 4
+        if kind == 0:
+            im.save(folder / f"{i:04d}.png")
+        elif kind == 1:
+            im.convert("RGB").save(folder / f"{i:04d}.jpg", quality=95)
+        elif kind == 2:
+            im.convert("RGBA").save(folder / f"{i:04d}.png")
+        else:
+            im.save(folder / f"{i:04d}.jpeg", quality=95)
+    (root / "digit_0" / "notes.txt").write_text("not an image, and not named like one: ignored")
+    return root
+
+
+def write_id_images(root: pathlib.Path) -> pathlib.Path:
+    """Small PNGs whose pixel (0, 0) encodes the image's id as red * 256 + green."""
+    rng = np.random.default_rng(0)
+    next_id = 0
+    for c, n in enumerate(ID_CLASS_SIZES):
+        folder = root / f"class_{c}"
+        folder.mkdir(parents=True)
+        for _ in range(n):
+            px = rng.integers(0, 256, (6, 6, 3), dtype=np.uint8)
+            px[0, 0, :2] = divmod(next_id, 256)
+            Image.fromarray(px).save(folder / f"img_{next_id:03d}.png")
+            next_id += 1
+    return root
+
+
+def plant_corrupt(folder: pathlib.Path) -> list[pathlib.Path]:
+    """Three bad files with image names: text, a truncated JPEG, an empty PNG."""
+    text = folder / "digit_3" / "bad_text.jpg"
+    text.write_text("this is not a JPEG")
+    whole = next((folder / "digit_5").glob("*.jpg")).read_bytes()
+    truncated = folder / "digit_5" / "truncated.jpg"
+    truncated.write_bytes(whole[: len(whole) // 2])
+    empty = folder / "digit_7" / "empty.png"
+    empty.write_bytes(b"")
+    return [text, truncated, empty]
+
+
+def convert(src: pathlib.Path, dst: pathlib.Path, shards: int, cwd: pathlib.Path, *extra: str):
+    return run([PYTHON, "-m", "hvd_train", "convert-tfrecord", str(src), str(dst),
+                "--shards", str(shards), *extra], cwd)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> dict[str, pathlib.Path]:
+    root = tmp_path_factory.mktemp("data")
+    paths = {
+        "root": root,
+        "digits": write_digits(root / "digits"),
+        "ids": write_id_images(root / "ids"),
+    }
+    paths["convert_digits"] = check(convert(paths["digits"], root / "digits_tfr", 3, root))
+    paths["convert_ids"] = check(convert(paths["ids"], root / "ids_tfr", 1, root))
+    return paths
+
+
+def read_metrics(run_dir: pathlib.Path) -> list[dict[str, str]]:
+    with open(run_dir / "metrics.csv") as f:
+        return list(csv.DictReader(f))
+
+
+TRAIN_SET = [
+    "data.image_size=[16,16]", "data.channels=1", "train.epochs=2", "train.batch_size=32",
+    "optimizer.name=adam", "optimizer.learning_rate=0.002", "model.dense_units=[64]",
+    "train.verbose=false", "logging.tensorboard=false", "optimizer.warmup_epochs=0",
+]  # fmt: skip
+
+
+def train_args(*sets: str) -> list[str]:
+    """`-m hvd_train --config quickstart.yaml --set ...`: TRAIN_SET, then `sets`."""
+    overrides = [a for s in [*TRAIN_SET, *sets] for a in ("--set", s)]
+    return ["-m", "hvd_train", "--config", str(QUICKSTART), *overrides]
+
+
+@pytest.fixture(scope="module")
+def tfrecord_run(data) -> tuple[pathlib.Path, str]:
+    """2 workers train from the converted digits; 1,438 examples do not divide by 64."""
+    out = data["root"] / "tfrecord_run"
+    proc = check(horovodrun(2, [PYTHON, *train_args(
+        "data.source=tfrecord", f"data.train_dir={data['root'] / 'digits_tfr' / 'train'}",
+        "data.remainder=pad_by_repeat", f"run.dir={out}",
+    )], cwd=data["root"]))  # fmt: skip
+    return out, proc.stdout
+
+
+# --------------------------------------------------------------------------- conversion, training
+
+
+def test_convert_tfrecord_writes_shards_and_class_names(data) -> None:
+    train = data["root"] / "digits_tfr" / "train"
+    shards = sorted(p.name for p in train.glob("*.tfrecord"))
+    assert shards == [f"train-0000{i}-of-00003.tfrecord" for i in range(3)]
+    names = (train / "classes.txt").read_text().split()
+    assert names == [f"digit_{i}" for i in range(10)]
+    out = data["convert_digits"].stdout
+    assert "train: 1797 images of 10 classes in 3 files" in out, out
+    assert f"train_dir: {train}" in out
+    assert "1797/1797" in data["convert_digits"].stderr  # the progress bar reached the end
+
+
+def test_training_from_tfrecord_pads_the_remainder_and_reports_input_wait(tfrecord_run) -> None:
+    out, stdout = tfrecord_run
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "completed"
+    assert summary["steps_per_epoch"] == 23  # ceil(1,438 / 64): the last batch padded
+    assert "1438 training examples (34 repeated per epoch, data.remainder: pad_by_repeat)" in stdout
+    assert "tfrecord" in stdout and "1438 training and 359 validation images" in stdout
+    rows = read_metrics(out)
+    assert list(rows[0])[-1] == "input_wait_fraction"
+    waits = [float(r["input_wait_fraction"]) for r in rows]
+    assert all(0 <= w <= 1 for w in waits), waits
+    assert summary["input_wait_fraction"] == pytest.approx(waits[-1], rel=1e-4)
+    assert summary["skipped_files"] == []
+    assert summary["final_metrics"]["val_accuracy"] > 0.8, summary["final_metrics"]
+
+
+# --------------------------------------------------------------------------- exactness
+
+
+@pytest.fixture(scope="module")
+def exactness_runs(data, tfrecord_run) -> dict[int, str]:
+    """The same worker script alone, at 2 and at 3 workers."""
+    args = [str(WORKERS / "data_exactness.py"), str(data["ids"]),
+            str(data["root"] / "ids_tfr" / "train"), str(data["digits"]),
+            str(tfrecord_run[0] / "model.keras")]  # fmt: skip
+    outputs = {1: check(run([PYTHON, *args], data["root"])).stdout}
+    for n in (2, 3):
+        outputs[n] = check(horovodrun(n, [PYTHON, *args], data["root"])).stdout
+    return outputs
+
+
+@pytest.mark.parametrize("workers", [1, 2, 3])
+def test_each_example_goes_to_one_worker_with_equal_steps(exactness_runs, workers) -> None:
+    """Checked on rank 0 of the job (data_exactness.py asserts, and prints only on success)."""
+    checked = re.findall(r"exact (\S+) at (\d) workers: \d+ steps/epoch", exactness_runs[workers])
+    assert sorted(checked) == [
+        (f"{source}/{remainder}", str(workers))
+        for source in ("image_folder", "tfrecord")
+        for remainder in ("drop", "pad_by_repeat")
+    ], exactness_runs[workers]
+
+
+def test_validation_metrics_are_equal_at_1_2_and_3_workers(exactness_runs) -> None:
+    evals = {}
+    for workers, out in exactness_runs.items():
+        line = re.search(r"eval (\{.*\})", out)
+        assert line, out
+        evals[workers] = json.loads(line.group(1))
+    assert {e["val_examples"] for e in evals.values()} == {DIGITS_VAL}
+    for n in (2, 3):
+        assert evals[n]["val_loss"] == pytest.approx(evals[1]["val_loss"], rel=1e-5), evals
+        assert evals[n]["val_accuracy"] == pytest.approx(evals[1]["val_accuracy"], abs=1e-9)
+    assert evals[1]["val_accuracy"] > 0.8, evals
+
+
+# --------------------------------------------------------------------------- skip, diagnostics
+
+
+def test_corrupt_files_skipped_and_counted_and_slow_input_warned(data, tmp_path) -> None:
+    """One run: planted corrupt files with on_corrupt: skip, and a decode-heavy pipeline (16x16
+    images upscaled to 128x128) feeding a tiny model, so training waits for input."""
+    folder = tmp_path / "digits"
+    for cls in data["digits"].iterdir():
+        (folder / cls.name).mkdir(parents=True)
+        for f in cls.iterdir():
+            (folder / cls.name / f.name).symlink_to(f)
+    planted = plant_corrupt(folder)
+    proc = check(run([PYTHON, *train_args(
+        "data.source=image_folder", f"data.train_dir={folder}", "data.on_corrupt=skip",
+        "data.image_size=[128,128]", "data.channels=3", "model.name=mlp", "model.dense_units=[4]",
+        "train.epochs=2", "train.steps_per_epoch=15", f"run.dir={tmp_path / 'out'}",
+    )], tmp_path))  # fmt: skip
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert sorted(summary["skipped_files"]) == sorted(map(str, planted))
+    assert "3 corrupt files were skipped (data.on_corrupt: skip)" in proc.stdout
+    waits = [float(r["input_wait_fraction"]) for r in read_metrics(tmp_path / "out")]
+    assert waits[-1] > 0.1, waits
+    assert "waiting for input (input_wait_fraction" in proc.stdout
+    assert "data.cache: memory" in proc.stdout  # the advice
+
+
+def test_data_bench_prints_input_and_model_rates(data, tmp_path) -> None:
+    proc = check(run([PYTHON, "-m", "hvd_train", "data-bench", "--config", str(QUICKSTART),
+                      "--batches", "10",
+                      "--set", "data.source=image_folder", "--set", f"data.train_dir={data['digits']}",
+                      "--set", "data.image_size=[16,16]", "--set", "data.channels=1"], tmp_path))  # fmt: skip
+    m = re.search(
+        r"input pipeline (\d+) examples/s per worker \| model consumes (\d+) examples/s per "
+        r"worker \| ratio ([0-9.]+): (not )?input-bound",
+        proc.stdout,
+    )
+    assert m, proc.stdout
+    assert int(m.group(1)) > 0 and int(m.group(2)) > 0
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+def bad_inputs(root: pathlib.Path, digits: pathlib.Path) -> dict[str, tuple[list[str], str]]:
+    """name -> (--set overrides, the expected error line)."""
+    (root / "empty").mkdir()
+    no_images = root / "no_images"
+    (no_images / "cat").mkdir(parents=True)
+    (no_images / "dog").mkdir()
+    Image.new("RGB", (4, 4)).save(no_images / "cat" / "a.png")
+    (no_images / "dog" / "readme.txt").write_text("no images here")
+    corrupt = root / "corrupt"
+    (corrupt / "a").mkdir(parents=True)
+    (corrupt / "b").mkdir()
+    for i in range(4):
+        Image.new("L", (4, 4), i).save(corrupt / "a" / f"{i}.png")
+        Image.new("RGB", (4, 4)).save(corrupt / "b" / f"{i}.jpg")
+    (corrupt / "b" / "2.jpg").write_text("plain text, named .jpg")
+    other_classes = root / "other_classes"
+    (other_classes / "digit_0").mkdir(parents=True)
+    Image.new("L", (4, 4)).save(other_classes / "digit_0" / "x.png")
+    folder = ["data.source=image_folder"]
+    return {
+        "missing folder": (
+            [*folder, f"data.train_dir={root / 'nope'}"],
+            f"data.train_dir: folder {root / 'nope'} does not exist",
+        ),
+        "empty folder": (
+            [*folder, f"data.train_dir={root / 'empty'}"],
+            f"data.train_dir: folder {root / 'empty'} has no class sub-folders; expected one "
+            "sub-folder of .jpg/.jpeg/.png images per class",
+        ),
+        "class without images": (
+            [*folder, f"data.train_dir={no_images}"],
+            f"data.train_dir: class folder {no_images / 'dog'} has no .jpg, .jpeg or .png "
+            "images; add some or remove the folder",
+        ),
+        "non-image file": (
+            [*folder, f"data.train_dir={corrupt}"],
+            f"data.train_dir: {corrupt / 'b' / '2.jpg'}: not a JPEG or PNG image; remove it, "
+            "or set data.on_corrupt: skip",
+        ),
+        "too few examples": (
+            [*folder, f"data.train_dir={digits}", "train.batch_size=2000"],
+            "data: 1438 training examples are fewer than one global batch of 2000 (1 workers x "
+            "2000); lower train.batch_size",
+        ),
+        "validation classes differ": (
+            [*folder, f"data.train_dir={digits}", f"data.val_dir={other_classes}"],
+            None,  # checked by prefix below: the message lists the classes
+        ),
+        "no tfrecords": (
+            ["data.source=tfrecord", f"data.train_dir={root / 'empty'}"],
+            f"data.train_dir: folder {root / 'empty'} has no .tfrecord files; write them with "
+            "hvd-train convert-tfrecord SRC_IMAGE_FOLDER DST",
+        ),
+    }
+
+
+BAD_CASES = ["missing folder", "empty folder", "class without images", "non-image file",
+             "too few examples", "validation classes differ", "no tfrecords"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def bad_root(tmp_path_factory, data) -> tuple[pathlib.Path, dict]:
+    root = tmp_path_factory.mktemp("bad")
+    return root, bad_inputs(root, data["digits"])
+
+
+def error_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("hvd_train: error:")]
+
+
+@pytest.mark.parametrize("case", BAD_CASES)
+def test_bad_input_exits_2_naming_the_file_or_folder(bad_root, case) -> None:
+    root, cases = bad_root
+    overrides, expected = cases[case]
+    proc = run([PYTHON, *train_args(*overrides)], root, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    lines = error_lines(proc.stderr)
+    assert len(lines) == 1, proc.stderr[-3000:]
+    if expected is None:
+        assert lines[0].startswith(f"hvd_train: error: data.val_dir: {root / 'other_classes'} has "
+                                   "classes ['digit_0'], but data.train_dir has"), lines  # fmt: skip
+    else:
+        assert lines == [f"hvd_train: error: {expected}"]
+
+
+def test_convert_stops_at_a_corrupt_file_unless_told_to_skip(bad_root) -> None:
+    root, _ = bad_root
+    proc = convert(root / "corrupt", root / "out", 2, root)
+    assert proc.returncode == 2
+    assert error_lines(proc.stderr) == [
+        f"hvd_train: error: SRC_IMAGE_FOLDER: {root / 'corrupt' / 'b' / '2.jpg'}: not a JPEG or "
+        "PNG image; remove it, or use --on-corrupt skip"
+    ]
+    skipped = check(convert(root / "corrupt", root / "out", 2, root, "--on-corrupt", "skip"))
+    assert "train: 7 images of 2 classes in 2 files, 1 corrupt files skipped" in skipped.stdout
+
+
+# --------------------------------------------------------------------------- config rules
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["data.source=image_folder"], "data.train_dir: data.source image_folder needs the folder of training data; set data.train_dir"),
+        (["data.source=tfrecord", "data.train_dir=x", "data.channels=4"], "data.channels: expected 1 (grey) or 3 (RGB) for data.source tfrecord, got 4"),
+        (["data.source=image_folder", "data.train_dir=x", "data.image_size=[32]"], "data.image_size: expected [height, width] for data.source image_folder, got [32]"),
+    ],
+)  # fmt: skip
+def test_image_source_config_rules(overrides: list[str], message: str) -> None:
+    from hvd_train.config import check, load_config
+    from hvd_train.errors import ConfigError
+
+    with pytest.raises(ConfigError) as info:
+        check(load_config(None, overrides), world_size=2)
+    assert str(info.value) == message

@@ -1,0 +1,91 @@
+"""Runs on every rank (or alone): iterates the real input pipelines and evaluates a saved model.
+
+Usage: data_exactness.py IDS_FOLDER IDS_TFRECORDS DIGITS_FOLDER MODEL
+
+IDS_FOLDER holds PNGs whose pixel (0, 0) encodes the image's id (red * 256 + green), and
+IDS_TFRECORDS the same images converted. For both sources and both remainder modes, each rank
+reads two epochs of its training batches and one pass of its validation shard and decodes the
+ids it got; rank 0 checks, across ranks, that every image was used as the brief says. Then every
+rank evaluates MODEL on DIGITS_FOLDER's validation split with the exact Evaluator, and rank 0
+prints the metrics for the test to compare across worker counts.
+"""
+
+import json
+import sys
+
+import numpy as np
+import tensorflow as tf
+
+from hvd_train import distributed
+from hvd_train.config import derive, load_config
+from hvd_train.data import load_source, train_dataset, val_shard
+from hvd_train.evaluation import Evaluator
+
+ids_folder, ids_records, digits_folder, model_path = sys.argv[1:5]
+distributed.init(load_config(None).horovod, "unused")
+rank, world = distributed.rank(), distributed.size()
+EPOCHS = 2
+
+
+def ids_of(x: tf.Tensor) -> list[int]:
+    px = np.rint(x.numpy()[:, 0, 0, :] * 255).astype(int)
+    return (px[:, 0] * 256 + px[:, 1]).tolist()
+
+
+def check_source(source_name: str, folder: str, remainder: str) -> None:
+    cfg = load_config(None, [
+        f"data.source={source_name}", f"data.train_dir={folder}", "data.image_size=[6,6]",
+        "data.channels=3", f"data.remainder={remainder}", "train.batch_size=8",
+        f"train.epochs={EPOCHS}", "data.validation_fraction=0.25",
+    ])  # fmt: skip
+    source = load_source(cfg)
+    d = derive(cfg, world, source.num_train)
+    epochs = [[] for _ in range(EPOCHS)]
+    batches = 0
+    for step, (x, _) in enumerate(train_dataset(source, cfg, d, rank)):
+        assert x.shape[0] == d.per_worker_batch, f"rank {rank}: short batch {x.shape}"
+        epochs[step // d.steps_per_epoch].extend(ids_of(x))
+        batches += 1
+    val, _ = val_shard(source, d.per_worker_batch, rank, world)
+    val_ids = [i for x, _, w in val for i, wi in zip(ids_of(x), w.numpy(), strict=True) if wi > 0]
+    mine = {"batches": batches, "epochs": epochs, "val": val_ids}
+    everyone = distributed.allgather_object(mine, name=f"ids_{source_name}_{remainder}")
+    if rank != 0:
+        return
+    what = f"{source_name}/{remainder} at {world} workers"
+    counts = {r["batches"] for r in everyone}
+    assert counts == {d.steps_per_epoch * EPOCHS}, f"{what}: unequal step counts {counts}"
+    val_all = [i for r in everyone for i in r["val"]]
+    assert len(val_all) == len(set(val_all)) == len(source.y_val), f"{what}: val ids {val_all}"
+    train_ids = set(range(source.num_train + len(source.y_val))) - set(val_all)
+    for e in range(EPOCHS):
+        seen = [i for r in everyone for i in r["epochs"][e]]
+        assert len(seen) == d.examples_per_epoch, f"{what}: epoch {e} saw {len(seen)}"
+        if remainder == "drop":
+            assert len(set(seen)) == len(seen), f"{what}: epoch {e} repeats an example"
+            assert set(seen) <= train_ids, f"{what}: epoch {e} used non-training ids"
+        else:
+            assert set(seen) == train_ids, f"{what}: epoch {e} missed {train_ids - set(seen)}"
+            assert len(seen) - len(set(seen)) == d.examples_per_epoch - source.num_train
+    first = [i for r in everyone for i in r["epochs"][0]]
+    second = [i for r in everyone for i in r["epochs"][1]]
+    assert first != second, f"{what}: the epochs were not reshuffled"
+    print(
+        f"exact {what}: {d.steps_per_epoch} steps/epoch on every rank, "
+        f"{len(set(first))} distinct of {source.num_train} training, {len(val_all)} validation"
+    )
+
+
+for remainder in ("drop", "pad_by_repeat"):
+    check_source("image_folder", ids_folder, remainder)
+    check_source("tfrecord", ids_records, remainder)
+
+cfg = load_config(None, [
+    "data.source=image_folder", f"data.train_dir={digits_folder}", "data.image_size=[16,16]",
+    "data.channels=1", "train.batch_size=16",
+])  # fmt: skip
+source = load_source(cfg)
+model = tf.keras.models.load_model(model_path)
+metrics = Evaluator(model, source, 16, from_logits=False).evaluate()
+if rank == 0:
+    print("eval " + json.dumps({"world": world, "val_examples": len(source.y_val), **metrics}))
