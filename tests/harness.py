@@ -20,21 +20,7 @@ QUICKSTART = ROOT / "configs" / "quickstart.yaml"
 
 def run(cmd: list[str], cwd: pathlib.Path, timeout: float = 300) -> subprocess.CompletedProcess:
     """Runs `cmd` in its own process group; kills the whole group if it outlives `timeout`."""
-    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
-           "PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "2"}  # fmt: skip
-    proc = subprocess.Popen(
-        cmd, cwd=cwd, env=env, text=True, start_new_session=True,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-    )  # fmt: skip
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        raise AssertionError(
-            f"timed out after {timeout} s: {' '.join(cmd)}\n--- stdout\n{out}\n--- stderr\n{err}"
-        ) from None
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+    return finish(start(cmd, cwd), timeout)
 
 
 def horovodrun(np: int, command: list[str], cwd: pathlib.Path, timeout: float = 300):
@@ -71,7 +57,8 @@ def finish(proc: subprocess.Popen, timeout: float) -> subprocess.CompletedProces
         os.killpg(proc.pid, signal.SIGKILL)
         out, err = proc.communicate()
         raise AssertionError(
-            f"timed out after {timeout} s\n--- stdout\n{out}\n--- stderr\n{err}"
+            f"timed out after {timeout} s: {' '.join(map(str, proc.args))}\n"
+            f"--- stdout\n{out}\n--- stderr\n{err}"
         ) from None
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
