@@ -7,6 +7,8 @@ import shutil
 
 import tensorflow as tf
 
+from hvd_train.models import plain_clone
+
 
 def export_plain_model(model: tf.keras.Model, path: str) -> str:
     """Writes architecture and weights, without the (Horovod-wrapped) optimizer, atomically.
@@ -17,12 +19,11 @@ def export_plain_model(model: tf.keras.Model, path: str) -> str:
     the write leaves any previous file at `path` as it was. Returns the path written.
     """
     try:
-        plain = tf.keras.models.clone_model(model)
+        plain = plain_clone(model)  # Horovod's SyncBatchNormalization back to plain Keras
     except ValueError:  # subclassed model
         target = path.removesuffix(".keras")
         _atomic(target, lambda tmp: model.save(tmp, save_format="tf", include_optimizer=False))
         return target
-    plain.set_weights(model.get_weights())
     _atomic(path, lambda tmp: plain.save(tmp))
     return path
 

@@ -67,8 +67,8 @@ def train(cfg: Config) -> tuple[tf.keras.Model, dict[str, Any]]:
 
 
 def make_optimizer(cfg: Config, d: Derived) -> tf.keras.optimizers.Optimizer:
-    """The configured optimizer, its rate following the warm-up-and-scale schedule."""
-    o, lr = cfg.optimizer, learning_rate_schedule(d)
+    """The configured optimizer, its rate following `optimizer.schedule` after the warm-up."""
+    o, lr = cfg.optimizer, learning_rate_schedule(cfg, d)
     if o.name == "sgd":
         return tf.keras.optimizers.SGD(lr, momentum=o.momentum)
     if o.name == "adam":
