@@ -20,6 +20,7 @@ the decay runs on `scaled_lr`:
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Sequence
 
 import tensorflow as tf
@@ -128,3 +129,37 @@ def learning_rate_schedule(cfg: Config, d: Derived) -> WarmupScaled:
         decay_steps=o.decay_epochs * spe,
         min_fraction=o.min_lr_fraction,
     )
+
+
+def rates(schedule: WarmupScaled, total_steps: int) -> list[float]:
+    """The rate at every step `0 .. total_steps - 1`."""
+    return schedule(tf.range(total_steps)).numpy().tolist()
+
+
+def plot(cfg: Config, d: Derived, out: str) -> list[float]:
+    """Draws the run's schedule (rate against epoch) to the PNG `out`; returns the rates."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    total = cfg.train.epochs * d.steps_per_epoch
+    values = rates(learning_rate_schedule(cfg, d), total)
+    epochs = [s / d.steps_per_epoch for s in range(total)]
+    fig, ax = plt.subplots(figsize=(8, 4))
+    ax.plot(epochs, values)
+    if d.warmup_steps:
+        ax.axvline(d.warmup_steps / d.steps_per_epoch, color="grey", ls="--", label="warm-up end")
+        ax.legend()
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("learning rate")
+    ax.set_title(
+        f"{cfg.optimizer.schedule}: {d.world_size} worker(s), global batch {d.global_batch}, "
+        f"{d.steps_per_epoch} steps/epoch"
+    )
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return values
