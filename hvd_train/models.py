@@ -212,9 +212,11 @@ def application(
             mode); only the head trains. Defaults to True (fine-tune the whole network).
     """
     _check_image_shape(name, input_shape)
+    if weights != "none":
+        _check_weights_file(name, weights)  # before the slow build
     layers = tf.keras.layers
     inputs = tf.keras.Input(shape=input_shape)
-    x = _input_adapter(name, input_shape[-1])(inputs)
+    x = input_adapter(name, input_shape[-1])(inputs)
     base = _BASES[name][1](
         include_top=False, weights=None, input_shape=(*input_shape[:2], 3)
     )  # weights=None: Keras never downloads; a local file is loaded below
@@ -244,7 +246,7 @@ def _check_image_shape(name: str, shape: tuple[int, ...]) -> None:
         )
 
 
-def _input_adapter(name: str, channels: int) -> tf.keras.layers.Layer:
+def input_adapter(name: str, channels: int) -> tf.keras.layers.Layer:
     """A frozen Dense on the channel axis: output channel j = scale x input channel src(j) +
     offset(j). It repeats a grey channel into three, reverses RGB to BGR where the base wants
     it, and rescales; plain Keras, so the exported model loads anywhere."""
@@ -261,8 +263,7 @@ def _input_adapter(name: str, channels: int) -> tf.keras.layers.Layer:
     )
 
 
-def load_base_weights(base: tf.keras.Model, name: str, path: str) -> None:
-    """Loads a local weights file into an Applications base; a clear ConfigError otherwise."""
+def _check_weights_file(name: str, path: str) -> None:
     keras_name = _BASES[name][0]
     if not os.path.isfile(path):
         raise ConfigError(
@@ -271,6 +272,12 @@ def load_base_weights(base: tf.keras.Model, name: str, path: str) -> None:
             f"weights='imagenet', include_top=False).save_weights('{name}_notop.h5') (or copy "
             "the *_notop.h5 file Keras caches in ~/.keras/models/), then point model.weights at it"
         )
+
+
+def load_base_weights(base: tf.keras.Model, name: str, path: str) -> None:
+    """Loads a local weights file into an Applications base; a clear ConfigError otherwise."""
+    _check_weights_file(name, path)
+    keras_name = _BASES[name][0]
     try:
         base.load_weights(path)
     except (ValueError, OSError, KeyError) as e:
