@@ -1,7 +1,8 @@
 """Built-in models, pretrained weights from a file, SyncBatchNormalization, users' own models.
 
-The multi-worker tests share one horovodrun job (tests/workers/train_runs.py) that trains every
-built-in model a step, the example factory model, and both with SyncBatchNormalization.
+The multi-worker tests share two horovodrun jobs (tests/workers/train_runs.py): one trains the
+Keras Applications models a step (MobileNetV2 with SyncBatchNormalization), the other the mlp,
+the example factory model, and the example with SyncBatchNormalization.
 """
 
 from __future__ import annotations
@@ -24,25 +25,48 @@ EXAMPLE = ROOT / "examples" / "my_model.yaml"
 TINY = ["data.source=synthetic", "data.image_size=[32, 32]", "data.train_examples=16",
         "data.val_examples=8", "train.batch_size=4", "train.epochs=1", "train.verbose=false",
         "logging.tensorboard=false", "model.dense_units=[16]"]  # fmt: skip
-BUILTIN = ["convnet7", "mlp", "resnet50", "efficientnet_b0"]  # mobilenet_v2: with sync BN below
+# convnet7 trains at 2 workers in test_multiworker.py; MobileNetV2 trains here with sync BN.
+BUILTIN = ["mlp", "resnet50", "efficientnet_b0", "mobilenet_v2_sync"]
+# Building and tracing the Applications models is slow on a shared 2-core CPU.
+pytestmark = pytest.mark.timeout(1500)
+
+
+def _job(root: pathlib.Path, spec: list[dict]) -> dict[str, dict]:
+    """Runs tests/workers/train_runs.py on 2 workers; its per-run results by name."""
+    (root / "spec.json").write_text(json.dumps(spec))
+    # cwd = the repository root: the example's model.factory is a path relative to it
+    proc = check(horovodrun(2, [PYTHON, str(WORKERS / "train_runs.py"), str(root / "spec.json")],
+                            cwd=ROOT, timeout=1400))  # fmt: skip
+    results = [json.loads(m) for m in re.findall(r"^RESULT (.*)$", proc.stdout, re.M)]
+    return {r["name"]: r for r in results}
 
 
 @pytest.fixture(scope="module")
-def jobs(tmp_path_factory) -> tuple[pathlib.Path, dict[str, dict]]:
-    """One 2-worker job: each built-in model one step (MobileNetV2 two, with SyncBN), the
-    example model two epochs on digits, and the example again with SyncBN, two steps."""
-    root = tmp_path_factory.mktemp("models")
+def applications(tmp_path_factory) -> tuple[pathlib.Path, dict[str, dict]]:
+    """ResNet50 and EfficientNetB0 one step; MobileNetV2 two steps with SyncBN."""
+    root = tmp_path_factory.mktemp("applications")
     probe = root / "probe.npy"
     np.save(probe, np.random.default_rng(0).random((4, 32, 32, 3), dtype=np.float32))
     spec = [
         {"name": name, "config": None,
          "overrides": [*TINY, f"model.name={name}", "train.steps_per_epoch=1",
                        f"run.dir={root / name}"]}
-        for name in BUILTIN
+        for name in ("resnet50", "efficientnet_b0")
     ] + [
         {"name": "mobilenet_v2_sync", "config": None, "predict_on": str(probe),
          "overrides": [*TINY, "model.name=mobilenet_v2", "model.sync_batch_norm=true",
                        f"run.dir={root / 'mobilenet_v2_sync'}"]},
+    ]  # fmt: skip
+    return root, _job(root, spec)
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory) -> tuple[pathlib.Path, dict[str, dict]]:
+    """mlp one step; the example model two epochs on digits, and with SyncBN two steps."""
+    root = tmp_path_factory.mktemp("small")
+    spec = [
+        {"name": "mlp", "config": None,
+         "overrides": [*TINY, "model.name=mlp", "train.steps_per_epoch=1", f"run.dir={root / 'mlp'}"]},
         {"name": "example", "config": str(EXAMPLE),
          "overrides": ["train.epochs=2", "logging.tensorboard=false", "train.verbose=false",
                        f"run.dir={root / 'example'}"]},
@@ -50,18 +74,13 @@ def jobs(tmp_path_factory) -> tuple[pathlib.Path, dict[str, dict]]:
          "overrides": ["train.epochs=1", "train.steps_per_epoch=2", "model.sync_batch_norm=true",
                        "logging.tensorboard=false", f"run.dir={root / 'example_sync'}"]},
     ]  # fmt: skip
-    (root / "spec.json").write_text(json.dumps(spec))
-    # cwd = the repository root: the example's model.factory is a path relative to it
-    proc = check(horovodrun(2, [PYTHON, str(WORKERS / "train_runs.py"), str(root / "spec.json")],
-                            cwd=ROOT, timeout=900))  # fmt: skip
-    results = [json.loads(m) for m in re.findall(r"^RESULT (.*)$", proc.stdout, re.M)]
-    return root, {r["name"]: r for r in results}
+    return root, _job(root, spec)
 
 
 @pytest.mark.multiworker
-@pytest.mark.parametrize("name", [*BUILTIN, "mobilenet_v2_sync"])
-def test_each_builtin_model_trains_a_step_at_2_workers(jobs, name: str) -> None:
-    root, results = jobs
+@pytest.mark.parametrize("name", BUILTIN)
+def test_each_builtin_model_trains_a_step_at_2_workers(request, name: str) -> None:
+    root, results = request.getfixturevalue("small" if name == "mlp" else "applications")
     r = results[name]
     assert (r["status"], r["world_size"]) == ("completed", 2), r
     assert r["trainable_identical"], f"{name}: weights differ across ranks"
@@ -70,8 +89,8 @@ def test_each_builtin_model_trains_a_step_at_2_workers(jobs, name: str) -> None:
 
 
 @pytest.mark.multiworker
-def test_factory_example_trains_unchanged_at_2_workers(jobs) -> None:
-    root, results = jobs
+def test_factory_example_trains_unchanged_at_2_workers(small) -> None:
+    root, results = small
     r = results["example"]
     assert (r["status"], r["world_size"]) == ("completed", 2), r
     assert r["sync_layers"] == 0
@@ -84,16 +103,12 @@ def test_factory_example_trains_unchanged_at_2_workers(jobs) -> None:
 
 
 @pytest.mark.multiworker
-def test_sync_batch_norm_keeps_statistics_identical_on_all_workers(jobs) -> None:
+def test_sync_batch_norm_keeps_statistics_identical_on_all_workers(small, applications) -> None:
     """Plain BatchNormalization updates its moving statistics from each worker's own batch (the
     ranks drift apart after the first-batch broadcast); SyncBatchNormalization uses the global
     batch, so every rank holds the same statistics. Nested bases are swapped too."""
-    _, results = jobs
-    plain, sync, mobilenet = (
-        results["example"],
-        results["example_sync"],
-        results["mobilenet_v2_sync"],
-    )
+    plain, sync = small[1]["example"], small[1]["example_sync"]
+    mobilenet = applications[1]["mobilenet_v2_sync"]
     assert plain["bn_statistics"] > 0 and not plain["bn_statistics_identical"], plain
     assert sync["sync_layers"] == 5 and sync["bn_statistics_identical"], sync
     assert mobilenet["sync_layers"] == 52 and mobilenet["bn_statistics_identical"], mobilenet
@@ -101,8 +116,8 @@ def test_sync_batch_norm_keeps_statistics_identical_on_all_workers(jobs) -> None
 
 
 @pytest.mark.multiworker
-def test_exported_sync_model_loads_without_horovod_with_the_same_predictions(jobs) -> None:
-    root, _ = jobs
+def test_exported_sync_model_loads_without_horovod_with_the_same_predictions(applications) -> None:
+    root, _ = applications
     run_dir = root / "mobilenet_v2_sync"
     script = f"""
 import sys
