@@ -27,9 +27,14 @@ def build(cfg, input_shape, num_classes):
     return tf.keras.Model(inputs, outputs, name="my_model")
 
 
+# Keras' default momentum (0.99) needs hundreds of steps before the moving statistics that
+# validation uses catch up with training; a small dataset gets only tens of steps an epoch.
+BN_MOMENTUM = 0.9
+
+
 def _conv_bn_relu(x, width):
     x = tf.keras.layers.Conv2D(width, 3, padding="same", use_bias=False)(x)
-    x = tf.keras.layers.BatchNormalization()(x)
+    x = tf.keras.layers.BatchNormalization(momentum=BN_MOMENTUM)(x)
     return tf.keras.layers.ReLU()(x)
 
 
@@ -38,5 +43,5 @@ def _residual_block(x, width):
     shortcut = x if x.shape[-1] == width else layers.Conv2D(width, 1, use_bias=False)(x)
     y = _conv_bn_relu(x, width)
     y = layers.Conv2D(width, 3, padding="same", use_bias=False)(y)
-    y = layers.BatchNormalization()(y)
+    y = layers.BatchNormalization(momentum=BN_MOMENTUM)(y)
     return layers.ReLU()(layers.Add()([shortcut, y]))

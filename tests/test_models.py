@@ -37,7 +37,9 @@ def _job(root: pathlib.Path, spec: list[dict]) -> dict[str, dict]:
     # cwd = the repository root: the example's model.factory is a path relative to it
     proc = check(horovodrun(2, [PYTHON, str(WORKERS / "train_runs.py"), str(root / "spec.json")],
                             cwd=ROOT, timeout=1400))  # fmt: skip
-    results = [json.loads(m) for m in re.findall(r"^RESULT (.*)$", proc.stdout, re.M)]
+    # horovodrun prefixes each line with the rank, e.g. "[0]<stdout>:RESULT {...}"
+    results = [json.loads(m) for m in re.findall(r"RESULT (\{.*\})", proc.stdout)]
+    assert [r["name"] for r in results] == [s["name"] for s in spec], proc.stdout[-3000:]
     return {r["name"]: r for r in results}
 
 
