@@ -10,8 +10,12 @@ import argparse
 import os
 import sys
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from hvd_train.errors import UserError
+
+if TYPE_CHECKING:
+    from hvd_train.config import Config
 
 
 def _train_parser(prog: str) -> argparse.ArgumentParser:
@@ -75,7 +79,7 @@ def _cmd_lr_plot(argv: list[str], prog: str) -> int:
     return 0
 
 
-def _train_examples(cfg, given: int | None) -> int:
+def _train_examples(cfg: Config, given: int | None) -> int:
     """How many training examples the configured source holds, without loading images."""
     if given is not None:
         if given < 1:
