@@ -170,6 +170,7 @@ def plot(runs: list[Run], out: str) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     fig, axes = plt.subplots(2, 2, figsize=(12, 8), sharey="row")
     kinds = {run.time_kind for run in runs}
@@ -182,6 +183,8 @@ def plot(runs: list[Run], out: str) -> None:
             axes[i][1].plot(run.times(), values, marker="o", label=run.name)
     for i, ylabel in enumerate(("validation accuracy", "validation loss")):
         axes[i][0].set_ylabel(ylabel)
+        axes[i][0].xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+        axes[i][1].set_xlim(left=0)  # time from the start, so the runs' costs compare
         for j, xlabel in enumerate(("epoch", time_label)):
             axes[i][j].set_xlabel(xlabel)
             axes[i][j].grid(alpha=0.3)
