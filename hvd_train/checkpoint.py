@@ -12,6 +12,7 @@ from typing import Any
 import tensorflow as tf
 
 from hvd_train.config import CheckpointConfig
+from hvd_train.models import plain_clone
 
 
 def export_plain_model(model: tf.keras.Model, path: str) -> str:
@@ -23,12 +24,11 @@ def export_plain_model(model: tf.keras.Model, path: str) -> str:
     the write leaves any previous file at `path` as it was. Returns the path written.
     """
     try:
-        plain = tf.keras.models.clone_model(model)
+        plain = plain_clone(model)  # Horovod's SyncBatchNormalization back to plain Keras
     except ValueError:  # subclassed model
         target = path.removesuffix(".keras")
         _atomic(target, lambda tmp: model.save(tmp, save_format="tf", include_optimizer=False))
         return target
-    plain.set_weights(model.get_weights())
     _atomic(path, lambda tmp: plain.save(tmp))
     return path
 

@@ -58,6 +58,18 @@ class OptimizerConfig:
     lr_scaling: Literal["linear", "sqrt", "none"] = "linear"
     # Linear ramp, per batch, from learning_rate to the scaled rate (Goyal et al. 2017).
     warmup_epochs: float = field(default=0.0, metadata={"min": 0.0})
+    # After the warm-up, on the scaled rate, per batch (see schedules.py):
+    # constant; step: x step_factor at each of step_boundaries_epochs (epochs from the start);
+    # cosine: to min_lr_fraction at the end; exponential: x decay_rate every decay_epochs;
+    # warmup_decay: linear to min_lr_fraction at the end (the seed's ramp up, then decay).
+    schedule: Literal["constant", "step", "cosine", "exponential", "warmup_decay"] = "constant"
+    step_boundaries_epochs: tuple[int, ...] = ()  # step
+    step_factor: float = field(default=0.1, metadata={"min_exclusive": 0.0})  # step
+    decay_rate: float = field(default=0.9, metadata={"min_exclusive": 0.0, "max": 1.0})
+    decay_epochs: float = field(default=1.0, metadata={"min_exclusive": 0.0})  # exponential
+    # The lowest rate, as a fraction of the scaled rate: where cosine and warmup_decay end,
+    # and a floor for exponential (Keras' CosineDecay calls it alpha).
+    min_lr_fraction: float = field(default=0.0, metadata={"min": 0.0, "max": 1.0})
 
 
 @dataclass(frozen=True)
@@ -92,13 +104,23 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    name: Literal["convnet7", "mlp"] = "convnet7"
+    name: Literal["convnet7", "mlp", "mobilenet_v2", "resnet50", "efficientnet_b0"] = "convnet7"
     # "module:function": called with the config, returns an uncompiled Keras model. Wins over name.
     factory: str = ""
     from_logits: bool = False  # True when the model's last layer has no softmax
     filters: tuple[int, ...] = (32, 32, 64, 64)  # convnet7
     dense_units: tuple[int, ...] = (256,)  # convnet7 and mlp hidden layers
     dropout: float = field(default=0.25, metadata={"min": 0.0, "max": 0.95})
+    # Keras Applications models (mobilenet_v2, resnet50, efficientnet_b0): the base without
+    # its ImageNet classifier, then this head: pooling, dense_units, dropout, the classes.
+    pooling: Literal["avg", "max"] = "avg"
+    # "none" (random init) or a local weights file for the base (.h5 or .keras); nothing is
+    # ever downloaded. Read on every worker, then rank 0's values are broadcast.
+    weights: str = "none"
+    trainable_base: bool = True  # false: freeze the base, train the head only
+    # Swap every BatchNormalization for Horovod's SyncBatchNormalization (statistics over the
+    # global batch); the exported model.keras has plain BatchNormalization again.
+    sync_batch_norm: bool = False
 
 
 @dataclass(frozen=True)
@@ -162,6 +184,18 @@ class LoggingConfig:
 
 
 @dataclass(frozen=True)
+class AugmentConfig:
+    """Random augmentation of training batches (images in [0, 1]); see augment.py."""
+
+    flip: Literal["none", "horizontal", "vertical", "horizontal_and_vertical"] = "none"
+    flip_probability: float = field(default=0.5, metadata={"min": 0.0, "max": 1.0})
+    # Pad each side with this many zero pixels, then crop back to the size at a random offset.
+    random_crop: int = field(default=0, metadata={"min": 0})
+    brightness: float = field(default=0.0, metadata={"min": 0.0, "max": 1.0})  # +- max delta
+    contrast: float = field(default=0.0, metadata={"min": 0.0, "max": 1.0})  # x [1-c, 1+c]
+
+
+@dataclass(frozen=True)
 class Config:
     run: RunConfig = field(default_factory=RunConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -174,6 +208,7 @@ class Config:
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     elastic: ElasticConfig = field(default_factory=ElasticConfig)
+    augment: AugmentConfig = field(default_factory=AugmentConfig)
 
 
 # --------------------------------------------------------------------------- loading
@@ -432,6 +467,8 @@ def check(cfg: Config, world_size: int) -> None:
         )
     if cfg.data.source in ("image_folder", "tfrecord"):
         _check_image_source(cfg.data)
+    _check_schedule(cfg)
+    _check_model(cfg)
 
 
 def _check_image_source(d: DataConfig) -> None:
@@ -450,6 +487,47 @@ def _check_image_source(d: DataConfig) -> None:
             f"data.channels: expected 1 (grey) or 3 (RGB) for data.source {d.source}, "
             f"got {d.channels}"
         )
+
+
+APPLICATIONS = ("mobilenet_v2", "resnet50", "efficientnet_b0")  # Keras Applications bases
+
+
+def _check_schedule(cfg: Config) -> None:
+    o = cfg.optimizer
+    bounds = o.step_boundaries_epochs
+    if o.schedule == "step" and not bounds:
+        raise ConfigError(
+            "optimizer.step_boundaries_epochs: schedule 'step' needs at least one epoch at "
+            "which to multiply the rate by step_factor, for example [30, 60]"
+        )
+    if list(bounds) != sorted(set(bounds)):
+        raise ConfigError(
+            f"optimizer.step_boundaries_epochs: expected increasing epochs, got {list(bounds)}"
+        )
+    if o.schedule == "step" and bounds[0] < o.warmup_epochs:
+        raise ConfigError(
+            f"optimizer.step_boundaries_epochs: epoch {bounds[0]} falls inside the warm-up of "
+            f"{o.warmup_epochs:g} epochs; boundaries count from the start and must come after it"
+        )
+    if o.schedule == "warmup_decay" and not 0 < o.warmup_epochs < cfg.train.epochs:
+        raise ConfigError(
+            f"optimizer.warmup_epochs: schedule 'warmup_decay' ramps up over warmup_epochs, then "
+            f"decays until train.epochs ({cfg.train.epochs}); expected 0 < warmup_epochs < "
+            f"{cfg.train.epochs}, got {o.warmup_epochs:g}"
+        )
+
+
+def _check_model(cfg: Config) -> None:
+    m = cfg.model
+    if m.name in APPLICATIONS and not m.factory:
+        return
+    which = f"model.factory {m.factory!r}" if m.factory else f"model.name {m.name!r}"
+    for key, set_ in (("weights", m.weights != "none"), ("trainable_base", not m.trainable_base)):
+        if set_:
+            raise ConfigError(
+                f"model.{key}: applies to the Keras Applications bases "
+                f"({', '.join(APPLICATIONS)}), not to {which}"
+            )
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import tensorflow as tf
 
+from hvd_train.augment import augment_batch_fn
 from hvd_train.config import Config, Derived
 from hvd_train.errors import DataError
 
@@ -127,6 +128,16 @@ def train_dataset(
     else:
         ds = ds.map(
             lambda i: (model_input(tf.gather(x, i)), tf.gather(y, i)),
+            num_parallel_calls=tf.data.AUTOTUNE,
+        )
+    augment = augment_batch_fn(cfg, rank)
+    if augment is not None:
+        # Seeded by (seed, rank, global step): the same augmentation whatever the order of the
+        # parallel calls, and again after a resume (the trainer skips batches after this point).
+        ds = ds.enumerate(start=first_epoch * d.steps_per_epoch).map(
+            lambda step, batch: augment(
+                *batch, seed=tf.stack([tf.cast(seed * 1009 + rank, tf.int64), step])
+            ),
             num_parallel_calls=tf.data.AUTOTUNE,
         )
     options = tf.data.Options()

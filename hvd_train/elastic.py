@@ -21,6 +21,7 @@ import tensorflow as tf
 from hvd_train import distributed
 from hvd_train.config import Config, Derived, derive
 from hvd_train.data import Source, train_dataset
+from hvd_train.schedules import learning_rate_schedule
 
 
 class _TrackPosition(tf.keras.callbacks.Callback):
@@ -66,7 +67,7 @@ def fit_elastic(
     def run(state: Any) -> None:
         d = derive(cfg, hvd.size(), source.num_train)
         report["world_sizes"].append(d.world_size)
-        _rescale_learning_rate(model, d)
+        _rescale_learning_rate(model, cfg, d)
         epoch, step = state.epoch, state.batch
         if step and state.global_batch and state.global_batch != d.global_batch:
             step = step * state.global_batch // d.global_batch  # same examples, new batch
@@ -97,9 +98,8 @@ def fit_elastic(
     return history, report
 
 
-def _rescale_learning_rate(model: tf.keras.Model, d: Derived) -> None:
-    """Points the warm-up-and-scale schedule at this worker count's rates (then retraces)."""
+def _rescale_learning_rate(model: tf.keras.Model, cfg: Config, d: Derived) -> None:
+    """Points the schedule at this worker count's rates and steps (then retraces)."""
     schedule = model.optimizer._learning_rate  # the LearningRateSchedule object
-    schedule.base_lr, schedule.scaled_lr = d.base_lr, d.scaled_lr
-    schedule.warmup_steps = d.warmup_steps
+    vars(schedule).update(vars(learning_rate_schedule(cfg, d)))
     model.train_function = None  # the traced step holds the old rates as constants

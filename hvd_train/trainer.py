@@ -243,8 +243,8 @@ def _one_line(e: BaseException) -> str:
 
 
 def make_optimizer(cfg: Config, d: Derived) -> tf.keras.optimizers.Optimizer:
-    """The configured optimizer, its rate following the warm-up-and-scale schedule."""
-    o, lr = cfg.optimizer, learning_rate_schedule(d)
+    """The configured optimizer, its rate following `optimizer.schedule` after the warm-up."""
+    o, lr = cfg.optimizer, learning_rate_schedule(cfg, d)
     if o.name == "sgd":
         return tf.keras.optimizers.SGD(lr, momentum=o.momentum)
     if o.name == "adam":

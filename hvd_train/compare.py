@@ -1,0 +1,196 @@
+"""Comparing finished runs: one figure of validation curves and one table (`hvd-train compare`).
+
+Reads what each run directory holds (metrics.csv, summary.json, config.yaml) and nothing else,
+so it works on runs copied from other machines, without Horovod.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from hvd_train.errors import DataError
+
+
+@dataclass(frozen=True)
+class Run:
+    """One run directory as written by rank 0."""
+
+    name: str
+    rows: list[dict[str, float]]  # metrics.csv, one per epoch
+    summary: dict[str, Any]  # summary.json ({} if absent)
+    config: dict[str, Any]  # config.yaml ({} if absent)
+
+    @property
+    def time_kind(self) -> str:
+        """`wall-clock` when metrics.csv has a cumulative `wall_time_s`, else `training`."""
+        return (
+            "wall-clock" if all(not math.isnan(r["wall_time_s"]) for r in self.rows) else "training"
+        )
+
+    def times(self) -> list[float]:
+        """Seconds since the start at each epoch's end: `wall_time_s` if every row has it,
+        else the running sum of `epoch_time_s` (training time only)."""
+        if self.time_kind == "wall-clock":
+            return [r["wall_time_s"] for r in self.rows]
+        total, out = 0.0, []
+        for r in self.rows:
+            total += r["epoch_time_s"]
+            out.append(total)
+        return out
+
+
+def load_run(path: str, name: str) -> Run:
+    metrics = os.path.join(path, "metrics.csv")
+    if not os.path.isfile(metrics):
+        raise DataError(f"compare: {path}: no metrics.csv; expected a run.dir written by hvd-train")
+    with open(metrics, newline="") as f:
+        rows = [{k: _number(v) for k, v in row.items()} for row in csv.DictReader(f)]
+    if not rows:
+        raise DataError(f"compare: {metrics}: no epochs recorded yet")
+    for r in rows:
+        r.setdefault("wall_time_s", math.nan)
+    return Run(
+        name,
+        rows,
+        _read(path, "summary.json", json.load),
+        _read(path, "config.yaml", yaml.safe_load),
+    )
+
+
+def _number(v: str | None) -> float:
+    try:
+        return float(v) if v not in (None, "") else math.nan
+    except ValueError:
+        return math.nan
+
+
+def _read(folder: str, name: str, parse) -> dict[str, Any]:
+    path = os.path.join(folder, name)
+    if not os.path.isfile(path):
+        return {}
+    with open(path) as f:
+        return parse(f) or {}
+
+
+def load_runs(paths: list[str]) -> list[Run]:
+    """The runs, named by their paths relative to the folder they share."""
+    paths = [os.path.normpath(p) for p in paths]
+    common = os.path.commonpath([os.path.abspath(p) for p in paths]) if len(paths) > 1 else ""
+    names = [
+        os.path.relpath(os.path.abspath(p), common) if common else os.path.basename(p) or p
+        for p in paths
+    ]
+    return [load_run(p, n) for p, n in zip(paths, names, strict=True)]
+
+
+def table(runs: list[Run]) -> list[dict[str, Any]]:
+    """Per run: workers, batches, epochs, best validation accuracy and when it was reached."""
+    out = []
+    for run in runs:
+        s, cfg_train = run.summary, run.config.get("train", {})
+        acc = [r["val_accuracy"] for r in run.rows]
+        best = max(range(len(acc)), key=lambda i: -math.inf if math.isnan(acc[i]) else acc[i])
+        rate = s.get("train_examples_per_sec")
+        if rate is None:
+            rate = _mean([r["examples_per_sec"] for r in run.rows])
+        out.append({
+            "run": run.name,
+            "model": _model_name(run.config),
+            "workers": s.get("world_size", "?"),
+            "per_worker_batch": s.get("per_worker_batch_size", cfg_train.get("batch_size", "?")),
+            "global_batch": s.get("global_batch_size", "?"),
+            "epochs": len(run.rows),
+            "best_val_accuracy": acc[best],
+            "best_epoch": int(run.rows[best]["epoch"]),
+            "time_to_best_s": run.times()[best],
+            "time_kind": run.time_kind,
+            "examples_per_sec": rate,
+        })  # fmt: skip
+    return out
+
+
+def _model_name(config: dict[str, Any]) -> str:
+    m = config.get("model", {})
+    return m.get("factory") or m.get("name", "?")
+
+
+def _mean(values: list[float]) -> float:
+    ok = [v for v in values if not math.isnan(v)]
+    return sum(ok) / len(ok) if ok else math.nan
+
+
+COLUMNS = [
+    ("run", "run", "{}"),
+    ("model", "model", "{}"),
+    ("workers", "workers", "{}"),
+    ("per_worker_batch", "batch/worker", "{}"),
+    ("global_batch", "global batch", "{}"),
+    ("epochs", "epochs", "{}"),
+    ("best_val_accuracy", "best val acc", "{:.4f}"),
+    ("best_epoch", "at epoch", "{}"),
+    ("time_to_best_s", "time to best (s)", "{:.1f}"),
+    ("examples_per_sec", "examples/s", "{:.0f}"),
+]
+
+
+def format_table(rows: list[dict[str, Any]]) -> str:
+    """A plain-text table, columns aligned; notes which clock `time to best` used."""
+    cells = [[title for _, title, _ in COLUMNS]]
+    for row in rows:
+        cells.append([_cell(fmt, row[key]) for key, _, fmt in COLUMNS])
+    widths = [max(len(line[i]) for line in cells) for i in range(len(COLUMNS))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)) for line in cells]
+    kinds = sorted({row["time_kind"] for row in rows})
+    note = "time: " + " and ".join(
+        "cumulative wall-clock" if k == "wall-clock" else "cumulative training time (epoch_time_s)"
+        for k in kinds
+    )
+    return "\n".join([*(line.rstrip() for line in lines), note])
+
+
+def _cell(fmt: str, value: Any) -> str:
+    if isinstance(value, float) and math.isnan(value):
+        return "-"
+    try:
+        return fmt.format(value)
+    except (ValueError, TypeError):
+        return str(value)
+
+
+def plot(runs: list[Run], out: str) -> None:
+    """Validation accuracy and loss against epoch and against time, one line per run."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker
+
+    fig, axes = plt.subplots(2, 2, figsize=(12, 8), sharey="row")
+    kinds = {run.time_kind for run in runs}
+    time_label = "wall-clock time (s)" if kinds == {"wall-clock"} else "training time (s)"
+    for run in runs:
+        epochs = [r["epoch"] for r in run.rows]
+        for i, key in enumerate(("val_accuracy", "val_loss")):
+            values = [r[key] for r in run.rows]
+            axes[i][0].plot(epochs, values, marker="o", label=run.name)
+            axes[i][1].plot(run.times(), values, marker="o", label=run.name)
+    for i, ylabel in enumerate(("validation accuracy", "validation loss")):
+        axes[i][0].set_ylabel(ylabel)
+        axes[i][0].xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+        axes[i][1].set_xlim(left=0)  # time from the start, so the runs' costs compare
+        for j, xlabel in enumerate(("epoch", time_label)):
+            axes[i][j].set_xlabel(xlabel)
+            axes[i][j].grid(alpha=0.3)
+    axes[0][0].legend(fontsize="small")
+    fig.suptitle(f"{len(runs)} run(s)")
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    fig.savefig(out, dpi=100)
+    plt.close(fig)

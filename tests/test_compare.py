@@ -1,0 +1,98 @@
+"""`hvd-train compare` on real runs: the quickstart, shrunk, at 1 and at 2 workers."""
+
+from __future__ import annotations
+
+import csv
+import json
+import pathlib
+import re
+import shutil
+
+import pytest
+from harness import PYTHON, QUICKSTART, check, horovodrun, run
+
+from hvd_train import compare
+from hvd_train.config import derive, load_config
+from hvd_train.schedules import learning_rate_schedule
+
+pytestmark = pytest.mark.multiworker
+
+SMALL = ["train.epochs=3", "model.filters=[8, 8, 16, 16]", "model.dense_units=[32]",
+         "logging.tensorboard=false", "train.verbose=false", "optimizer.schedule=cosine",
+         "optimizer.warmup_epochs=1"]  # fmt: skip
+
+
+def _args(run_dir: str) -> list[str]:
+    sets = [x for kv in [*SMALL, f"run.dir={run_dir}"] for x in ("--set", kv)]
+    return ["-m", "hvd_train", "--config", str(QUICKSTART), *sets]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> pathlib.Path:
+    root = tmp_path_factory.mktemp("compare")
+    check(run([PYTHON, *_args("one")], cwd=root))
+    check(horovodrun(2, [PYTHON, *_args("two")], cwd=root))
+    return root
+
+
+def read(run_dir: pathlib.Path) -> tuple[list[dict[str, float]], dict]:
+    with open(run_dir / "metrics.csv") as f:
+        rows = [{k: float(v) for k, v in r.items()} for r in csv.DictReader(f)]
+    return rows, json.loads((run_dir / "summary.json").read_text())
+
+
+def test_compare_prints_the_table_and_writes_the_png(runs: pathlib.Path) -> None:
+    proc = check(run([PYTHON, "-m", "hvd_train", "compare", "one", "two", "--out", "c/cmp.png"],
+                     cwd=runs, timeout=120))  # fmt: skip
+    assert (runs / "c" / "cmp.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    lines = proc.stdout.splitlines()
+    assert lines[0].split() == ["run", "model", "workers", "batch/worker", "global", "batch",
+                                "epochs", "best", "val", "acc", "at", "epoch", "time", "to",
+                                "best", "(s)", "examples/s"]  # fmt: skip
+    assert lines[3] == "time: cumulative training time (epoch_time_s)"
+    for line, name, workers in ((lines[1], "one", 1), (lines[2], "two", 2)):
+        rows, summary = read(runs / name)
+        best = max(range(len(rows)), key=lambda i: rows[i]["val_accuracy"])
+        expected = [name, "convnet7", str(workers), "32", str(32 * workers), "3",
+                    f"{rows[best]['val_accuracy']:.4f}", str(best + 1),
+                    f"{sum(r['epoch_time_s'] for r in rows[: best + 1]):.1f}",
+                    f"{summary['train_examples_per_sec']:.0f}"]  # fmt: skip
+        assert line.split() == expected, proc.stdout
+    assert lines[4] == "wrote c/cmp.png"
+
+
+def test_logged_rates_follow_the_cosine_schedule_per_batch(runs: pathlib.Path) -> None:
+    """metrics.csv logs the rate of each epoch's last step: the schedule at that step."""
+    for name, workers in (("one", 1), ("two", 2)):
+        rows, summary = read(runs / name)
+        cfg = load_config(runs / name / "config.yaml")
+        d = derive(cfg, workers, num_train=1438)
+        assert d.steps_per_epoch == summary["steps_per_epoch"]
+        s = learning_rate_schedule(cfg, d)
+        for r in rows:
+            step = int(r["epoch"]) * d.steps_per_epoch - 1
+            assert r["learning_rate"] == pytest.approx(float(s(step)), rel=1e-5), (name, r)
+    assert rows[-1]["learning_rate"] < 0.1 * rows[0]["learning_rate"]  # it decayed
+
+
+def test_wall_clock_column_wins_when_a_run_has_one(runs: pathlib.Path, tmp_path) -> None:
+    shutil.copytree(runs / "two", tmp_path / "two")
+    path = tmp_path / "two" / "metrics.csv"
+    rows = list(csv.DictReader(path.open()))
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, [*rows[0], "wall_time_s"])
+        w.writeheader()
+        w.writerows({**r, "wall_time_s": 100.0 * (i + 1)} for i, r in enumerate(rows))
+    [row] = compare.table(compare.load_runs([str(tmp_path / "two")]))
+    assert row["time_kind"] == "wall-clock"
+    assert row["time_to_best_s"] == 100.0 * row["best_epoch"]
+    assert compare.format_table([row]).endswith("time: cumulative wall-clock")
+
+
+def test_a_folder_without_metrics_is_exit_2_with_one_line(runs: pathlib.Path) -> None:
+    proc = run([PYTHON, "-m", "hvd_train", "compare", "one", "nope"], cwd=runs, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "hvd_train: error: compare: nope: no metrics.csv; expected a run.dir written by hvd-train"
+    ]
+    assert re.search(r"\bone\b", proc.stdout) is None  # nothing printed before the error

@@ -1,0 +1,262 @@
+"""Built-in models, pretrained weights from a file, SyncBatchNormalization, users' own models.
+
+The multi-worker tests share two horovodrun jobs (tests/workers/train_runs.py): one trains the
+Keras Applications models a step (MobileNetV2 with SyncBatchNormalization), the other the mlp,
+the example factory model, and the example with SyncBatchNormalization.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import re
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from harness import PYTHON, ROOT, WORKERS, check, horovodrun, run
+
+from hvd_train.config import check as check_config
+from hvd_train.config import load_config
+from hvd_train.errors import ConfigError
+from hvd_train.models import application, build_model, input_adapter
+
+EXAMPLE = ROOT / "examples" / "my_model.yaml"
+TINY = ["data.source=synthetic", "data.image_size=[32, 32]", "data.train_examples=16",
+        "data.val_examples=8", "train.batch_size=4", "train.epochs=1", "train.verbose=false",
+        "logging.tensorboard=false", "model.dense_units=[16]"]  # fmt: skip
+# convnet7 trains at 2 workers in test_multiworker.py; MobileNetV2 trains here with sync BN.
+BUILTIN = ["mlp", "resnet50", "efficientnet_b0", "mobilenet_v2_sync"]
+# Building and tracing the Applications models is slow on a shared 2-core CPU.
+pytestmark = pytest.mark.timeout(1500)
+
+
+def _job(root: pathlib.Path, spec: list[dict]) -> dict[str, dict]:
+    """Runs tests/workers/train_runs.py on 2 workers; its per-run results by name."""
+    (root / "spec.json").write_text(json.dumps(spec))
+    # cwd = the repository root: the example's model.factory is a path relative to it
+    proc = check(horovodrun(2, [PYTHON, str(WORKERS / "train_runs.py"), str(root / "spec.json")],
+                            cwd=ROOT, timeout=1400))  # fmt: skip
+    # horovodrun prefixes each line with the rank, e.g. "[0]<stdout>:RESULT {...}"
+    results = [json.loads(m) for m in re.findall(r"RESULT (\{.*\})", proc.stdout)]
+    assert [r["name"] for r in results] == [s["name"] for s in spec], proc.stdout[-3000:]
+    return {r["name"]: r for r in results}
+
+
+@pytest.fixture(scope="module")
+def applications(tmp_path_factory) -> tuple[pathlib.Path, dict[str, dict]]:
+    """ResNet50 and EfficientNetB0 one step; MobileNetV2 two steps with SyncBN."""
+    root = tmp_path_factory.mktemp("applications")
+    probe = root / "probe.npy"
+    np.save(probe, np.random.default_rng(0).random((4, 32, 32, 3), dtype=np.float32))
+    spec = [
+        {"name": name, "config": None,
+         "overrides": [*TINY, f"model.name={name}", "train.steps_per_epoch=1",
+                       f"run.dir={root / name}"]}
+        for name in ("resnet50", "efficientnet_b0")
+    ] + [
+        {"name": "mobilenet_v2_sync", "config": None, "predict_on": str(probe),
+         "overrides": [*TINY, "model.name=mobilenet_v2", "model.sync_batch_norm=true",
+                       f"run.dir={root / 'mobilenet_v2_sync'}"]},
+    ]  # fmt: skip
+    return root, _job(root, spec)
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory) -> tuple[pathlib.Path, dict[str, dict]]:
+    """mlp one step; the example model two epochs on digits, and with SyncBN two steps."""
+    root = tmp_path_factory.mktemp("small")
+    spec = [
+        {"name": "mlp", "config": None,
+         "overrides": [*TINY, "model.name=mlp", "train.steps_per_epoch=1", f"run.dir={root / 'mlp'}"]},
+        {"name": "example", "config": str(EXAMPLE),
+         "overrides": ["train.epochs=2", "logging.tensorboard=false", "train.verbose=false",
+                       f"run.dir={root / 'example'}"]},
+        {"name": "example_sync", "config": str(EXAMPLE),
+         "overrides": ["train.epochs=1", "train.steps_per_epoch=2", "model.sync_batch_norm=true",
+                       "logging.tensorboard=false", f"run.dir={root / 'example_sync'}"]},
+    ]  # fmt: skip
+    return root, _job(root, spec)
+
+
+@pytest.mark.multiworker
+@pytest.mark.parametrize("name", BUILTIN)
+def test_each_builtin_model_trains_a_step_at_2_workers(request, name: str) -> None:
+    root, results = request.getfixturevalue("small" if name == "mlp" else "applications")
+    r = results[name]
+    assert (r["status"], r["world_size"]) == ("completed", 2), r
+    assert r["trainable_identical"], f"{name}: weights differ across ranks"
+    assert np.isfinite(r["final_metrics"]["loss"]), r
+    assert (root / name / "model.keras").is_file()
+
+
+@pytest.mark.multiworker
+def test_factory_example_trains_unchanged_at_2_workers(small) -> None:
+    root, results = small
+    r = results["example"]
+    assert (r["status"], r["world_size"]) == ("completed", 2), r
+    assert r["sync_layers"] == 0
+    written = load_config(root / "example" / "config.yaml")
+    assert (
+        written.model.factory == load_config(EXAMPLE).model.factory == "examples/my_model.py:build"
+    )
+    # it learns: 10 classes, so chance is 0.1
+    assert r["final_metrics"]["val_accuracy"] > 0.3, r
+
+
+@pytest.mark.multiworker
+def test_sync_batch_norm_keeps_statistics_identical_on_all_workers(small, applications) -> None:
+    """Plain BatchNormalization updates its moving statistics from each worker's own batch (the
+    ranks drift apart after the first-batch broadcast); SyncBatchNormalization uses the global
+    batch, so every rank holds the same statistics. Nested bases are swapped too."""
+    plain, sync = small[1]["example"], small[1]["example_sync"]
+    mobilenet = applications[1]["mobilenet_v2_sync"]
+    assert plain["bn_statistics"] > 0 and not plain["bn_statistics_identical"], plain
+    assert sync["sync_layers"] == 5 and sync["bn_statistics_identical"], sync
+    assert mobilenet["sync_layers"] == 52 and mobilenet["bn_statistics_identical"], mobilenet
+    assert mobilenet["bn_statistics"] == 2 * 52
+
+
+@pytest.mark.multiworker
+def test_exported_sync_model_loads_without_horovod_with_the_same_predictions(applications) -> None:
+    root, _ = applications
+    run_dir = root / "mobilenet_v2_sync"
+    script = f"""
+import sys
+sys.modules["horovod"] = None  # any import of horovod now fails
+import numpy as np, tensorflow as tf
+model = tf.keras.models.load_model({str(run_dir / "model.keras")!r})
+kinds = {{type(x).__name__ for x in model.get_layer("mobilenet_v2").layers if "Normalization" in type(x).__name__}}
+print("kinds", sorted(kinds))
+got = model.predict(np.load({str(root / "probe.npy")!r}), verbose=0)
+print("max_diff", float(np.abs(got - np.load({str(run_dir / "predictions.npy")!r})).max()))
+"""
+    out = check(run([PYTHON, "-c", script], cwd=run_dir)).stdout
+    assert "kinds ['BatchNormalization']" in out, out
+    assert float(re.search(r"max_diff (\S+)", out).group(1)) < 1e-5, out
+
+
+# --------------------------------------------------------------------------- single process
+
+
+def _randomise(model: tf.keras.Model, seed: int) -> None:
+    """Random weights everywhere (positive variances), so that outputs depend on all of them."""
+    rng = np.random.default_rng(seed)
+    model.set_weights([
+        np.abs(rng.normal(1, 0.1, w.shape)) if "variance" in v.name else rng.normal(0, 0.1, w.shape)
+        for v, w in zip(model.weights, model.get_weights(), strict=True)
+    ])  # fmt: skip
+
+
+def test_pretrained_weights_file_loads_and_predictions_match(tmp_path) -> None:
+    """A base saved with save_weights (.h5) or save (.keras) loads into a fresh model, which
+    then predicts exactly as the model it came from."""
+    x = np.random.default_rng(1).random((4, 32, 32, 3), dtype=np.float32)
+    tf.keras.utils.set_random_seed(7)
+    trained = application("mobilenet_v2", (32, 32, 3), 5)
+    base = trained.get_layer("mobilenet_v2")
+    _randomise(base, seed=3)  # stands in for pretrained weights
+    base.save_weights(str(tmp_path / "base.h5"))
+    base.save(str(tmp_path / "base.keras"))
+    expected = trained.predict(x, verbose=0)
+
+    tf.keras.utils.set_random_seed(7)  # same head as `trained`; only the base differs
+    fresh = application("mobilenet_v2", (32, 32, 3), 5).predict(x, verbose=0)
+    assert np.abs(fresh - expected).max() > 1e-3  # without the file the predictions differ
+    for name in ("base.h5", "base.keras"):
+        tf.keras.utils.set_random_seed(7)
+        loaded = application("mobilenet_v2", (32, 32, 3), 5, weights=str(tmp_path / name))
+        np.testing.assert_allclose(loaded.predict(x, verbose=0), expected, atol=1e-6, err_msg=name)
+
+
+def test_missing_weights_file_says_where_weights_come_from(tmp_path) -> None:
+    with pytest.raises(ConfigError) as info:
+        application("resnet50", (32, 32, 3), 5, weights=str(tmp_path / "nope.h5"))
+    message = str(info.value)
+    assert message.startswith(f"model.weights: '{tmp_path / 'nope.h5'}' not found.")
+    assert "never downloaded" in message
+    assert "tf.keras.applications.ResNet50(weights='imagenet', include_top=False)" in message
+    assert "\n" not in message
+
+
+def test_weights_file_of_another_model_is_a_config_error(tmp_path) -> None:
+    path = str(tmp_path / "mobilenet.h5")
+    application("mobilenet_v2", (32, 32, 3), 5).get_layer("mobilenet_v2").save_weights(path)
+    with pytest.raises(ConfigError, match=r"does not fit the ResNet50 base without its classifier"):
+        application("resnet50", (32, 32, 3), 5, weights=path)
+
+
+def test_efficientnet_imagenet_weights_get_keras_variance_correction(tmp_path) -> None:
+    """Keras' ImageNet EfficientNet weights store the standard deviation as the Normalization
+    variance; loaded from a file, the input must still end up divided by the deviation."""
+    mean, std = np.array([0.485, 0.456, 0.406]), np.array([0.229, 0.224, 0.225])
+    donor = tf.keras.applications.EfficientNetB0(include_top=False, weights=None,
+                                                 input_shape=(32, 32, 3))  # fmt: skip
+    norm = next(x for x in donor.layers if isinstance(x, tf.keras.layers.Normalization))
+    norm.set_weights([mean, std, norm.get_weights()[2]])  # as in Keras' imagenet file
+    path = str(tmp_path / "efficientnet.h5")
+    donor.save_weights(path)
+    model = application("efficientnet_b0", (32, 32, 3), 5, weights=path)
+    base = model.get_layer("efficientnet_b0")
+    norm = next(x for x in base.layers if isinstance(x, tf.keras.layers.Normalization))
+    upto = tf.keras.Model(model.input, tf.keras.Model(base.input, norm.output)(
+        model.get_layer("preprocess").output))  # fmt: skip
+    x = np.random.default_rng(2).random((2, 32, 32, 3), dtype=np.float32)
+    np.testing.assert_allclose(upto(x).numpy(), (x - mean) / std, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("name", "keras_preprocess"),
+    [
+        ("mobilenet_v2", tf.keras.applications.mobilenet_v2.preprocess_input),
+        ("resnet50", tf.keras.applications.resnet50.preprocess_input),
+        ("efficientnet_b0", lambda x: x),  # [0, 255]: the model normalises inside itself
+    ],
+)
+def test_inputs_in_0_1_reach_the_base_as_keras_preprocess_input_makes_them(name, keras_preprocess):
+    x = np.random.default_rng(3).random((2, 32, 32, 3), dtype=np.float32)
+    rgb = input_adapter(name, channels=3)(x).numpy()
+    np.testing.assert_allclose(rgb, keras_preprocess(x * 255.0), atol=1e-4)
+    grey = input_adapter(name, channels=1)(x[..., :1]).numpy()  # repeated into 3 channels
+    as_rgb = np.repeat(x[..., :1], 3, axis=-1)
+    np.testing.assert_allclose(grey, keras_preprocess(as_rgb * 255.0), atol=1e-4)
+
+
+def test_frozen_base_trains_the_head_only() -> None:
+    cfg = load_config(None, ["model.name=mobilenet_v2", "model.trainable_base=false",
+                             "model.dense_units=[8]", "model.pooling=max"])  # fmt: skip
+    model = build_model(cfg, (32, 32, 3), 5)
+    assert model.get_layer("mobilenet_v2").trainable_weights == []
+    assert not model.get_layer("preprocess").trainable_weights
+    assert len(model.trainable_weights) == 4  # hidden dense and classifier: kernels, biases
+    assert isinstance(model.get_layer("max_pool"), tf.keras.layers.GlobalMaxPooling2D)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["model.weights=w.h5"], "model.weights: applies to the Keras Applications bases (mobilenet_v2, resnet50, efficientnet_b0), not to model.name 'convnet7'"),
+        (["model.factory=a:b", "model.name=resnet50", "model.trainable_base=false"], "model.trainable_base: applies to the Keras Applications bases (mobilenet_v2, resnet50, efficientnet_b0), not to model.factory 'a:b'"),
+    ],
+)  # fmt: skip
+def test_base_options_on_other_models_are_config_errors(overrides, message) -> None:
+    with pytest.raises(ConfigError) as info:
+        check_config(load_config(None, overrides), world_size=1)
+    assert str(info.value) == message
+
+
+def test_small_or_flat_inputs_are_config_errors() -> None:
+    with pytest.raises(ConfigError, match=r"mobilenet_v2 needs images of at least 32x32, got 8x8"):
+        application("mobilenet_v2", (8, 8, 1), 10)
+    with pytest.raises(ConfigError, match=r"resnet50 takes images of height x width x 1 or 3"):
+        application("resnet50", (64,), 10)
+
+
+def test_factory_accepts_a_file_path_and_names_a_missing_one(tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(ROOT)
+    cfg = load_config(EXAMPLE)
+    model = build_model(cfg, (8, 8, 1), 10)
+    assert model.name == "my_model" and model.output_shape == (None, 10)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match=r"model.factory: file 'examples/my_model.py' not found"):
+        build_model(cfg, (8, 8, 1), 10)

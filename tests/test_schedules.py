@@ -1,0 +1,136 @@
+"""Learning-rate schedules: values at chosen steps equal hand-computed ones; `lr-plot`.
+
+The common setting: learning_rate 0.1 for one worker's batch of 10, 4 workers with linear
+scaling (0.4), 400 examples (10 steps an epoch), a 1-epoch warm-up (10 steps), 11 epochs
+(110 steps). So the warm-up covers steps 0-9 and the decay spans 100 steps after it.
+"""
+
+from __future__ import annotations
+
+import math
+import pathlib
+import re
+
+import pytest
+import tensorflow as tf
+from harness import PYTHON, QUICKSTART, check, run
+
+from hvd_train.config import check as check_config
+from hvd_train.config import derive, load_config
+from hvd_train.errors import ConfigError
+from hvd_train.schedules import WarmupScaled, learning_rate_schedule, rates
+
+COMMON = ["optimizer.learning_rate=0.1", "optimizer.lr_scaling=linear", "train.batch_size=10",
+          "optimizer.warmup_epochs=1", "train.epochs=11"]  # fmt: skip
+
+
+def schedule(*overrides: str) -> WarmupScaled:
+    cfg = load_config(None, [*COMMON, *overrides])
+    d = derive(cfg, world_size=4, num_train=400)
+    assert (d.scaled_lr, d.steps_per_epoch, d.warmup_steps) == (pytest.approx(0.4), 10, 10)
+    return learning_rate_schedule(cfg, d)
+
+
+def at(s: WarmupScaled, *steps: int) -> list[float]:
+    return [float(s(tf.constant(step))) for step in steps]
+
+
+CASES = {
+    # the warm-up: 0.1 -> 0.4 linearly over steps 0..10, then the scaled rate
+    "constant": ([], {0: 0.1, 5: 0.25, 9: 0.37, 10: 0.4, 109: 0.4}),
+    # x0.1 from epoch 3 (step 30), x0.01 from epoch 6 (step 60)
+    "step": (["optimizer.step_boundaries_epochs=[3, 6]"],
+             {5: 0.25, 10: 0.4, 29: 0.4, 30: 0.04, 59: 0.04, 60: 0.004, 109: 0.004}),
+    # 0.4 x (1 + cos(pi t / 100)) / 2, t = step - 10
+    "cosine": ([], {5: 0.25, 10: 0.4, 35: 0.4 * (1 + math.cos(math.pi / 4)) / 2, 60: 0.2,
+                    85: 0.4 * (1 + math.cos(3 * math.pi / 4)) / 2, 110: 0.0}),
+    # floor 0.04: 0.04 + 0.36 x (1 + cos(pi t / 100)) / 2
+    "cosine_floor": (["optimizer.min_lr_fraction=0.1"], {10: 0.4, 60: 0.22, 110: 0.04}),
+    # 0.4 x 0.5^(t / 20)
+    "exponential": (["optimizer.decay_rate=0.5", "optimizer.decay_epochs=2"],
+                    {5: 0.25, 10: 0.4, 20: 0.4 * 0.5**0.5, 30: 0.2, 50: 0.1, 70: 0.05}),
+    # ... never below 0.3 x 0.4 = 0.12
+    "exponential_floor": (["optimizer.decay_rate=0.5", "optimizer.decay_epochs=2",
+                           "optimizer.min_lr_fraction=0.3"], {30: 0.2, 50: 0.12, 100: 0.12}),
+    # 0.04 + 0.36 x (1 - t / 100)
+    "warmup_decay": (["optimizer.min_lr_fraction=0.1"],
+                     {0: 0.1, 5: 0.25, 10: 0.4, 35: 0.31, 60: 0.22, 85: 0.13, 109: 0.0436}),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_rate_at_chosen_steps_equals_hand_computed(case: str) -> None:
+    overrides, expected = CASES[case]
+    s = schedule(f"optimizer.schedule={case.removesuffix('_floor')}", *overrides)
+    assert at(s, *expected) == pytest.approx(list(expected.values()), rel=1e-5, abs=1e-7)
+
+
+def test_vector_of_steps_gives_the_same_rates_as_one_step_at_a_time() -> None:
+    s = schedule("optimizer.schedule=step", "optimizer.step_boundaries_epochs=[3, 6]")
+    assert rates(s, 110) == pytest.approx(at(s, *range(110)), rel=1e-6)
+
+
+def test_no_warmup_starts_at_the_scaled_rate() -> None:
+    cfg = load_config(None, [*COMMON, "optimizer.warmup_epochs=0", "optimizer.schedule=cosine"])
+    s = learning_rate_schedule(cfg, derive(cfg, world_size=4, num_train=400))
+    assert at(s, 0, 55, 110) == pytest.approx([0.4, 0.2, 0.0], abs=1e-7)
+
+
+def test_schedule_round_trips_through_a_saved_model_with_its_optimizer(tmp_path) -> None:
+    s = schedule("optimizer.schedule=warmup_decay", "optimizer.min_lr_fraction=0.1")
+    model = tf.keras.Sequential([tf.keras.Input((3,)), tf.keras.layers.Dense(2)])
+    model.compile(optimizer=tf.keras.optimizers.SGD(s), loss="mse")
+    model.fit(tf.ones((8, 3)), tf.ones((8, 2)), epochs=1, batch_size=4, verbose=0)  # 2 steps
+    path = str(tmp_path / "m.keras")
+    model.save(path)
+    loaded = tf.keras.models.load_model(path)
+    restored = loaded.optimizer._learning_rate
+    assert isinstance(restored, WarmupScaled)
+    assert restored.get_config() == s.get_config()
+    assert int(loaded.optimizer.iterations) == 2
+    # the rate the next step will use: step 2 of the warm-up, 0.1 + 0.3 x 2/10
+    assert float(restored(loaded.optimizer.iterations)) == pytest.approx(0.16)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["optimizer.schedule=step"], "optimizer.step_boundaries_epochs: schedule 'step' needs at least one epoch at which to multiply the rate by step_factor, for example [30, 60]"),
+        (["optimizer.step_boundaries_epochs=[6, 3]"], "optimizer.step_boundaries_epochs: expected increasing epochs, got [6, 3]"),
+        (["optimizer.schedule=step", "optimizer.warmup_epochs=5", "optimizer.step_boundaries_epochs=[3]"], "optimizer.step_boundaries_epochs: epoch 3 falls inside the warm-up of 5 epochs; boundaries count from the start and must come after it"),
+        (["optimizer.schedule=warmup_decay", "optimizer.warmup_epochs=0"], "optimizer.warmup_epochs: schedule 'warmup_decay' ramps up over warmup_epochs, then decays until train.epochs (10); expected 0 < warmup_epochs < 10, got 0"),
+    ],
+)  # fmt: skip
+def test_inconsistent_schedule_settings_are_config_errors(overrides, message) -> None:
+    with pytest.raises(ConfigError) as info:
+        check_config(load_config(None, overrides), world_size=1)
+    assert str(info.value) == message
+
+
+NO_HOROVOD = "import sys; sys.modules['horovod'] = None; from hvd_train.cli import main; sys.exit(main(sys.argv[1:]))"
+
+
+def test_lr_plot_draws_the_schedule_without_horovod(tmp_path: pathlib.Path) -> None:
+    """The quickstart at 2 workers: digits (1,438 training examples), batch 32 x 2 = 64, so
+    22 steps an epoch; the rate ramps from 0.001 to 0.002 over 2 epochs, then cosine."""
+    out = tmp_path / "plots" / "lr.png"
+    proc = check(run([PYTHON, "-c", NO_HOROVOD, "lr-plot", "--config", str(QUICKSTART),
+                      "--workers", "2", "--set", "optimizer.schedule=cosine", "--out", str(out)],
+                     cwd=tmp_path, timeout=120))  # fmt: skip
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "2 worker(s), global batch 64, 22 steps/epoch x 12 epochs = 264 steps" in proc.stdout
+    assert "first step 0.001, highest 0.002 (step 44), last step " in proc.stdout
+    last = float(re.search(r"last step (\S+)", proc.stdout).group(1))
+    # step 263 is 219 of the 220 steps after the warm-up (float32: about 3 digits this close to 0)
+    assert last == pytest.approx(0.002 * (1 + math.cos(math.pi * 219 / 220)) / 2, rel=1e-2)
+
+
+def test_lr_plot_needs_the_example_count_only_when_it_cannot_know_it(tmp_path) -> None:
+    args = [PYTHON, "-m", "hvd_train", "lr-plot", "--config", str(QUICKSTART),
+            "--train-examples", "640", "--workers", "2", "--out", str(tmp_path / "a.png")]  # fmt: skip
+    assert "10 steps/epoch" in check(run(args, cwd=tmp_path, timeout=120)).stdout
+    bad = run([*args[:-2], "--out", str(tmp_path / "b.png"), "--train-examples", "0"], tmp_path)
+    assert bad.returncode == 2
+    assert bad.stderr.strip().splitlines()[-1] == (
+        "hvd_train: error: --train-examples: expected a count >= 1, got 0"
+    )
