@@ -111,11 +111,16 @@ def test_sigterm_and_sigint_stop_at_a_step_checkpoint_and_resume_completes(tmp_p
     assert first.returncode != 0
     s = summary(d)
     assert s["status"] == "interrupted", s
-    assert first.stderr.count("hvd_train: stopped by SIGTERM") == 2, first.stderr[-3000:]
+    # Both ranks stop after the same step; the first to exit ends the job, so the other may
+    # be terminated before it prints its line.
+    stops = {ln.split("stopped by SIGTERM at ")[1].split(";")[0]
+             for ln in first.stderr.splitlines() if "hvd_train: stopped by SIGTERM" in ln}  # fmt: skip
+    assert len(stops) == 1, first.stderr[-3000:]
     stop = s["stopped_at"]
     newest = read_state(s["last_checkpoint"])
     assert (newest["epoch"] + 1, newest["step"]) == (stop["epoch"], stop["step"])
     assert newest["reason"] == "stopped"
+    assert stops == {f"epoch {stop['epoch']}, step {stop['step']}"}
     assert epochs_in_csv(d) == list(range(1, stop["epoch"]))  # completed epochs only
 
     proc = start(cmd, tmp_path)
