@@ -9,7 +9,7 @@ import time
 import horovod.tensorflow.keras as hvd
 import tensorflow as tf
 
-from hvd_train import distributed
+from hvd_train import distributed, perf
 from hvd_train.checkpoint import export_plain_model
 from hvd_train.config import Config, Derived
 from hvd_train.evaluation import Evaluator
@@ -17,6 +17,7 @@ from hvd_train.evaluation import Evaluator
 METRICS_COLUMNS = [
     "epoch", "loss", "accuracy", "val_loss", "val_accuracy",
     "learning_rate", "epoch_time_s", "examples_per_sec",
+    "examples_per_sec_per_worker", "step_time_ms",
 ]  # fmt: skip
 
 
@@ -92,6 +93,8 @@ def build_callbacks(cfg: Config, d: Derived, evaluator: Evaluator, run_dir: str)
         hvd.callbacks.BroadcastGlobalVariablesCallback(0),
         # Timing first, so validation time is not counted as training time.
         EpochStats(d),
+        # Step times and per-worker rate (reads EpochStats' epoch_time_s; see perf.py).
+        perf.StepTimer(d, cfg.train.epochs),
         # Horovod: average the per-worker training metrics before anything reads them. All
         # workers run the same number of full batches, so the mean of means is exact here.
         hvd.callbacks.MetricAverageCallback(),
@@ -110,4 +113,7 @@ def build_callbacks(cfg: Config, d: Derived, evaluator: Evaluator, run_dir: str)
                 )
             )
         callbacks.append(SavePlainModel(os.path.join(run_dir, "checkpoints", "latest.keras")))
+        if cfg.logging.profile_steps:
+            first, last = cfg.logging.profile_steps
+            callbacks.append(perf.ProfileSteps(first, last, os.path.join(run_dir, "tensorboard")))
     return callbacks

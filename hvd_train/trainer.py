@@ -7,10 +7,9 @@ import os
 import time
 from typing import Any
 
-import horovod.tensorflow.keras as hvd
 import tensorflow as tf
 
-from hvd_train import distributed
+from hvd_train import distributed, perf, tuning
 from hvd_train.callbacks import build_callbacks
 from hvd_train.checkpoint import export_plain_model
 from hvd_train.config import Config, Derived, derive, dump_yaml
@@ -23,10 +22,12 @@ from hvd_train.schedules import learning_rate_schedule
 def train(cfg: Config) -> tuple[tf.keras.Model, dict[str, Any]]:
     """Trains as one worker of the job horovodrun started (or alone); returns model and summary."""
     started = time.perf_counter()
+    tuning.before_init(cfg)  # core binding: before Horovod and TensorFlow start threads
     distributed.init(cfg.horovod, cfg.run.dir)
     device = distributed.configure_devices(
         cfg.runtime.intra_op_threads, cfg.runtime.inter_op_threads
     )
+    tuning.apply_precision(cfg)  # before the model is built
     # Same seed on every rank: identical initial weights, so the broadcast below is a no-op for
     # built-in models and a guarantee for user factories that draw from other generators.
     tf.keras.utils.set_random_seed(cfg.runtime.seed)
@@ -34,14 +35,16 @@ def train(cfg: Config) -> tuple[tf.keras.Model, dict[str, Any]]:
     d = derive(cfg, distributed.size(), source.num_train)
     _prepare_run_dir(cfg)
     _log_plan(cfg, d, source, device)
+    tuning.log_knobs(cfg, d)
 
     model = build_model(cfg, source.input_shape, source.num_classes)
     model.compile(
-        # Horovod: average gradients across workers with ring-allreduce.
-        optimizer=hvd.DistributedOptimizer(make_optimizer(cfg, d)),
+        # Horovod: average gradients across workers with ring-allreduce (compression,
+        # accumulation and loss scaling as configured: see tuning.distributed_optimizer).
+        optimizer=tuning.distributed_optimizer(make_optimizer(cfg, d), cfg),
         loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=cfg.model.from_logits),
         metrics=["accuracy"],
-        jit_compile=cfg.runtime.jit_compile,
+        jit_compile=tuning.jit_compile(cfg, device),
     )
     # Horovod: every rank starts from rank 0's weights.
     distributed.broadcast_variables(model.variables)
@@ -62,6 +65,9 @@ def train(cfg: Config) -> tuple[tf.keras.Model, dict[str, Any]]:
         _write_summary(cfg, summary)
         raise
     summary.update(_results(history.history, d), wall_time_s=time.perf_counter() - started)
+    timer = next(c for c in callbacks if isinstance(c, perf.StepTimer))
+    summary.update(perf.throughput_summary(timer, cfg))
+    perf.log_throughput(summary)
     _finish(cfg, model, summary)
     return model, summary
 
