@@ -45,9 +45,16 @@ def _cmd_config(argv: list[str], prog: str) -> int:
     return config_main(argv)
 
 
+def _cmd_sweep(argv: list[str], prog: str) -> int:
+    from hvd_train.sweep import main as sweep_main
+
+    return sweep_main(argv, prog)
+
+
 COMMANDS: dict[str, Callable[[list[str], str], int]] = {
     "train": _cmd_train,
     "config": _cmd_config,
+    "sweep": _cmd_sweep,
 }
 
 
