@@ -13,7 +13,7 @@ import os
 import pathlib
 
 import pytest
-from harness import PYTHON, QUICKSTART, WORKERS, check, horovodrun, run
+from harness import PYTHON, QUICKSTART, ROOT, WORKERS, check, horovodrun, run
 
 from hvd_train import perf
 from hvd_train.config import load_config
@@ -252,3 +252,15 @@ def test_step_time_and_per_worker_rate_are_recorded(accumulation_runs: pathlib.P
         medians = [r["step_time_ms"] for r in rows[1:]]  # the pooled median lies between them
         assert min(medians) * 0.9999 <= s["step_time_ms"] <= max(medians) * 1.0001
         assert s["allreduce_time_share"] is None  # no timeline asked for
+
+
+def test_resnet50_config_builds_the_model_of_horovods_synthetic_benchmark() -> None:
+    import tensorflow as tf
+
+    from hvd_train.models import build_model
+
+    cfg = load_config(ROOT / "configs" / "resnet50_synthetic.yaml", ["data.image_size=[32,32]"])
+    model = build_model(cfg, (32, 32, 3), cfg.data.num_classes)  # through model.factory
+    reference = tf.keras.applications.ResNet50(weights=None, input_shape=(32, 32, 3))
+    assert model.count_params() == reference.count_params()
+    assert model.output.dtype == tf.float32 and model.output.shape[-1] == 1000
