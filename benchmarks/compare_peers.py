@@ -19,11 +19,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -32,18 +34,29 @@ WORKER = os.path.join(HERE, "peer_worker.py")
 PY = sys.executable
 BIN = os.path.dirname(PY)
 
-# name: (launcher, workers, pinned, intra-op threads)
+# name: (mode, workers, pinned, intra-op threads, horovodrun controller, hvd_train overrides)
 CONFIGS = {
-    "keras@1": ("keras", 1, True, 1),
-    "hvd_train@1": ("hvd_train", 1, True, 1),
-    "hvd_train@2": ("hvd_train", 2, True, 1),
-    "mwms@1": ("mwms", 1, True, 1),
-    "mwms@2": ("mwms", 2, True, 1),
-    "keras@all-cores": ("keras", 1, False, 0),  # one process, TensorFlow's threads on all cores
-    "hvd_train@2-unpinned": ("hvd_train", 2, False, 0),  # hvd_train's default thread split
-    "horovod_example@2": ("horovod_example", 2, True, 0),  # Horovod's example, as written
-}
-DEFAULT = [c for c in CONFIGS if c != "horovod_example@2"]
+    "keras@1": ("keras", 1, True, 1, "", ()),
+    "hvd_train@1": ("hvd_train", 1, True, 1, "gloo", ()),
+    "hvd_train@2": ("hvd_train", 2, True, 1, "gloo", ()),
+    "mwms@1": ("mwms", 1, True, 1, "", ()),
+    "mwms@2": ("mwms", 2, True, 1, "", ()),
+    "keras@all-cores": ("keras", 1, False, 0, "", ()),  # TensorFlow's threads on all cores
+    "hvd_train@2-unpinned": ("hvd_train", 2, False, 0, "gloo", ()),  # its default thread split
+    # For the 2-worker investigation (docs/benchmarks.md), not in the default set:
+    "horovod_example@1": ("horovod_example", 1, True, 0, "gloo", ()),
+    "horovod_example@2": ("horovod_example", 2, True, 0, "gloo", ()),  # Horovod's example
+    "horovod_example@2-mpi": ("horovod_example", 2, True, 0, "mpi", ()),  # horovodrun's default
+    "horovod_example@2-unpinned": ("horovod_example", 2, False, 0, "gloo", ()),
+    "hvd_train@2-mpi": ("hvd_train", 2, True, 1, "mpi", ()),
+    "hvd_train@2-timeline": ("hvd_train", 2, True, 1, "gloo", ("horovod.timeline=true",)),
+    "hvd_train@2-cycle5ms": ("hvd_train", 2, True, 1, "gloo", ("horovod.cycle_time_ms=5",)),
+    "hvd_train@2-fp16": ("hvd_train", 2, True, 1, "gloo", ("horovod.compression=fp16",)),
+    "hvd_train@2-accumulate4": (
+        "hvd_train", 2, True, 1, "gloo", ("train.gradient_accumulation_steps=4",),
+    ),
+}  # fmt: skip
+DEFAULT = list(CONFIGS)[:7]
 
 
 def main() -> int:
@@ -53,13 +66,15 @@ def main() -> int:
     for rep in range(args.repeats):
         for workload in args.workloads:
             for name in configs:
+                busy = wait_for_quiet(args.wait_quiet, args.wait_max) if args.wait_quiet else None
                 load = os.getloadavg()[0]
                 rows = launch(name, workload, args)
                 for r in rows:
-                    r.update(config=name, repeat=rep, load_before=load)
+                    r.update(config=name, repeat=rep, load_before=load, busy_before=busy)
                 results.extend(rows)
-                print(f"[{rep + 1}/{args.repeats}] {workload:5s} {name:22s} "
-                      f"{_rate(rows):8.1f} examples/s  (load {load:.1f})", flush=True)  # fmt: skip
+                quiet = f", busy {100 * busy:.0f}% before" if busy is not None else ""
+                print(f"[{rep + 1}/{args.repeats}] {workload:5s} {name:26s} "
+                      f"{_rate(rows):8.1f} examples/s  (load {load:.1f}{quiet})", flush=True)  # fmt: skip
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "results.json"), "w") as f:
         json.dump(results, f, indent=1)
@@ -82,6 +97,10 @@ def parse() -> argparse.Namespace:
                    help="extra hvd_train config override, e.g. horovod.compression=fp16")  # fmt: skip
     p.add_argument("--out", default=os.path.join(ROOT, "runs", "compare_peers"))
     p.add_argument("--timeout", type=float, default=900)
+    p.add_argument("--wait-quiet", type=float, default=0.0, metavar="SHARE",
+                   help="before each run, wait until the CPUs are busy less than this share "
+                   "(e.g. 0.1) over 3 s; for a machine shared with other jobs")  # fmt: skip
+    p.add_argument("--wait-max", type=float, default=1800, help="seconds to wait for quiet")
     args = p.parse_args()
     if args.quick:
         args.repeats, args.steps, args.warmup = 1, 15, 5
@@ -97,17 +116,19 @@ def parse() -> argparse.Namespace:
 
 
 def launch(name: str, workload: str, args: argparse.Namespace) -> list[dict]:
-    mode, workers, pinned, threads = CONFIGS[name]
+    mode, workers, pinned, threads, controller, sets = CONFIGS[name]
+    results = tempfile.mkdtemp(prefix="compare-peers-")
     base = [PY, WORKER, "--mode", mode, "--workload", workload, "--steps", str(args.steps),
-            "--warmup", str(args.warmup), "--threads", str(threads)]  # fmt: skip
+            "--warmup", str(args.warmup), "--threads", str(threads), "--result-dir", results]  # fmt: skip
     base += ["--pin"] if pinned else []
-    base += [a for s in args.overrides for a in ("--set", s)] if mode == "hvd_train" else []
+    if mode == "hvd_train":
+        base += [a for s in [*args.overrides, *sets] for a in ("--set", s)]
     env = {**os.environ, "PYTHONPATH": ROOT, "TF_CPP_MIN_LOG_LEVEL": "2",
            "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}  # fmt: skip
     if mode in ("hvd_train", "horovod_example"):
         cmd = [os.path.join(BIN, "horovodrun"), "-np", str(workers), "-H",
-               f"localhost:{workers}", "--gloo", *base]  # fmt: skip
-        return collect([start(cmd, env)], args.timeout)
+               f"localhost:{workers}", f"--{controller}", *base]  # fmt: skip
+        return collect([start(cmd, env)], args.timeout, results)
     if mode == "mwms":
         ports = free_ports(workers)
         procs = []
@@ -117,8 +138,9 @@ def launch(name: str, workload: str, args: argparse.Namespace) -> list[dict]:
             cmd = [*base, "--core", str(i)] if pinned else base
             procs.append(start(cmd, {**env, "TF_CONFIG": json.dumps(tf_config),
                                      "MWMS_INDEX": str(i)}))  # fmt: skip
-        return collect(procs, args.timeout)
-    return collect([start([*base, "--core", "0"] if pinned else base, env)], args.timeout)
+        return collect(procs, args.timeout, results)
+    cmd = [*base, "--core", "0"] if pinned else base
+    return collect([start(cmd, env)], args.timeout, results)
 
 
 def start(cmd: list[str], env: dict) -> subprocess.Popen:
@@ -126,10 +148,10 @@ def start(cmd: list[str], env: dict) -> subprocess.Popen:
                             stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
 
 
-def collect(procs: list[subprocess.Popen], timeout: float) -> list[dict]:
-    """Every `RESULT {json}` line the processes print; raises with their output on failure."""
+def collect(procs: list[subprocess.Popen], timeout: float, results: str) -> list[dict]:
+    """Every worker's result file; raises with the processes' output on failure."""
     deadline = time.monotonic() + timeout
-    rows, outputs = [], []
+    outputs = []
     for proc in procs:
         try:
             out, _ = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
@@ -139,13 +161,39 @@ def collect(procs: list[subprocess.Popen], timeout: float) -> list[dict]:
                     os.killpg(p.pid, signal.SIGKILL)
             raise SystemExit(f"timed out after {timeout} s: {' '.join(procs[0].args)}") from None
         outputs.append(out)
-        rows += [json.loads(line.split("RESULT ", 1)[1]) for line in out.splitlines()
-                 if "RESULT {" in line]  # fmt: skip
         if proc.returncode != 0:
             raise SystemExit(f"exit {proc.returncode}: {' '.join(proc.args)}\n{out[-5000:]}")
+    rows = []
+    for name in sorted(os.listdir(results)):
+        with open(os.path.join(results, name)) as f:
+            rows.append(json.load(f))
+    shutil.rmtree(results)
     if not rows:
-        raise SystemExit("no RESULT line:\n" + "\n".join(o[-3000:] for o in outputs))
+        raise SystemExit("no results:\n" + "\n".join(o[-3000:] for o in outputs))
     return rows
+
+
+def cpu_busy(seconds: float = 3.0) -> float:
+    """The share of all CPUs' time spent busy over `seconds` (from /proc/stat)."""
+
+    def sample() -> tuple[int, int]:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+        return sum(v), v[3] + v[4]  # total, idle + iowait
+
+    t0, i0 = sample()
+    time.sleep(seconds)
+    t1, i1 = sample()
+    return 1 - (i1 - i0) / max(1, t1 - t0)
+
+
+def wait_for_quiet(share: float, max_wait: float) -> float:
+    """Waits (up to `max_wait` s) until the machine is busy less than `share`; returns it."""
+    deadline = time.monotonic() + max_wait
+    busy = cpu_busy()
+    while busy > share and time.monotonic() < deadline:
+        busy = cpu_busy()
+    return busy
 
 
 def free_ports(n: int) -> list[int]:
@@ -171,10 +219,12 @@ def tables(results: list[dict], args: argparse.Namespace) -> str:
     for r in results:
         runs.setdefault((r["workload"], r["config"], r["repeat"]), []).append(r)
     loads = [r["load_before"] for r in results]
+    busy = [r["busy_before"] for r in results if r.get("busy_before") is not None]
+    quiet = f"; CPUs busy {100 * min(busy):.0f}-{100 * max(busy):.0f}% just before" if busy else ""
     lines = [
         f"Host: {os.uname().nodename}, {os.cpu_count()} CPUs; load average before runs "
-        f"{min(loads):.1f}-{max(loads):.1f}"
-        + (" (shared machine: numbers are noisy)" if max(loads) > 0.5 else ""),
+        f"{min(loads):.1f}-{max(loads):.1f}{quiet}"
+        + (" (shared machine: numbers are noisy)" if max(loads) > 1.5 else ""),
         f"Command: {' '.join(sys.argv)}",
         "",
         "| workload | config | examples/s (median) | per repeat | step ms | peak RSS/worker MB "

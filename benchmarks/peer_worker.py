@@ -39,13 +39,17 @@ def parse() -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=0, help="intra-op threads; 0: the mode's default")
     p.add_argument("--pin", action="store_true", help="bind to core --core (or the local rank)")
     p.add_argument("--core", type=int, default=None)
+    p.add_argument("--result-dir", default=None, help="also write result-<rank>.json there")
     p.add_argument("--set", dest="overrides", action="append", default=[],
                    help="hvd_train: extra config overrides")  # fmt: skip
     return p.parse_args()
 
 
 def local_rank() -> int:
-    return int(os.environ.get("HOROVOD_LOCAL_RANK", os.environ.get("MWMS_INDEX", "0")))
+    for key in ("HOROVOD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MWMS_INDEX"):
+        if key in os.environ:
+            return int(os.environ[key])
+    return 0
 
 
 def pin(args: argparse.Namespace) -> None:
@@ -181,7 +185,7 @@ def run_hvd_train(args: argparse.Namespace) -> dict:
     import hvd_train.trainer as trainer
     from hvd_train.config import load_config
 
-    world = int(os.environ.get("HOROVOD_SIZE", "1"))
+    world = int(os.environ.get("HOROVOD_SIZE", os.environ.get("OMPI_COMM_WORLD_SIZE", "1")))
     run_dir = tempfile.mkdtemp(prefix="peer-hvd-train-")
     cfg = load_config(None, [
         f"run.dir={run_dir}", "train.epochs=2", f"train.steps_per_epoch={args.steps}",
@@ -208,7 +212,7 @@ def run_hvd_train(args: argparse.Namespace) -> dict:
     model, summary = trainer.train(cfg)
     groups["tensorflow"] = threadstat.threads() - before_tf - groups["horovod"]
     out = window.result(groups)
-    out.update(world=summary["world_size"], rank=int(os.environ.get("HOROVOD_RANK", "0")),
+    out.update(world=summary["world_size"], rank=hvd.rank(),
                examples_per_sec=summary["train_examples_per_sec"], summary_step_ms=summary["step_time_ms"],
                intra_op_threads=tf.config.threading.get_intra_op_parallelism_threads())  # fmt: skip
     return out
@@ -222,6 +226,9 @@ def main() -> None:
     out = run_hvd_train(args) if args.mode == "hvd_train" else run_keras_like(args)
     out.update(mode=args.mode, workload=args.workload, batch=args.batch, pinned=args.pin,
                peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)  # fmt: skip
+    if args.result_dir:  # launchers may interleave the ranks' output lines
+        with open(os.path.join(args.result_dir, f"result-{out['rank']}.json"), "w") as f:
+            json.dump(out, f)
     print("RESULT " + json.dumps(out), flush=True)
 
 
