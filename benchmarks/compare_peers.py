@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -34,28 +35,42 @@ WORKER = os.path.join(HERE, "peer_worker.py")
 PY = sys.executable
 BIN = os.path.dirname(PY)
 
-# name: (mode, workers, pinned, intra-op threads, horovodrun controller, hvd_train overrides)
+
+@dataclass(frozen=True)
+class Setup:
+    mode: str  # peer_worker.py --mode
+    workers: int
+    pinned: bool  # each worker bound to a core of its own
+    threads: int = 1  # intra-op threads per worker; 0: the mode's default
+    controller: str = "gloo"  # horovodrun --gloo or --mpi
+    sets: tuple[str, ...] = ()  # hvd_train config overrides
+    env: tuple[tuple[str, str], ...] = ()
+
+
 CONFIGS = {
-    "keras@1": ("keras", 1, True, 1, "", ()),
-    "hvd_train@1": ("hvd_train", 1, True, 1, "gloo", ()),
-    "hvd_train@2": ("hvd_train", 2, True, 1, "gloo", ()),
-    "mwms@1": ("mwms", 1, True, 1, "", ()),
-    "mwms@2": ("mwms", 2, True, 1, "", ()),
-    "keras@all-cores": ("keras", 1, False, 0, "", ()),  # TensorFlow's threads on all cores
-    "hvd_train@2-unpinned": ("hvd_train", 2, False, 0, "gloo", ()),  # its default thread split
+    "keras@1": Setup("keras", 1, True),
+    "hvd_train@1": Setup("hvd_train", 1, True),
+    "hvd_train@2": Setup("hvd_train", 2, True),
+    "mwms@1": Setup("mwms", 1, True),
+    "mwms@2": Setup("mwms", 2, True),
+    "keras@all-cores": Setup("keras", 1, False, 0),  # TensorFlow's threads on all cores
+    "hvd_train@2-unpinned": Setup("hvd_train", 2, False, 0),  # its default thread split
     # For the 2-worker investigation (docs/benchmarks.md), not in the default set:
-    "horovod_example@1": ("horovod_example", 1, True, 0, "gloo", ()),
-    "horovod_example@2": ("horovod_example", 2, True, 0, "gloo", ()),  # Horovod's example
-    "horovod_example@2-mpi": ("horovod_example", 2, True, 0, "mpi", ()),  # horovodrun's default
-    "horovod_example@2-unpinned": ("horovod_example", 2, False, 0, "gloo", ()),
-    "hvd_train@2-mpi": ("hvd_train", 2, True, 1, "mpi", ()),
-    "hvd_train@2-timeline": ("hvd_train", 2, True, 1, "gloo", ("horovod.timeline=true",)),
-    "hvd_train@2-cycle5ms": ("hvd_train", 2, True, 1, "gloo", ("horovod.cycle_time_ms=5",)),
-    "hvd_train@2-fp16": ("hvd_train", 2, True, 1, "gloo", ("horovod.compression=fp16",)),
-    "hvd_train@2-accumulate4": (
-        "hvd_train", 2, True, 1, "gloo", ("train.gradient_accumulation_steps=4",),
+    "horovod_example@1": Setup("horovod_example", 1, True, 0),
+    "horovod_example@2": Setup("horovod_example", 2, True, 0),  # Horovod's example, pinned
+    "horovod_example@2-mpi": Setup("horovod_example", 2, True, 0, "mpi"),  # horovodrun's default
+    "horovod_example@2-mpi-yield": Setup(
+        "horovod_example", 2, True, 0, "mpi", env=(("OMPI_MCA_mpi_yield_when_idle", "1"),)
     ),
-}  # fmt: skip
+    "horovod_example@2-unpinned": Setup("horovod_example", 2, False, 0),
+    "hvd_train@2-mpi": Setup("hvd_train", 2, True, controller="mpi"),
+    "hvd_train@2-timeline": Setup("hvd_train", 2, True, sets=("horovod.timeline=true",)),
+    "hvd_train@2-cycle5ms": Setup("hvd_train", 2, True, sets=("horovod.cycle_time_ms=5",)),
+    "hvd_train@2-fp16": Setup("hvd_train", 2, True, sets=("horovod.compression=fp16",)),
+    "hvd_train@2-accumulate4": Setup(
+        "hvd_train", 2, True, sets=("train.gradient_accumulation_steps=4",)
+    ),
+}
 DEFAULT = list(CONFIGS)[:7]
 
 
@@ -72,17 +87,22 @@ def main() -> int:
                 for r in rows:
                     r.update(config=name, repeat=rep, load_before=load, busy_before=busy)
                 results.extend(rows)
+                save(results, args.out)  # as it goes: a long run can be read while it runs
                 quiet = f", busy {100 * busy:.0f}% before" if busy is not None else ""
                 print(f"[{rep + 1}/{args.repeats}] {workload:5s} {name:26s} "
                       f"{_rate(rows):8.1f} examples/s  (load {load:.1f}{quiet})", flush=True)  # fmt: skip
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "results.json"), "w") as f:
-        json.dump(results, f, indent=1)
     report = tables(results, args)
     with open(os.path.join(args.out, "report.md"), "w") as f:
         f.write(report)
     print(report)
     return 0
+
+
+def save(results: list[dict], out: str) -> None:
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "results.json.tmp"), "w") as f:
+        json.dump(results, f, indent=1)
+    os.replace(os.path.join(out, "results.json.tmp"), os.path.join(out, "results.json"))
 
 
 def parse() -> argparse.Namespace:
@@ -116,18 +136,19 @@ def parse() -> argparse.Namespace:
 
 
 def launch(name: str, workload: str, args: argparse.Namespace) -> list[dict]:
-    mode, workers, pinned, threads, controller, sets = CONFIGS[name]
+    setup = CONFIGS[name]
+    mode, workers, pinned, threads = setup.mode, setup.workers, setup.pinned, setup.threads
     results = tempfile.mkdtemp(prefix="compare-peers-")
     base = [PY, WORKER, "--mode", mode, "--workload", workload, "--steps", str(args.steps),
             "--warmup", str(args.warmup), "--threads", str(threads), "--result-dir", results]  # fmt: skip
     base += ["--pin"] if pinned else []
     if mode == "hvd_train":
-        base += [a for s in [*args.overrides, *sets] for a in ("--set", s)]
+        base += [a for s in [*args.overrides, *setup.sets] for a in ("--set", s)]
     env = {**os.environ, "PYTHONPATH": ROOT, "TF_CPP_MIN_LOG_LEVEL": "2",
-           "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}  # fmt: skip
+           "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", **dict(setup.env)}  # fmt: skip
     if mode in ("hvd_train", "horovod_example"):
         cmd = [os.path.join(BIN, "horovodrun"), "-np", str(workers), "-H",
-               f"localhost:{workers}", f"--{controller}", *base]  # fmt: skip
+               f"localhost:{workers}", f"--{setup.controller}", *base]  # fmt: skip
         return collect([start(cmd, env)], args.timeout, results)
     if mode == "mwms":
         ports = free_ports(workers)

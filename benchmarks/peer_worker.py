@@ -214,14 +214,21 @@ def run_hvd_train(args: argparse.Namespace) -> dict:
     out = window.result(groups)
     out.update(world=summary["world_size"], rank=hvd.rank(),
                examples_per_sec=summary["train_examples_per_sec"], summary_step_ms=summary["step_time_ms"],
+               allreduce_time_share=summary["allreduce_time_share"],
+               negotiation_time_share=summary["negotiation_time_share"],
                intra_op_threads=tf.config.threading.get_intra_op_parallelism_threads())  # fmt: skip
     return out
 
 
 def main() -> None:
     args = parse()
-    if args.pin and args.mode != "hvd_train":  # hvd_train binds itself (runtime.bind_cores)
+    if args.pin and args.mode != "hvd_train":
         pin(args)
+    elif args.pin:  # hvd_train binds itself (runtime.bind_cores) within the first N cores
+        workers = int(
+            os.environ.get("HOROVOD_LOCAL_SIZE", os.environ.get("OMPI_COMM_WORLD_LOCAL_SIZE", "1"))
+        )
+        os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:workers])
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     out = run_hvd_train(args) if args.mode == "hvd_train" else run_keras_like(args)
     out.update(mode=args.mode, workload=args.workload, batch=args.batch, pinned=args.pin,

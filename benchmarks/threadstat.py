@@ -19,8 +19,22 @@ def threads() -> set[int]:
     return {int(t) for t in os.listdir(TASKS)}
 
 
+def cores() -> dict[int, tuple[int, int]]:
+    """{core: (busy, idle) clock ticks} from /proc/stat."""
+    out = {}
+    with open("/proc/stat") as f:
+        for line in f:
+            if line.startswith("cpu") and line[3].isdigit():
+                name, *v = line.split()
+                ticks = [int(x) for x in v]
+                idle = ticks[3] + ticks[4]  # idle + iowait
+                out[int(name[3:])] = (sum(ticks[:8]) - idle, idle)
+    return out
+
+
 def snapshot() -> dict:
-    """{"t": wall seconds, "threads": {tid: (cpu_ns, wait_ns, slices, last_core)}}."""
+    """{"t": wall seconds, "threads": {tid: (cpu_ns, wait_ns, slices, last_core)},
+    "cores": {core: (busy, idle) ticks}}."""
     out = {}
     for tid in threads():
         try:
@@ -31,7 +45,7 @@ def snapshot() -> dict:
         except (OSError, ValueError, IndexError):
             continue  # the thread has just exited
         out[tid] = (cpu, wait, slices, last_core)
-    return {"t": time.perf_counter(), "threads": out}
+    return {"t": time.perf_counter(), "threads": out, "cores": cores()}
 
 
 def diff(a: dict, b: dict, groups: dict[str, set[int]], steps: int) -> dict:
@@ -61,4 +75,14 @@ def diff(a: dict, b: dict, groups: dict[str, set[int]], steps: int) -> dict:
             "last_cores": sorted(cores),
         }
     report["affinity"] = sorted(os.sched_getaffinity(0))
+    # How busy this worker's cores were (by anything), and how much of that was this process:
+    # a core idle while its worker waits means the worker waited for the other one.
+    mine = report["affinity"]
+    busy = sum(b["cores"][c][0] - a["cores"][c][0] for c in mine)
+    idle = sum(b["cores"][c][1] - a["cores"][c][1] for c in mine)
+    ours = sum(g["cpu_ms_per_step"] for g in report.values() if isinstance(g, dict))
+    report["cores_idle_share"] = idle / max(1, busy + idle)
+    report["cores_busy_by_others_share"] = max(
+        0.0, busy / max(1, busy + idle) - ours * steps / 1000 / wall / len(mine)
+    )
     return report
