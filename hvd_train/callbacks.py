@@ -10,7 +10,7 @@ import time
 import horovod.tensorflow.keras as hvd
 import tensorflow as tf
 
-from hvd_train import distributed
+from hvd_train import distributed, perf
 from hvd_train.checkpoint import CheckpointStore, export_plain_model, monitor_mode, read_state
 from hvd_train.config import Config, Derived
 from hvd_train.control import RunControl
@@ -20,6 +20,7 @@ METRICS_COLUMNS = [
     "epoch", "loss", "accuracy", "val_loss", "val_accuracy",
     "learning_rate", "epoch_time_s", "examples_per_sec",
     "input_wait_fraction",
+    "examples_per_sec_per_worker", "step_time_ms",
 ]  # fmt: skip
 
 
@@ -220,6 +221,8 @@ def build_callbacks(
         control,
         # Timing next, so validation time is not counted as training time.
         EpochStats(d),
+        # Step times and per-worker rate (reads EpochStats' epoch_time_s; see perf.py).
+        perf.StepTimer(d, cfg.train.epochs),
         # Horovod: average the per-worker training metrics before anything reads them. All
         # workers run the same number of full batches, so the mean of means is exact here.
         hvd.callbacks.MetricAverageCallback(),
@@ -241,4 +244,7 @@ def build_callbacks(
             )
         checkpointer = Checkpointer(CheckpointStore(run_dir, cfg.checkpoint), control, cfg, d)
         callbacks.append(checkpointer)
+        if cfg.logging.profile_steps:
+            first, last = cfg.logging.profile_steps
+            callbacks.append(perf.ProfileSteps(first, last, os.path.join(run_dir, "tensorboard")))
     return callbacks, checkpointer

@@ -172,6 +172,12 @@ def _cmd_compare(argv: list[str], prog: str) -> int:
     return 0
 
 
+def _cmd_sweep(argv: list[str], prog: str) -> int:
+    from hvd_train.sweep import main as sweep_main
+
+    return sweep_main(argv, prog)
+
+
 COMMANDS: dict[str, Callable[[list[str], str], int]] = {
     "train": _cmd_train,
     "config": _cmd_config,
@@ -181,6 +187,7 @@ COMMANDS: dict[str, Callable[[list[str], str], int]] = {
     "data-bench": _cmd_data_bench,
     "lr-plot": _cmd_lr_plot,
     "compare": _cmd_compare,
+    "sweep": _cmd_sweep,
 }
 
 

@@ -46,6 +46,9 @@ class TrainConfig:
     # afresh (existing checkpoints are left alone, new ones overwrite by step); or a checkpoint
     # folder (run.dir/checkpoints/ckpt-NNNNNNNN) to continue from.
     resume: str = "auto"
+    # Batches each worker runs before one all-reduce and update (Horovod's
+    # backward_passes_per_step, averaged): the effective batch is global batch x this.
+    gradient_accumulation_steps: int = _positive(1)
 
 
 @dataclass(frozen=True)
@@ -129,6 +132,12 @@ class RuntimeConfig:
     inter_op_threads: int = field(default=0, metadata={"min": 0})  # 0: 2 on CPU, TF's own on GPU
     seed: int = 42
     jit_compile: bool = False  # XLA
+    # Keras mixed precision: compute in 16 bits, variables and the output layer in float32;
+    # mixed_float16 adds dynamic loss scaling. bfloat16 is fast only on CPUs/GPUs that have it.
+    mixed_precision: Literal["none", "mixed_float16", "mixed_bfloat16"] = "none"
+    # CPU: each worker binds itself (and Horovod's background thread) to its own share of the
+    # cores, by local rank, before TensorFlow starts its threads.
+    bind_cores: bool = False
 
 
 @dataclass(frozen=True)
@@ -145,6 +154,7 @@ class HorovodConfig:
     # stuck or its graph different): Horovod warns, then shuts down so the job ends with an error.
     stall_warning_s: int = _positive(60)
     stall_shutdown_s: int = field(default=300, metadata={"min": 0})  # 0: wait forever
+    compression: Literal["none", "fp16"] = "none"  # gradients sent as float16 (half the bytes)
 
 
 @dataclass(frozen=True)
@@ -181,6 +191,9 @@ class ElasticConfig:
 @dataclass(frozen=True)
 class LoggingConfig:
     tensorboard: bool = True  # <run.dir>/tensorboard, rank 0 only
+    # [first, last] training step (1-based, counted over the run) to trace with TensorFlow's
+    # profiler on rank 0, into <run.dir>/tensorboard/plugins/profile; [] is off.
+    profile_steps: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -469,6 +482,12 @@ def check(cfg: Config, world_size: int) -> None:
         _check_image_source(cfg.data)
     _check_schedule(cfg)
     _check_model(cfg)
+    steps = list(cfg.logging.profile_steps)
+    if steps and (len(steps) != 2 or steps[0] > steps[1]):
+        raise ConfigError(
+            f"logging.profile_steps: expected [first, last] with first <= last (for example "
+            f"[20, 30]), or [] to turn the profiler off; got {steps}"
+        )
 
 
 def _check_image_source(d: DataConfig) -> None:
@@ -537,12 +556,14 @@ class Derived:
     world_size: int
     per_worker_batch: int
     global_batch: int
-    lr_factor: float  # how much larger the step's global batch is than one worker's
+    lr_factor: float  # how much larger an update's batch is than the batch the rate is set for
     base_lr: float
     scaled_lr: float
     steps_per_epoch: int
     warmup_steps: int
     examples_per_epoch: int  # examples that take part in an epoch (after drop or pad)
+    accumulation_steps: int = 1  # batches per all-reduce and update (a divisor of the steps)
+    effective_batch: int = 0  # examples per update, all workers: global_batch x accumulation
 
 
 def derive(cfg: Config, world_size: int, num_train: int) -> Derived:
@@ -551,7 +572,9 @@ def derive(cfg: Config, world_size: int, num_train: int) -> Derived:
     The learning rate is defined for the batch one worker would take. With
     `batch_size_mode: per_worker` the global batch grows with the workers, so the rate is scaled
     by the worker count (`linear`: x N, `sqrt`: x sqrt(N)). With `global` the batch, and so the
-    rate, do not change with the worker count.
+    rate, do not change with the worker count. Gradient accumulation over A batches makes each
+    update's batch A times larger, so the rate is scaled by A too (by sqrt(A) for `sqrt`), and
+    the steps of an epoch are rounded down to a multiple of A so every epoch ends with an update.
     """
     check(cfg, world_size)
     t = cfg.train
@@ -559,6 +582,8 @@ def derive(cfg: Config, world_size: int, num_train: int) -> Derived:
         per_worker, global_batch, k = t.batch_size, t.batch_size * world_size, world_size
     else:
         per_worker, global_batch, k = t.batch_size // world_size, t.batch_size, 1
+    acc = t.gradient_accumulation_steps
+    k *= acc  # an update averages `acc` batches: the learning rate follows the effective batch
     factor = {"linear": float(k), "sqrt": math.sqrt(k), "none": 1.0}[cfg.optimizer.lr_scaling]
     if num_train < global_batch:
         from hvd_train.errors import DataError
@@ -571,6 +596,14 @@ def derive(cfg: Config, world_size: int, num_train: int) -> Derived:
     steps = full + (1 if rest and cfg.data.remainder == "pad_by_repeat" else 0)
     if t.steps_per_epoch is not None:
         steps = min(steps, t.steps_per_epoch)
+    if steps < acc:
+        from hvd_train.errors import DataError
+
+        raise DataError(
+            f"train.gradient_accumulation_steps: {acc} batches per update but an epoch has only "
+            f"{steps} steps; lower gradient_accumulation_steps or train.batch_size"
+        )
+    steps -= steps % acc  # every epoch ends with an update: no gradients carried across epochs
     return Derived(
         world_size=world_size,
         per_worker_batch=per_worker,
@@ -581,6 +614,8 @@ def derive(cfg: Config, world_size: int, num_train: int) -> Derived:
         steps_per_epoch=steps,
         warmup_steps=round(cfg.optimizer.warmup_epochs * steps),
         examples_per_epoch=steps * global_batch,
+        accumulation_steps=acc,
+        effective_batch=global_batch * acc,
     )
 
 

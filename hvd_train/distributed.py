@@ -48,6 +48,57 @@ def init(knobs: HorovodConfig, run_dir: str) -> None:
     if knobs.timeline:
         os.makedirs(run_dir, exist_ok=True)  # Horovod opens the file at init, on rank 0
     hvd.init()
+    if _BOUND_CORES and _launcher_local_rank() != (hvd.local_rank(), hvd.local_size()):
+        raise UserError(
+            "runtime.bind_cores: the launcher did not give this worker its local rank before "
+            "start (HOROVOD_LOCAL_RANK or OMPI_COMM_WORLD_LOCAL_RANK); launch with horovodrun "
+            "or mpirun, or set runtime.bind_cores: false"
+        )
+
+
+# This worker's cores when bind_cores() gave it a share of the host, else empty.
+_BOUND_CORES: list[int] = []
+
+
+def bind_cores() -> list[int]:
+    """Binds this worker's threads to its own share of the cores, by local rank; returns them.
+
+    Call before `init()` and before TensorFlow runs anything: threads started later (TensorFlow's
+    pools, tf.data's, Horovod's background thread) inherit the binding. The cores this process
+    may use (its affinity mask, which honours taskset and container limits) are cut into one
+    contiguous block per local worker; with more workers than cores, workers share cores round
+    robin. Horovod's background thread is pinned to the first core of the block through
+    HOROVOD_THREAD_AFFINITY (a launcher's value wins).
+    """
+    local, count = _launcher_local_rank()
+    cores = sorted(os.sched_getaffinity(0))
+    per = len(cores) // count
+    mine = cores[local * per : (local + 1) * per] if per else [cores[local % len(cores)]]
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(tid), mine)
+        except ProcessLookupError:  # a thread that has just exited
+            pass
+    # Horovod indexes this list by local rank; only this process reads its copy.
+    os.environ.setdefault("HOROVOD_THREAD_AFFINITY", ",".join([str(mine[0])] * count))
+    _BOUND_CORES[:] = mine
+    return mine
+
+
+def bound_cores() -> list[int]:
+    """The cores `bind_cores` gave this worker ([] when it was not called)."""
+    return list(_BOUND_CORES)
+
+
+def _launcher_local_rank() -> tuple[int, int]:
+    """(local rank, local size) from the launcher's environment, readable before hvd.init()."""
+    for rank_key, size_key in (
+        ("HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE"),  # horovodrun (Gloo)
+        ("OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"),  # mpirun, horovodrun --mpi
+    ):
+        if rank_key in os.environ and size_key in os.environ:
+            return int(os.environ[rank_key]), int(os.environ[size_key])
+    return 0, 1
 
 
 def rank() -> int:
@@ -115,8 +166,10 @@ def configure_devices(intra_op_threads: int, inter_op_threads: int) -> str:
         tf.config.set_visible_devices(gpu, "GPU")
     else:
         # On CPU, workers on one host share its cores: give each its fair share, not all.
+        # After bind_cores the affinity mask already is this worker's share.
         cores = len(os.sched_getaffinity(0))
-        intra_op_threads = intra_op_threads or max(1, cores // local_size())
+        share = cores if _BOUND_CORES else max(1, cores // local_size())
+        intra_op_threads = intra_op_threads or share
         inter_op_threads = inter_op_threads or 2
     if intra_op_threads:
         tf.config.threading.set_intra_op_parallelism_threads(intra_op_threads)
@@ -139,6 +192,11 @@ def broadcast_object(obj: Any, name: str) -> Any:
 def allgather_object(obj: Any, name: str) -> list[Any]:
     """Every rank's `obj`, in rank order, on every rank."""
     return hvd_tf.allgather_object(obj, name=name)
+
+
+def stop_timeline() -> None:
+    """Stops Horovod's timeline; rank 0's writer then flushes and closes timeline.json."""
+    hvd.stop_timeline()
 
 
 def broadcast_variables(variables: list[tf.Variable]) -> None:

@@ -10,10 +10,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import horovod.tensorflow.keras as hvd
 import tensorflow as tf
 
-from hvd_train import distributed
+from hvd_train import distributed, perf, tuning
 from hvd_train.callbacks import Checkpointer, build_callbacks, every_steps_due
 from hvd_train.checkpoint import (
     CheckpointStore,
@@ -42,10 +41,12 @@ def train(cfg: Config) -> tuple[tf.keras.Model, dict[str, Any]]:
         Interrupted: SIGTERM or SIGINT; a checkpoint was written (exit code 128 + signal).
     """
     started = time.perf_counter()
+    tuning.before_init(cfg)  # core binding: before Horovod and TensorFlow start threads
     distributed.init(cfg.horovod, cfg.run.dir)
     device = distributed.configure_devices(
         cfg.runtime.intra_op_threads, cfg.runtime.inter_op_threads
     )
+    tuning.apply_precision(cfg)  # before the model is built
     # Same seed on every rank: identical initial weights, so the broadcast below is a no-op for
     # built-in models and a guarantee for user factories that draw from other generators.
     tf.keras.utils.set_random_seed(cfg.runtime.seed)
@@ -53,14 +54,16 @@ def train(cfg: Config) -> tuple[tf.keras.Model, dict[str, Any]]:
     d = derive(cfg, distributed.size(), source.num_train)
     _prepare_run_dir(cfg)
     _log_plan(cfg, d, source, device)
+    tuning.log_knobs(cfg, d)
 
     model = build_model(cfg, source.input_shape, source.num_classes)
     model.compile(
-        # Horovod: average gradients across workers with ring-allreduce.
-        optimizer=hvd.DistributedOptimizer(make_optimizer(cfg, d)),
+        # Horovod: average gradients across workers with ring-allreduce (compression,
+        # accumulation and loss scaling as configured: see tuning.distributed_optimizer).
+        optimizer=tuning.distributed_optimizer(make_optimizer(cfg, d), cfg),
         loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=cfg.model.from_logits),
         metrics=["accuracy"],
-        jit_compile=cfg.runtime.jit_compile,
+        jit_compile=tuning.jit_compile(cfg, device),
     )
     start = _resume(cfg, model, d)
     signals = StopSignals()
@@ -82,6 +85,7 @@ def train(cfg: Config) -> tuple[tf.keras.Model, dict[str, Any]]:
         )
         # Input wait first: its epoch end is a collective, and its value must reach the files.
         made["input_wait"] = InputWait(cfg.data.input_wait_warning)
+        made["timer"] = next(c for c in callbacks if isinstance(c, perf.StepTimer))
         return [made["input_wait"], *callbacks]
 
     def attach(data: tf.data.Dataset) -> tf.data.Dataset:
@@ -113,6 +117,8 @@ def train(cfg: Config) -> tuple[tf.keras.Model, dict[str, Any]]:
     control, checkpointer = made["control"], made["checkpointer"]
     summary.update(_results(history, cfg, control))
     summary.update(data_summary(history, source.skipped_files))
+    summary.update(perf.throughput_summary(made["timer"], cfg))
+    perf.log_throughput(summary)
     if summary["status"] == "interrupted":
         _end_summary(cfg, summary, started, checkpointer)
         where = checkpointer.last if checkpointer else "rank 0's run.dir"

@@ -1,0 +1,243 @@
+"""One worker of a compare_peers.py measurement; prints `RESULT {json}` when done.
+
+Modes, all training the same convnet7 on in-memory synthetic 32x32x3 images, 10 classes:
+  keras             plain Keras model.fit in one process (no Horovod);
+  hvd_train         this project's trainer (hvd_train.trainer.train), launched by horovodrun;
+  horovod_example   a minimal Horovod Keras script shaped like Horovod's own examples;
+  mwms              tf.distribute.MultiWorkerMirroredStrategy (TF_CONFIG set by the driver).
+
+Per process it reports examples/s (all workers), the median step time, peak resident memory,
+and per-thread CPU accounting (threadstat.py) over the measured steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import threadstat  # noqa: E402
+
+WORKLOADS = {"light": (256,), "heavy": (2816, 256)}  # convnet7 dense layers: ~1.1 M / ~12.4 M
+
+
+def parse() -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    p.add_argument(
+        "--mode", required=True, choices=["keras", "hvd_train", "horovod_example", "mwms"]
+    )
+    p.add_argument("--workload", default="light", choices=sorted(WORKLOADS))
+    p.add_argument("--batch", type=int, default=64, help="per worker")
+    p.add_argument("--warmup", type=int, default=10, help="steps left out (hvd_train: 1 epoch)")
+    p.add_argument("--steps", type=int, default=40, help="measured steps")
+    p.add_argument("--threads", type=int, default=0, help="intra-op threads; 0: the mode's default")
+    p.add_argument("--pin", action="store_true", help="bind to core --core (or the local rank)")
+    p.add_argument("--core", type=int, default=None)
+    p.add_argument("--result-dir", default=None, help="also write result-<rank>.json there")
+    p.add_argument("--set", dest="overrides", action="append", default=[],
+                   help="hvd_train: extra config overrides")  # fmt: skip
+    return p.parse_args()
+
+
+def local_rank() -> int:
+    for key in ("HOROVOD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MWMS_INDEX"):
+        if key in os.environ:
+            return int(os.environ[key])
+    return 0
+
+
+def pin(args: argparse.Namespace) -> None:
+    """Binds this process, before TensorFlow starts threads, to one core."""
+    cores = sorted(os.sched_getaffinity(0))
+    core = args.core if args.core is not None else cores[local_rank() % len(cores)]
+    os.sched_setaffinity(0, {core})
+
+
+class Window:
+    """Times the measured steps (after `start()`) and takes thread snapshots around them."""
+
+    def __init__(self, steps: int):
+        self.steps = steps
+        self.times: list[float] = []
+        self.first = self.last = None
+
+    def start(self) -> None:
+        self.first = threadstat.snapshot()
+        self.times = [time.perf_counter()]
+
+    def batch_end(self) -> None:
+        if self.first is None or self.last is not None:
+            return
+        self.times.append(time.perf_counter())
+        if len(self.times) == self.steps + 1:
+            self.last = threadstat.snapshot()
+
+    def result(self, groups: dict) -> dict:
+        steps = [b - a for a, b in zip(self.times, self.times[1:], strict=False)]
+        return {
+            "step_ms_median": 1000 * statistics.median(steps),
+            "measured_s": sum(steps),
+            "threads": threadstat.diff(self.first, self.last, groups, self.steps),
+        }
+
+
+def timing_callback(tf, window: Window, warmup_steps: int = 0, warmup_epochs: int = 0):
+    """Starts the window after `warmup_steps` batches or at epoch `warmup_epochs`."""
+
+    class Timing(tf.keras.callbacks.Callback):
+        batches = 0
+
+        def on_epoch_begin(self, epoch, logs=None):
+            if warmup_epochs and epoch == warmup_epochs:
+                window.start()
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.batches += 1
+            if warmup_steps and self.batches == warmup_steps:
+                window.start()
+            else:
+                window.batch_end()
+
+    return Timing()
+
+
+def build_model(tf, workload: str):
+    from hvd_train.models import convnet7
+
+    return convnet7((32, 32, 3), 10, dense_units=WORKLOADS[workload])
+
+
+def synthetic(np, batch: int):
+    rng = np.random.default_rng(0)
+    return rng.random((batch * 8, 32, 32, 3), dtype=np.float32), rng.integers(0, 10, batch * 8)
+
+
+def run_keras_like(args: argparse.Namespace) -> dict:
+    """keras, horovod_example and mwms: model.fit over a repeated in-memory batch set."""
+    import numpy as np
+
+    before_tf = threadstat.threads()
+    import tensorflow as tf
+
+    if args.threads:
+        tf.config.threading.set_intra_op_parallelism_threads(args.threads)
+    groups, world, rank = {}, 1, 0
+    strategy = None
+    if args.mode == "mwms":
+        strategy = tf.distribute.MultiWorkerMirroredStrategy(
+            communication_options=tf.distribute.experimental.CommunicationOptions(
+                implementation=tf.distribute.experimental.CommunicationImplementation.RING
+            )
+        )
+        world = strategy.num_replicas_in_sync
+        rank = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+    if args.mode == "horovod_example":
+        import horovod.tensorflow.keras as hvd
+
+        before = threadstat.threads()
+        hvd.init()  # Horovod: initialize (starts the background thread)
+        groups["horovod"] = threadstat.threads() - before
+        world, rank = hvd.size(), hvd.rank()
+    x, y = synthetic(np, args.batch)
+    window = Window(args.steps)
+    callbacks = [timing_callback(tf, window, warmup_steps=args.warmup)]
+
+    def dataset(ctx=None):
+        ds = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(args.batch)
+        return ds.prefetch(tf.data.AUTOTUNE)
+
+    if strategy is not None:
+        with strategy.scope():  # variables mirrored on every worker
+            model = build_model(tf, args.workload)
+            model.compile(tf.keras.optimizers.SGD(0.01, momentum=0.9),
+                          "sparse_categorical_crossentropy")  # fmt: skip
+        data = strategy.distribute_datasets_from_function(dataset)  # 64 per worker
+    else:
+        model = build_model(tf, args.workload)
+        opt = tf.keras.optimizers.SGD(0.01 * world, momentum=0.9)
+        if args.mode == "horovod_example":
+            opt = hvd.DistributedOptimizer(opt)  # Horovod: average gradients
+            callbacks.insert(0, hvd.callbacks.BroadcastGlobalVariablesCallback(0))
+        model.compile(opt, "sparse_categorical_crossentropy")
+        data = dataset()
+    steps = args.warmup + args.steps
+    model.fit(data, steps_per_epoch=steps, epochs=1, verbose=0, callbacks=callbacks)
+    groups["tensorflow"] = threadstat.threads() - before_tf - groups.get("horovod", set())
+    out = window.result(groups)
+    out.update(world=world, rank=rank,
+               examples_per_sec=world * args.batch * args.steps / out["measured_s"],
+               intra_op_threads=tf.config.threading.get_intra_op_parallelism_threads())  # fmt: skip
+    return out
+
+
+def run_hvd_train(args: argparse.Namespace) -> dict:
+    """This project's trainer, as `python -m hvd_train` would run it, on the same workload."""
+    before_tf = threadstat.threads()
+    import horovod.tensorflow.keras as hvd
+    import tensorflow as tf
+
+    import hvd_train.trainer as trainer
+    from hvd_train.config import load_config
+
+    world = int(os.environ.get("HOROVOD_SIZE", os.environ.get("OMPI_COMM_WORLD_SIZE", "1")))
+    run_dir = tempfile.mkdtemp(prefix="peer-hvd-train-")
+    cfg = load_config(None, [
+        f"run.dir={run_dir}", "train.epochs=2", f"train.steps_per_epoch={args.steps}",
+        f"train.batch_size={args.batch}", "train.verbose=false", "logging.tensorboard=false",
+        "data.source=synthetic", f"data.train_examples={args.steps * args.batch * world}",
+        f"data.val_examples={args.batch * world}", "optimizer.name=sgd",
+        f"model.dense_units={list(WORKLOADS[args.workload])}",
+        f"runtime.intra_op_threads={args.threads}",
+        f"runtime.bind_cores={'true' if args.pin else 'false'}", *args.overrides,
+    ])  # fmt: skip
+    groups: dict[str, set[int]] = {}
+    hvd_init = hvd.init
+
+    def init_and_note_threads(*a, **k):  # instrumentation: which threads Horovod starts
+        before = threadstat.threads()
+        hvd_init(*a, **k)
+        groups["horovod"] = threadstat.threads() - before
+
+    hvd.init = init_and_note_threads
+    window = Window(args.steps)  # the first epoch is hvd_train's warm-up
+    build = trainer.build_callbacks
+    timing = timing_callback(tf, window, warmup_epochs=1)
+    trainer.build_callbacks = lambda *a, **k: [*build(*a, **k), timing]
+    model, summary = trainer.train(cfg)
+    groups["tensorflow"] = threadstat.threads() - before_tf - groups["horovod"]
+    out = window.result(groups)
+    out.update(world=summary["world_size"], rank=hvd.rank(),
+               examples_per_sec=summary["train_examples_per_sec"], summary_step_ms=summary["step_time_ms"],
+               allreduce_time_share=summary["allreduce_time_share"],
+               negotiation_time_share=summary["negotiation_time_share"],
+               intra_op_threads=tf.config.threading.get_intra_op_parallelism_threads())  # fmt: skip
+    return out
+
+
+def main() -> None:
+    args = parse()
+    if args.pin and args.mode != "hvd_train":
+        pin(args)
+    elif args.pin:  # hvd_train binds itself (runtime.bind_cores) within the first N cores
+        workers = int(
+            os.environ.get("HOROVOD_LOCAL_SIZE", os.environ.get("OMPI_COMM_WORLD_LOCAL_SIZE", "1"))
+        )
+        os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:workers])
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    out = run_hvd_train(args) if args.mode == "hvd_train" else run_keras_like(args)
+    out.update(mode=args.mode, workload=args.workload, batch=args.batch, pinned=args.pin,
+               peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)  # fmt: skip
+    if args.result_dir:  # launchers may interleave the ranks' output lines
+        with open(os.path.join(args.result_dir, f"result-{out['rank']}.json"), "w") as f:
+            json.dump(out, f)
+    print("RESULT " + json.dumps(out), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,323 @@
+"""`hvd-train sweep`: runs a grid of worker counts x batch sizes, each point a real horovodrun
+job, and writes one folder with scaling.csv, scaling.md and PNG plots.
+
+Per point: examples/s (all workers, warm-up left out, from the run's summary.json), speedup and
+efficiency against the fewest-worker point of the same batch size, best validation accuracy,
+and the training time until the validation accuracy first reached `--target-accuracy`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+from hvd_train.config import Config, check, load_config
+from hvd_train.errors import ConfigError, UserError
+
+COLUMNS = [
+    "workers", "per_worker_batch", "global_batch", "examples_per_sec",
+    "examples_per_sec_per_worker", "speedup", "efficiency", "best_val_accuracy",
+    "time_to_target_s", "train_time_s", "status", "run_dir",
+]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Point:
+    workers: int
+    batch_size: int  # as given on the command line: per worker or global, by the mode
+
+    @property
+    def name(self) -> str:
+        return f"w{self.workers}_b{self.batch_size}"
+
+
+def parser(prog: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=prog,
+        description="Run a scaling grid (workers x batch sizes), each point a horovodrun job on "
+        "this host; write scaling.csv, scaling.md and plots into one folder.",
+    )
+    p.add_argument("--config", required=True, help="YAML config every point starts from")
+    p.add_argument("--workers", required=True, type=_int_list, help="e.g. 1,2,4")
+    p.add_argument("--batch-sizes", required=True, type=_int_list, help="e.g. 32,64")
+    p.add_argument("--batch-size-mode", choices=["per_worker", "global"], default="per_worker")
+    p.add_argument("--out", default="runs/sweep", help="output folder (default: runs/sweep)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="config override for every point (repeatable)")  # fmt: skip
+    p.add_argument("--target-accuracy", type=float, default=None,
+                   help="report the training time until val_accuracy first reaches this")  # fmt: skip
+    p.add_argument("--pin-cores", action="store_true",
+                   help="CPU: bind each worker to its own cores (runtime.bind_cores)")  # fmt: skip
+    p.add_argument("--oversubscribe", action="store_true",
+                   help="allow more workers than cores on a host without GPUs")  # fmt: skip
+    p.add_argument("--timeout", type=float, default=None, help="seconds per point")
+    return p
+
+
+def main(argv: list[str], prog: str = "hvd-train sweep") -> int:
+    args = parser(prog).parse_args(argv)
+    args.command = f"{prog} {shlex.join(argv)}"
+    overrides = [*args.overrides, f"train.batch_size_mode={args.batch_size_mode}"]
+    if args.pin_cores:
+        overrides.append("runtime.bind_cores=true")
+    cfg = load_config(args.config, overrides)
+    points = [Point(w, b) for b in args.batch_sizes for w in args.workers]
+    refuse_what_this_host_cannot_run(cfg, points, args.oversubscribe)
+    os.makedirs(args.out, exist_ok=True)
+    rows = []
+    for i, point in enumerate(points, 1):
+        print(f"[sweep] {i}/{len(points)}: {point.workers} worker(s), batch {point.batch_size} "
+              f"({args.batch_size_mode})", flush=True)  # fmt: skip
+        run_dir = os.path.join(args.out, "points", point.name)
+        status = run_point(args.config, overrides, point, run_dir, args.timeout)
+        rows.append(read_point(point, run_dir, status, args.target_accuracy))
+    add_speedups(rows)
+    write_reports(rows, args)
+    failed = [r for r in rows if r["status"] != "ok"]
+    print(f"[sweep] {len(rows) - len(failed)}/{len(rows)} points done; see "
+          f"{os.path.join(args.out, 'scaling.md')}", flush=True)  # fmt: skip
+    return 1 if failed else 0
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers, got {text!r}"
+        ) from None
+    if not values or any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return sorted(set(values))
+
+
+# --------------------------------------------------------------------------- the grid
+
+
+def refuse_what_this_host_cannot_run(cfg: Config, points: list[Point], oversubscribe: bool):
+    """Raises UserError naming the points this host cannot run, before any job starts."""
+    most = max(p.workers for p in points)
+    gpus = count_gpus()
+    cores = len(os.sched_getaffinity(0))
+    if gpus and most > gpus:
+        raise UserError(
+            f"sweep: {most} workers need {most} GPUs, this host has {gpus}; one worker per GPU "
+            f"(use --workers up to {gpus})"
+        )
+    if not gpus and most > cores and not oversubscribe:
+        raise UserError(
+            f"sweep: {most} workers on {cores} CPU cores would share cores and measure "
+            f"contention, not scaling; use --workers up to {cores}, or pass --oversubscribe"
+        )
+    if cfg.runtime.bind_cores and most > cores:
+        raise UserError(
+            f"sweep: --pin-cores gives each worker a core of its own; {most} workers > {cores} cores"
+        )
+    bad = []
+    for p in points:
+        try:
+            check(_with_batch(cfg, p.batch_size), p.workers)
+        except ConfigError as e:
+            bad.append(f"{p.workers} workers x batch {p.batch_size}: {e}")
+    if bad:
+        raise UserError("sweep: these grid points are invalid: " + " | ".join(bad))
+
+
+def _with_batch(cfg: Config, batch: int) -> Config:
+    return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, batch_size=batch))
+
+
+def count_gpus() -> int:
+    """GPUs this host shows (nvidia-smi), without starting TensorFlow in the driver."""
+    if not shutil.which("nvidia-smi"):
+        return 0
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    listed = [line for line in out.stdout.splitlines() if line.startswith("GPU ")]
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return min(len(listed), len([v for v in visible.split(",") if v.strip()]))
+    return len(listed)
+
+
+# --------------------------------------------------------------------------- one point
+
+
+def run_point(config: str, overrides: list[str], point: Point, run_dir: str, timeout) -> str:
+    """Runs one grid point as `horovodrun -np N -H localhost:N --gloo`; returns its status."""
+    os.makedirs(run_dir, exist_ok=True)
+    bin_dir = os.path.dirname(sys.executable)
+    horovodrun = os.path.join(bin_dir, "horovodrun")
+    if not os.path.exists(horovodrun):
+        horovodrun = shutil.which("horovodrun") or "horovodrun"
+    sets = [*overrides, f"train.batch_size={point.batch_size}", f"run.dir={run_dir}"]
+    cmd = [horovodrun, "-np", str(point.workers), "-H", f"localhost:{point.workers}", "--gloo",
+           sys.executable, "-m", "hvd_train", "--config", config,
+           *[a for s in sets for a in ("--set", s)]]  # fmt: skip
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
+    with open(os.path.join(run_dir, "log.txt"), "w") as log:
+        log.write(" ".join(cmd) + "\n")
+        log.flush()
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)  # fmt: skip
+        try:
+            code = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+            return "timed out"
+    return "ok" if code == 0 else f"failed (exit {code})"
+
+
+def read_point(point: Point, run_dir: str, status: str, target: float | None) -> dict:
+    """The point's row: throughput from summary.json, accuracy and times from metrics.csv."""
+    row = {"workers": point.workers, "status": status, "run_dir": run_dir,
+           "per_worker_batch": None, "global_batch": None, "batch_size": point.batch_size,
+           "curve": []}  # fmt: skip
+    try:
+        with open(os.path.join(run_dir, "summary.json")) as f:
+            summary = json.load(f)
+        with open(os.path.join(run_dir, "metrics.csv")) as f:
+            epochs = list(csv.DictReader(f))
+    except (OSError, ValueError):
+        row["status"] = status if status != "ok" else "no results"
+        return row
+    elapsed, curve = 0.0, []
+    for e in epochs:
+        elapsed += float(e["epoch_time_s"])
+        if e.get("val_accuracy"):
+            curve.append((elapsed, float(e["val_accuracy"])))
+    reached = [t for t, acc in curve if target is not None and acc >= target]
+    row.update(
+        per_worker_batch=summary.get("per_worker_batch_size"),
+        global_batch=summary.get("global_batch_size"),
+        examples_per_sec=summary.get("train_examples_per_sec"),
+        examples_per_sec_per_worker=summary.get("train_examples_per_sec_per_worker"),
+        best_val_accuracy=max((acc for _, acc in curve), default=None),
+        time_to_target_s=reached[0] if reached else None,
+        train_time_s=elapsed,
+        curve=curve,
+    )
+    return row
+
+
+def add_speedups(rows: list[dict]) -> None:
+    """Speedup and efficiency against the fewest-worker finished point of the same batch size."""
+    for row in rows:
+        same = [
+            r for r in rows if r["batch_size"] == row["batch_size"] and r.get("examples_per_sec")
+        ]
+        if not row.get("examples_per_sec") or not same:
+            continue
+        base = min(same, key=lambda r: r["workers"])
+        row["speedup"] = row["examples_per_sec"] / base["examples_per_sec"]
+        row["efficiency"] = row["speedup"] * base["workers"] / row["workers"]
+
+
+# --------------------------------------------------------------------------- reports
+
+
+def write_reports(rows: list[dict], args: argparse.Namespace) -> None:
+    with open(os.path.join(args.out, "scaling.csv"), "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(COLUMNS)
+        for r in rows:
+            w.writerow(["" if r.get(c) is None else _fmt(r.get(c)) for c in COLUMNS])
+    with open(os.path.join(args.out, "scaling.md"), "w") as f:
+        f.write(markdown(rows, args))
+    plot_speedup(rows, os.path.join(args.out, "speedup.png"))
+    plot_accuracy(rows, os.path.join(args.out, "accuracy_vs_time.png"), args.target_accuracy)
+
+
+def markdown(rows: list[dict], args: argparse.Namespace) -> str:
+    target = f"{args.target_accuracy:g}" if args.target_accuracy is not None else "-"
+    lines = [
+        f"# Scaling sweep: {args.config}",
+        "",
+        f"`{args.command}`",
+        "",
+        f"Host: {os.uname().nodename}, {len(os.sched_getaffinity(0))} CPU cores, "
+        f"{count_gpus()} GPU(s); {time.strftime('%Y-%m-%d %H:%M')}. Batch size mode: "
+        f"`{args.batch_size_mode}`{'; workers bound to cores' if args.pin_cores else ''}.",
+        "Examples/s count all workers with the first epoch left out (warm-up); speedup and "
+        "efficiency are against the fewest workers at the same batch size; times are training "
+        "seconds (validation and start-up not counted).",
+        "",
+        "| workers | batch/worker | global batch | examples/s | speedup | efficiency "
+        f"| best val acc | time to {target} (s) | status |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in rows:
+        cells = [r["workers"], r.get("per_worker_batch"), r.get("global_batch"),
+                 _num(r.get("examples_per_sec"), ".0f"), _num(r.get("speedup"), ".2f"),
+                 _num(r.get("efficiency"), ".2f"), _num(r.get("best_val_accuracy"), ".4f"),
+                 _num(r.get("time_to_target_s"), ".1f"), r["status"]]  # fmt: skip
+        lines.append("| " + " | ".join("-" if c is None else str(c) for c in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _num(v, spec: str) -> str | None:
+    return None if v is None else format(v, spec)
+
+
+def _fmt(v):
+    return f"{v:.6g}" if isinstance(v, float) else v
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_speedup(rows: list[dict], path: str) -> None:
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4.5))
+    workers = sorted({r["workers"] for r in rows})
+    base = workers[0]
+    ax.plot(workers, [w / base for w in workers], "k--", label="ideal (linear)")
+    for batch in sorted({r["batch_size"] for r in rows}):
+        done = [r for r in rows if r["batch_size"] == batch and r.get("speedup") is not None]
+        if done:
+            ax.plot([r["workers"] for r in done], [r["speedup"] for r in done], "o-",
+                    label=f"batch {batch}")  # fmt: skip
+    ax.set_xlabel("workers")
+    ax.set_ylabel(f"speedup over {base} worker(s)")
+    ax.set_xticks(workers)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def plot_accuracy(rows: list[dict], path: str, target: float | None) -> None:
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4.5))
+    for r in rows:
+        if r["curve"]:
+            t, acc = zip(*r["curve"], strict=True)
+            ax.plot(t, acc, "o-", label=f"{r['workers']} w x {r.get('per_worker_batch')}")
+    if target is not None:
+        ax.axhline(target, color="k", linestyle=":", label=f"target {target:g}")
+    ax.set_xlabel("training time (s)")
+    ax.set_ylabel("validation accuracy")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

@@ -1,0 +1,103 @@
+"""The speed knobs: core binding, mixed precision, and the Horovod optimizer with its gradient
+compression, accumulation and loss scaling. Each is applied at the one point of the run where
+it must be: binding before Horovod and TensorFlow start threads, the precision policy before
+the model is built, the optimizer wrapping at compile.
+"""
+
+from __future__ import annotations
+
+import os
+
+import horovod.tensorflow.keras as hvd
+import tensorflow as tf
+
+from hvd_train import distributed
+from hvd_train.config import Config, Derived
+
+
+def before_init(cfg: Config) -> None:
+    """What must happen before `hvd.init()` and before TensorFlow creates its thread pools."""
+    if cfg.runtime.bind_cores:
+        distributed.bind_cores()
+    if cfg.runtime.jit_compile:
+        _prepare_xla()
+
+
+def _prepare_xla() -> None:
+    # Horovod's all-reduce has an XLA implementation only in GPU builds (HOROVOD_ENABLE_XLA_OPS,
+    # read at hvd.init): there the whole train step is compiled. On CPU, compiling the train step
+    # fails on the HorovodAllreduce op, so XLA auto-clustering compiles what it can around it.
+    if tf.config.list_physical_devices("GPU"):
+        os.environ.setdefault("HOROVOD_ENABLE_XLA_OPS", "1")
+    else:
+        flags = os.environ.get("TF_XLA_FLAGS", "")
+        if "--tf_xla_cpu_global_jit" not in flags:
+            os.environ["TF_XLA_FLAGS"] = f"{flags} --tf_xla_cpu_global_jit".strip()
+        tf.config.optimizer.set_jit("autoclustering")
+
+
+def jit_compile(cfg: Config, device: str) -> bool:
+    """Keras' `jit_compile` for model.compile: the whole train step on GPU (see _prepare_xla)."""
+    return cfg.runtime.jit_compile and device == "gpu"
+
+
+def apply_precision(cfg: Config) -> None:
+    """Sets the Keras precision policy; call after the devices are configured, before the model
+    is built (layers take the policy in force when they are created)."""
+    policy = "float32" if cfg.runtime.mixed_precision == "none" else cfg.runtime.mixed_precision
+    tf.keras.mixed_precision.set_global_policy(policy)
+
+
+def distributed_optimizer(
+    optimizer: tf.keras.optimizers.Optimizer, cfg: Config
+) -> tf.keras.optimizers.Optimizer:
+    """Wraps `optimizer` in Horovod's DistributedOptimizer with the configured knobs, and in a
+    LossScaleOptimizer under mixed_float16.
+
+    The order matters: the LossScaleOptimizer goes outside. It scales the loss, the Horovod
+    optimizer inside all-reduces the (scaled) gradients, then they are unscaled; so every rank
+    sees the same, all-reduced gradients when the loss scaler decides to skip a step on inf/NaN,
+    and the ranks stay identical. (Horovod cannot wrap a LossScaleOptimizer: it rebuilds the
+    optimizer from its class and config, which Keras' LossScaleOptimizer does not support.)
+    """
+    acc = cfg.train.gradient_accumulation_steps
+    wrapped = hvd.DistributedOptimizer(
+        optimizer,
+        # Horovod: float16 on the wire halves the bytes; values are cast back after the sum.
+        compression=hvd.Compression.fp16
+        if cfg.horovod.compression == "fp16"
+        else hvd.Compression.none,
+        # Horovod: sum `acc` batches locally, all-reduce once, divide by `acc`: the update is
+        # the mean gradient over the effective batch, as one step of that batch would give.
+        backward_passes_per_step=acc,
+        average_aggregated_gradients=acc > 1,
+    )
+    if cfg.runtime.mixed_precision == "mixed_float16":
+        return tf.keras.mixed_precision.LossScaleOptimizer(wrapped)
+    return wrapped
+
+
+def log_knobs(cfg: Config, d: Derived) -> None:
+    """One line on rank 0 for the speed knobs that are on; each rank's cores when bound."""
+    parts = []
+    if d.accumulation_steps > 1:
+        parts.append(
+            f"gradient accumulation: {d.accumulation_steps} batches per update, effective "
+            f"batch {d.effective_batch}"
+        )
+    if cfg.runtime.mixed_precision != "none":
+        parts.append(f"precision {cfg.runtime.mixed_precision}")
+    if cfg.horovod.compression != "none":
+        parts.append(f"gradients sent as {cfg.horovod.compression}")
+    if cfg.runtime.jit_compile:
+        auto = tf.config.optimizer.get_jit() == "autoclustering"
+        parts.append("XLA auto-clustering (CPU)" if auto else "XLA: the whole train step")
+    if parts:
+        distributed.log(" | ".join(parts))
+    if distributed.bound_cores():
+        distributed.log(
+            f"bound to cores {distributed.bound_cores()}, Horovod thread on core "
+            f"{os.environ['HOROVOD_THREAD_AFFINITY'].split(',')[distributed.local_rank()]}, "
+            f"{tf.config.threading.get_intra_op_parallelism_threads()} intra-op threads",
+            all_ranks=True,
+        )

@@ -1,0 +1,266 @@
+"""Throughput accounting and the speed knobs.
+
+The timeline arithmetic is checked on hand-made events; the knobs on real jobs: one 2-worker job
+turns on every knob that does not change the numbers and reports what each did in its worker;
+gradient accumulation is checked by its effect (it trains exactly like the larger batch).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import pathlib
+
+import pytest
+from harness import PYTHON, QUICKSTART, ROOT, WORKERS, check, horovodrun, run
+
+from hvd_train import perf
+from hvd_train.config import load_config
+
+# --------------------------------------------------------------------------- timeline arithmetic
+
+
+def test_covered_share_counts_overlaps_once_and_clips_to_windows() -> None:
+    windows = [(10.0, 20.0), (30.0, 40.0)]  # 20 s measured
+    intervals = [(9.0, 12.0), (11.0, 13.0), (15.0, 16.0), (19.0, 31.0), (50.0, 60.0)]
+    # covered: 10-13 (3) + 15-16 (1) + 19-20 (1) + 30-31 (1) = 6 of 20
+    assert perf.covered_share(intervals, windows) == pytest.approx(0.3)
+    assert perf.covered_share([], windows) == 0.0
+    assert perf.covered_share([(0.0, 100.0)], windows) == pytest.approx(1.0)
+
+
+def _event(ph: str, ts: int, pid: int, name: str | None = None, **extra) -> dict:
+    e = {"ph": ph, "ts": ts, "pid": pid, **extra}
+    return {**e, "name": name} if name else e
+
+
+HAND_MADE = [
+    {"name": "process_name", "ph": "M", "pid": 0,
+     "args": {"start_time_since_epoch_in_micros": 1_000_000_000}},
+    _event("B", 100, 1, "NEGOTIATE_ALLREDUCE"), _event("E", 300, 1),
+    _event("B", 300, 1, "ALLREDUCE"), _event("B", 310, 1, "GLOO_ALLREDUCE"),
+    _event("E", 390, 1), _event("E", 400, 1, args={"dtype": "float16"}),
+]  # fmt: skip
+
+
+def test_activity_intervals_pair_nested_begin_and_end_in_unix_seconds() -> None:
+    base = 1_000_000_000 / 1e6
+    assert perf.activity_intervals(HAND_MADE, "ALLREDUCE") == [
+        pytest.approx((base + 300e-6, base + 400e-6))
+    ]
+    assert perf.activity_intervals(HAND_MADE, "GLOO_ALLREDUCE") == [
+        pytest.approx((base + 310e-6, base + 390e-6))
+    ]
+
+
+def test_read_timeline_reads_a_file_cut_mid_event(tmp_path: pathlib.Path) -> None:
+    whole = json.dumps(HAND_MADE).replace("}, {", "},\n{")
+    path = tmp_path / "timeline.json"
+    path.write_text(whole[: whole.rfind('{"ph": "E", "ts": 400') + 10])  # a write cut short
+    events = perf.read_timeline(str(path), wait_s=0.0)
+    assert events == HAND_MADE[:-1]
+
+
+def test_warmup_is_the_first_epoch_or_the_first_steps_of_a_single_one() -> None:
+    load = load_config(QUICKSTART)
+    from hvd_train.config import derive
+
+    timer = perf.StepTimer(derive(load, 1, 1438), epochs=2)
+    timer.steps = [[5.0, 1.0, 1.0], [1.0, 2.0]]
+    timer.seconds, timer.windows = [7.0, 3.0], [(0.0, 7.0), (10.0, 13.0)]
+    assert timer.measured() == ([1.0, 2.0], 3.0, [(10.0, 13.0)], "first epoch")
+    timer.steps = [[9.0] * 5 + [1.0] * 10]
+    timer.seconds, timer.windows = [55.0], [(100.0, 155.0)]
+    steps, seconds, windows, left_out = timer.measured()
+    assert (steps, seconds, left_out) == ([1.0] * 10, 10.0, "first 5 steps")
+    assert windows == [(145.0, 155.0)]
+
+
+# --------------------------------------------------------------------------- knobs, in process
+
+
+@pytest.fixture
+def float32_policy_after():
+    yield
+    import tensorflow as tf
+
+    tf.keras.mixed_precision.set_global_policy("float32")
+
+
+@pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
+def test_mixed_precision_computes_in_16_bits_with_float32_weights_and_output(
+    policy: str, float32_policy_after
+) -> None:
+    import tensorflow as tf
+
+    from hvd_train import tuning
+    from hvd_train.models import build_model
+
+    cfg = load_config(QUICKSTART, [f"runtime.mixed_precision={policy}"])
+    tuning.apply_precision(cfg)
+    model = build_model(cfg, (8, 8, 1), 10)
+    half = policy.removeprefix("mixed_")
+    layers = [layer for layer in model.layers if layer.weights]
+    assert [layer.compute_dtype for layer in layers[:-1]] == [half] * (len(layers) - 1)
+    assert layers[-1].compute_dtype == "float32"  # the softmax and the loss stay in float32
+    assert {w.dtype for w in model.weights} == {tf.float32}
+    assert model(tf.zeros((2, 8, 8, 1))).dtype == tf.float32
+    opt = tuning.distributed_optimizer(tf.keras.optimizers.SGD(0.1), cfg)
+    # loss scaling only where float16's range needs it; Horovod's optimizer inside it
+    assert isinstance(opt, tf.keras.mixed_precision.LossScaleOptimizer) == (half == "float16")
+    assert type(getattr(opt, "inner_optimizer", opt)).__module__ == "horovod._keras"
+
+
+# --------------------------------------------------------------------------- knobs, real jobs
+
+
+def read_metrics(run_dir: pathlib.Path) -> list[dict[str, float]]:
+    with open(run_dir / "metrics.csv") as f:
+        return [{k: float(v) for k, v in row.items()} for row in csv.DictReader(f)]
+
+
+def gradient_allreduces(run_dir: pathlib.Path) -> dict[str, list[str]]:
+    """For each gradient tensor in rank 0's timeline: the dtype of each of its all-reduces."""
+    events = perf.read_timeline(str(run_dir / "timeline.json"))
+    names = {e["pid"]: e["args"]["name"] for e in events
+             if e.get("ph") == "M" and "name" in e.get("args", {})}  # fmt: skip
+    stacks: dict[int, list[str]] = {}
+    out: dict[str, list[str]] = {}
+    for e in events:
+        if e.get("ph") == "B":
+            stacks.setdefault(e["pid"], []).append(e["name"])
+        elif e.get("ph") == "E" and stacks.get(e["pid"]):
+            # the DistributedOptimizer's ops live under "Distributed<Optimizer>_Allreduce/"
+            if stacks[e["pid"]].pop() == "ALLREDUCE" and "_Allreduce/" in names[e["pid"]]:
+                out.setdefault(names[e["pid"]], []).append(e.get("args", {}).get("dtype"))
+    return out
+
+
+def expected_cores(local_rank: int, local_size: int) -> list[int]:
+    cores = sorted(os.sched_getaffinity(0))
+    per = len(cores) // local_size
+    return (
+        cores[local_rank * per : (local_rank + 1) * per]
+        if per
+        else [cores[local_rank % len(cores)]]
+    )
+
+
+@pytest.mark.multiworker
+def test_speed_knobs_are_applied_in_every_worker(tmp_path: pathlib.Path) -> None:
+    epochs, steps = 2, 8
+    proc = check(horovodrun(2, [
+        PYTHON, str(WORKERS / "report_knobs.py"), str(QUICKSTART), "run.dir=out",
+        f"train.epochs={epochs}", f"train.steps_per_epoch={steps}", "train.verbose=false",
+        "runtime.mixed_precision=mixed_float16", "horovod.compression=fp16",
+        "train.gradient_accumulation_steps=2",
+        "runtime.bind_cores=true", "runtime.jit_compile=true", "horovod.timeline=true",
+        "logging.profile_steps=[3,4]", "logging.tensorboard=false",
+        "model.name=mlp", "model.dense_units=[64]",  # float16 convolutions crawl on CPU
+    ], cwd=tmp_path))  # fmt: skip
+    reports = [json.loads(line.split("KNOBS ", 1)[1])
+               for line in proc.stdout.splitlines() if "KNOBS " in line]  # fmt: skip
+    assert sorted(r["rank"] for r in reports) == [0, 1], proc.stdout[-3000:]
+    for r in reports:
+        assert r["policy"] == "mixed_float16"
+        assert [c for c, _ in r["layers"]] == ["float16"] * (len(r["layers"]) - 1) + ["float32"]
+        assert {v for _, v in r["layers"]} == {"float32"} and r["output_dtype"] == "float32"
+        assert r["loss_scale_optimizer"] and r["inner_optimizer_module"] == "horovod._keras"
+        assert r["backward_passes_per_step"] == 2
+        cores = expected_cores(r["local_rank"], 2)
+        assert r["thread_affinities"] == [cores], f"rank {r['rank']}: threads not all bound: {r}"
+        assert r["horovod_thread_affinity"] == ",".join([str(cores[0])] * 2)
+        assert r["intra_op_threads"] == len(cores)
+        assert r["jit"] == "autoclustering"
+        assert r["weights_finite"] and r["final_loss"] == pytest.approx(r["final_loss"])  # not NaN
+    run_dir = tmp_path / "out"
+    # fp16 compression: every gradient went over the wire as float16; accumulation: once for
+    # every 2 batches
+    grads = gradient_allreduces(run_dir)
+    assert grads, "no gradient all-reduce in the timeline"
+    for name, dtypes in grads.items():
+        assert dtypes == ["float16"] * (epochs * steps // 2), name
+    # the profiler traced the window on rank 0
+    assert list((run_dir / "tensorboard" / "plugins" / "profile").glob("*/*.xplane.pb"))
+    assert "profiler: steps 3-4 traced" in proc.stdout
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert 0 < summary["allreduce_time_share"] < 1
+    assert 0 <= summary["negotiation_time_share"] <= 1
+    assert summary["effective_batch_size"] == 2 * summary["global_batch_size"]
+    assert summary["train_examples_per_sec_per_worker"] * 2 == pytest.approx(
+        summary["train_examples_per_sec"]
+    )
+
+
+@pytest.fixture(scope="module")
+def accumulation_runs(tmp_path_factory) -> pathlib.Path:
+    """One worker accumulating 2 batches of 32, and one worker taking batches of 64.
+
+    One worker each: across workers the all-reduce sums in another order, and at this learning
+    rate such last-bit differences grow within an epoch; locally the two runs are bit-exact.
+    The all-reduce count with accumulation across two workers is checked in the knobs job.
+    """
+    root = tmp_path_factory.mktemp("accumulation")
+    common = ["--config", str(QUICKSTART), "--set", "train.epochs=2",
+              "--set", "optimizer.name=sgd", "--set", "optimizer.learning_rate=0.05",
+              "--set", "optimizer.lr_scaling=none", "--set", "optimizer.warmup_epochs=0",
+              "--set", "model.dropout=0", "--set", "logging.tensorboard=false",
+              "--set", "train.verbose=false"]  # fmt: skip
+    check(run([PYTHON, "-m", "hvd_train", *common, "--set", "run.dir=acc",
+               "--set", "train.batch_size=32",
+               "--set", "train.gradient_accumulation_steps=2"], root))  # fmt: skip
+    check(run([PYTHON, "-m", "hvd_train", *common, "--set", "run.dir=big",
+               "--set", "train.batch_size=64"], root))  # fmt: skip
+    return root
+
+
+def test_accumulating_two_batches_trains_exactly_like_one_twice_as_large(
+    accumulation_runs: pathlib.Path,
+) -> None:
+    acc, big = read_metrics(accumulation_runs / "acc"), read_metrics(accumulation_runs / "big")
+    assert len(acc) == len(big) == 2
+    for a, b in zip(acc, big, strict=True):
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-5), (acc, big)
+        assert a["val_loss"] == pytest.approx(b["val_loss"], rel=1e-5), (acc, big)
+        assert a["val_accuracy"] == b["val_accuracy"]
+    s = json.loads((accumulation_runs / "acc" / "summary.json").read_text())
+    assert (s["accumulation_steps"], s["global_batch_size"], s["effective_batch_size"]) == (
+        2,
+        32,
+        64,
+    )
+    assert (
+        s["steps_per_epoch"]
+        == 2
+        * json.loads((accumulation_runs / "big" / "summary.json").read_text())["steps_per_epoch"]
+    )
+
+
+def test_step_time_and_per_worker_rate_are_recorded(accumulation_runs: pathlib.Path) -> None:
+    for name in ("acc", "big"):
+        run_dir = accumulation_runs / name
+        rows = read_metrics(run_dir)
+        s = json.loads((run_dir / "summary.json").read_text())
+        for row in rows:
+            assert row["step_time_ms"] > 0
+            assert row["examples_per_sec_per_worker"] == pytest.approx(
+                row["examples_per_sec"], rel=1e-3
+            )  # one worker
+        assert s["warmup_excluded"] == "first epoch"
+        assert s["train_examples_per_sec_per_worker"] == s["train_examples_per_sec"] > 0
+        medians = [r["step_time_ms"] for r in rows[1:]]  # the pooled median lies between them
+        assert min(medians) * 0.9999 <= s["step_time_ms"] <= max(medians) * 1.0001
+        assert s["allreduce_time_share"] is None  # no timeline asked for
+
+
+def test_resnet50_config_builds_the_model_of_horovods_synthetic_benchmark() -> None:
+    import tensorflow as tf
+
+    from hvd_train.models import build_model
+
+    cfg = load_config(ROOT / "configs" / "resnet50_synthetic.yaml", ["data.image_size=[32,32]"])
+    model = build_model(cfg, (32, 32, 3), cfg.data.num_classes)  # through model.factory
+    reference = tf.keras.applications.ResNet50(weights=None, input_shape=(32, 32, 3))
+    assert model.count_params() == reference.count_params()
+    assert model.output.dtype == tf.float32 and model.output.shape[-1] == 1000
