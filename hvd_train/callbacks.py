@@ -221,11 +221,12 @@ def build_callbacks(
         control,
         # Timing next, so validation time is not counted as training time.
         EpochStats(d),
-        # Step times and per-worker rate (reads EpochStats' epoch_time_s; see perf.py).
-        perf.StepTimer(d, cfg.train.epochs),
         # Horovod: average the per-worker training metrics before anything reads them. All
         # workers run the same number of full batches, so the mean of means is exact here.
         hvd.callbacks.MetricAverageCallback(),
+        # Step times and per-worker rate (see perf.py), after the averaging: it reads the
+        # workers' mean epoch_time_s, the one metrics.csv records.
+        perf.StepTimer(d, cfg.train.epochs),
         # Validation sums and counts all-reduced: exact, and identical on every rank.
         ExactValidation(evaluator, control),
         # The learning-rate warm-up is not a callback: it lives in the optimizer's schedule

@@ -132,6 +132,8 @@ def describe(failure: dict[str, Any]) -> str:
     rank, code = failure["rank"], failure["rank_exit_code"]
     if rank is None:
         return f"horovodrun exited with code {failure['exit_code']} (no rank reported)"
+    if failure.get("error"):  # its own report; its exit code may be the launcher's SIGTERM
+        return f"rank {rank} failed first: {failure['error']}"
     how = f"exit code {code}"
     if code is not None and code > 128 and code - 128 in _SIGNALS:
         how += f", killed by {_SIGNALS[code - 128]}"
