@@ -19,8 +19,10 @@ def threads() -> set[int]:
     return {int(t) for t in os.listdir(TASKS)}
 
 
-def cores() -> dict[int, tuple[int, int]]:
-    """{core: (busy, idle) clock ticks} from /proc/stat."""
+def cores() -> dict[int, tuple[int, int, int]]:
+    """{core: (busy, idle, irq) clock ticks} from /proc/stat; irq counts hard and soft
+    interrupts (with IRQ time accounting they are charged to no thread: loopback TCP's receive
+    work is softirq time)."""
     out = {}
     with open("/proc/stat") as f:
         for line in f:
@@ -28,7 +30,7 @@ def cores() -> dict[int, tuple[int, int]]:
                 name, *v = line.split()
                 ticks = [int(x) for x in v]
                 idle = ticks[3] + ticks[4]  # idle + iowait
-                out[int(name[3:])] = (sum(ticks[:8]) - idle, idle)
+                out[int(name[3:])] = (sum(ticks[:8]) - idle, idle, ticks[5] + ticks[6])
     return out
 
 
@@ -81,8 +83,11 @@ def diff(a: dict, b: dict, groups: dict[str, set[int]], steps: int) -> dict:
     busy = sum(b["cores"][c][0] - a["cores"][c][0] for c in mine)
     idle = sum(b["cores"][c][1] - a["cores"][c][1] for c in mine)
     ours = sum(g["cpu_ms_per_step"] for g in report.values() if isinstance(g, dict))
-    report["cores_idle_share"] = idle / max(1, busy + idle)
+    irq = sum(b["cores"][c][2] - a["cores"][c][2] for c in mine)
+    total = max(1, busy + idle)
+    report["cores_idle_share"] = idle / total
+    report["cores_irq_share"] = irq / total
     report["cores_busy_by_others_share"] = max(
-        0.0, busy / max(1, busy + idle) - ours * steps / 1000 / wall / len(mine)
+        0.0, (busy - irq) / total - ours * steps / 1000 / wall / len(mine)
     )
     return report

@@ -47,6 +47,10 @@ def init(knobs: HorovodConfig, run_dir: str) -> None:
             os.environ.setdefault(key, str(value))
     if knobs.timeline:
         os.makedirs(run_dir, exist_ok=True)  # Horovod opens the file at init, on rank 0
+    if "OMPI_COMM_WORLD_SIZE" in os.environ and not tf.config.list_physical_devices("GPU"):
+        # Open MPI busy-polls in blocking calls, and Horovod's background thread makes one every
+        # cycle, on the core its worker computes on: let it yield (see docs/benchmarks.md).
+        os.environ.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
     hvd.init()
     if _BOUND_CORES and _launcher_local_rank() != (hvd.local_rank(), hvd.local_size()):
         raise UserError(

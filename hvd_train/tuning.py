@@ -92,6 +92,10 @@ def log_knobs(cfg: Config, d: Derived) -> None:
     if cfg.runtime.jit_compile:
         auto = tf.config.optimizer.get_jit() == "autoclustering"
         parts.append("XLA auto-clustering (CPU)" if auto else "XLA: the whole train step")
+    if cfg.horovod.timeline:
+        parts.append("Horovod timeline on (its writer thread polls on rank 0: slower steps)")
+    if distributed.controller() == "mpi" and os.environ.get("OMPI_MCA_mpi_yield_when_idle"):
+        parts.append("Open MPI polling yields the core (OMPI_MCA_mpi_yield_when_idle=1)")
     if parts:
         distributed.log(" | ".join(parts))
     if distributed.bound_cores():
