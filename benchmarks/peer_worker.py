@@ -95,6 +95,7 @@ def timing_callback(tf, window: Window, warmup_steps: int = 0, warmup_epochs: in
 
         def on_epoch_begin(self, epoch, logs=None):
             if warmup_epochs and epoch == warmup_epochs:
+                window.steps = self.params.get("steps") or window.steps  # after rounding
                 window.start()
 
         def on_train_batch_end(self, batch, logs=None):

@@ -47,7 +47,10 @@ def snapshot() -> dict:
         except (OSError, ValueError, IndexError):
             continue  # the thread has just exited
         out[tid] = (cpu, wait, slices, last_core)
-    return {"t": time.perf_counter(), "threads": out, "cores": cores()}
+    with open("/proc/self/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    ticks = int(fields[11]) + int(fields[12])  # utime + stime: live and exited threads
+    return {"t": time.perf_counter(), "threads": out, "cores": cores(), "process_ticks": ticks}
 
 
 def diff(a: dict, b: dict, groups: dict[str, set[int]], steps: int) -> dict:
@@ -82,7 +85,11 @@ def diff(a: dict, b: dict, groups: dict[str, set[int]], steps: int) -> dict:
     mine = report["affinity"]
     busy = sum(b["cores"][c][0] - a["cores"][c][0] for c in mine)
     idle = sum(b["cores"][c][1] - a["cores"][c][1] for c in mine)
-    ours = sum(g["cpu_ms_per_step"] for g in report.values() if isinstance(g, dict))
+    live = sum(g["cpu_ms_per_step"] for g in report.values() if isinstance(g, dict))
+    hz = os.sysconf("SC_CLK_TCK")
+    ours = 1000 * (b["process_ticks"] - a["process_ticks"]) / hz / steps  # ms per step
+    # CPU of threads that ended inside the window (e.g. threads started per operation)
+    report["exited_threads_cpu_ms_per_step"] = max(0.0, ours - live)
     irq = sum(b["cores"][c][2] - a["cores"][c][2] for c in mine)
     total = max(1, busy + idle)
     report["cores_idle_share"] = idle / total

@@ -127,15 +127,20 @@ def read_timeline(path: str, wait_s: float = 10.0) -> list[dict[str, Any]]:
     writer to finish; a file cut mid-event (a crashed or still-running job) is read up to its
     last whole event."""
     deadline = time.monotonic() + wait_s
+    last = None
     while True:
         with open(path) as f:
             text = f.read().rstrip()
-        try:
-            return json.loads(text)
-        except json.JSONDecodeError:
-            if time.monotonic() > deadline:
-                break
-            time.sleep(0.2)
+        # Horovod ends every event with "]", so a valid file may still grow: wait until the
+        # writer's buffer is out (the file stops changing) or the time is up.
+        if text == last or time.monotonic() > deadline:
+            try:
+                return json.loads(text)
+            except json.JSONDecodeError:
+                if time.monotonic() > deadline:
+                    break
+        last = text
+        time.sleep(0.2)
     cut = text.rfind("},")
     return json.loads(text[: cut + 1] + "]") if cut > 0 else []
 
