@@ -93,11 +93,12 @@ def build_callbacks(cfg: Config, d: Derived, evaluator: Evaluator, run_dir: str)
         hvd.callbacks.BroadcastGlobalVariablesCallback(0),
         # Timing first, so validation time is not counted as training time.
         EpochStats(d),
-        # Step times and per-worker rate (reads EpochStats' epoch_time_s; see perf.py).
-        perf.StepTimer(d, cfg.train.epochs),
         # Horovod: average the per-worker training metrics before anything reads them. All
         # workers run the same number of full batches, so the mean of means is exact here.
         hvd.callbacks.MetricAverageCallback(),
+        # Step times and per-worker rate, after the averaging: it reads the workers' mean
+        # epoch_time_s, as metrics.csv has it, and adds this worker's own median step.
+        perf.StepTimer(d, cfg.train.epochs),
         # Validation sums and counts all-reduced: exact, and identical on every rank.
         ExactValidation(evaluator),
         # The learning-rate warm-up is not a callback: it lives in the optimizer's schedule
