@@ -25,11 +25,9 @@ def _train_parser(prog: str) -> argparse.ArgumentParser:
         description="Train a Keras model with Horovod. Launch with "
         "`horovodrun -np N hvd-train --config FILE`, or run alone as one worker.",
     )
-    p.add_argument("--config", required=True, help="YAML config file")
-    p.add_argument(
-        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-        help="override a config key, e.g. --set train.epochs=5 (repeatable, applied in order)",
-    )  # fmt: skip
+    from hvd_train.config import add_config_arguments
+
+    add_config_arguments(p)
     return p
 
 

@@ -649,6 +649,19 @@ def get(cfg: Config, dotted: str) -> Any:
     return list(node) if isinstance(node, tuple) else node
 
 
+def add_config_arguments(
+    p: Any,
+    config_help: str = "YAML config file",
+    set_help: str = "override a config key, e.g. --set train.epochs=5 (repeatable, applied in order)",
+) -> None:
+    """`--config FILE` and repeatable `--set KEY=VALUE` (into `overrides`) on an argparse parser:
+    the same two options on every command that reads a config through `load_config`."""
+    p.add_argument("--config", required=True, help=config_help)
+    p.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help=set_help
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     """`python -m hvd_train.config --config F [--set k=v ...] [--get KEY ...]`, for launch scripts.
 
@@ -657,8 +670,7 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
 
     p = argparse.ArgumentParser(prog="python -m hvd_train.config")
-    p.add_argument("--config", required=True)
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    add_config_arguments(p)
     p.add_argument("--get", action="append", default=[], metavar="KEY")
     args = p.parse_args(argv)
     try:

@@ -26,7 +26,7 @@ import time
 from collections import deque
 from typing import Any
 
-from hvd_train.config import Config, load_config
+from hvd_train.config import Config, add_config_arguments, load_config
 
 GLOO_FIRST = re.compile(r"Terminating remaining workers after failure of Process (\d+)")
 GLOO_NAMED = re.compile(r"Process name: (\d+)\s+Exit code: (-?\d+)")
@@ -39,8 +39,7 @@ CONSEQUENCES = ("Horovod has been shut down", "HorovodInternalError", "Connectio
 
 def parser(prog: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
-    p.add_argument("--config", required=True, help="YAML config file")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    add_config_arguments(p)
     p.add_argument("--np", type=int, help="workers (default: GPUs here, else launch.cpu_workers)")
     p.add_argument("--hosts", help="horovodrun -H, e.g. host1:4,host2:4 (default localhost:NP)")
     p.add_argument("--mpi", action="store_true", help="Open MPI instead of Gloo")

@@ -20,7 +20,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from hvd_train.config import Config, check, load_config
+from hvd_train.config import Config, add_config_arguments, check, load_config
 from hvd_train.errors import ConfigError, UserError
 
 COLUMNS = [
@@ -46,13 +46,13 @@ def parser(prog: str) -> argparse.ArgumentParser:
         description="Run a scaling grid (workers x batch sizes), each point a horovodrun job on "
         "this host; write scaling.csv, scaling.md and plots into one folder.",
     )
-    p.add_argument("--config", required=True, help="YAML config every point starts from")
+    add_config_arguments(
+        p, "YAML config every point starts from", "config override for every point (repeatable)"
+    )
     p.add_argument("--workers", required=True, type=_int_list, help="e.g. 1,2,4")
     p.add_argument("--batch-sizes", required=True, type=_int_list, help="e.g. 32,64")
     p.add_argument("--batch-size-mode", choices=["per_worker", "global"], default="per_worker")
     p.add_argument("--out", default="runs/sweep", help="output folder (default: runs/sweep)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="config override for every point (repeatable)")  # fmt: skip
     p.add_argument("--target-accuracy", type=float, default=None,
                    help="report the training time until val_accuracy first reaches this")  # fmt: skip
     p.add_argument("--pin-cores", action="store_true",
