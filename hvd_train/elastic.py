@@ -20,7 +20,8 @@ import tensorflow as tf
 
 from hvd_train import distributed
 from hvd_train.config import Config, Derived, derive
-from hvd_train.data import Source, train_dataset
+from hvd_train.data import Source
+from hvd_train.fitting import fit_from
 from hvd_train.schedules import learning_rate_schedule
 
 
@@ -80,19 +81,7 @@ def fit_elastic(
             _TrackPosition(state, d),
             *make_callbacks(d, epoch, step),
         ]
-        verbose = 1 if distributed.is_chief() and cfg.train.verbose else 0
-        while epoch < cfg.train.epochs:
-            data = attach(train_dataset(source, cfg, d, hvd.rank(), first_epoch=epoch).skip(step))
-            last = epoch + 1 if step else cfg.train.epochs  # a part-done epoch on its own
-            h = model.fit(
-                data, initial_epoch=epoch, epochs=last, steps_per_epoch=d.steps_per_epoch - step,
-                callbacks=callbacks, verbose=verbose,
-            )  # fmt: skip
-            for key, values in h.history.items():
-                history.setdefault(key, []).extend(values)
-            if model.stop_training:
-                return
-            epoch, step = last, 0
+        fit_from(model, source, cfg, d, epoch, step, callbacks, attach, history)
 
     run(state)
     return history, report

@@ -21,24 +21,36 @@ import tensorflow as tf
 from hvd_train import distributed
 from hvd_train.config import Config
 
-ADVICE = (
+DECODED_ADVICE = (
     "decode less or decode faster: data.cache: memory (decode once), data.source: tfrecord "
     "(hvd-train convert-tfrecord), a smaller data.image_size, or fewer workers per host (more "
     "cores for decoding each); measure with hvd-train data-bench"
 )
+IN_MEMORY_ADVICE = (
+    "this data is already in memory, so the wait is the step's own start-up and scheduling "
+    "delay, which shows when steps are only milliseconds long: a larger train.batch_size "
+    "makes it smaller; raise data.input_wait_warning to silence this"
+)
+
+
+def advice_for(source: str) -> str:
+    """What to do about a high input wait, for a `data.source`."""
+    return IN_MEMORY_ADVICE if source in ("synthetic", "digits") else DECODED_ADVICE
 
 
 class InputWait(tf.keras.callbacks.Callback):
     """Adds `input_wait_fraction` (time waiting for input / step time, the largest over the
-    workers) to each epoch's logs; rank 0 warns, once, when it passes `warn_above`.
+    workers) to each epoch's logs; rank 0 warns, once, when it passes `warn_above`, with
+    `advice`.
 
     Put it first in the callback list (its epoch end is a collective, and later callbacks
     write the logs to files); feed `fit` the dataset `attach` returns.
     """
 
-    def __init__(self, warn_above: float):
+    def __init__(self, warn_above: float, advice: str = DECODED_ADVICE):
         super().__init__()
         self.warn_above = warn_above
+        self.advice = advice
         self._ready = tf.Variable(0.0, dtype=tf.float64, trainable=False)
         self._first_step = True
         self._warned = False
@@ -79,7 +91,7 @@ class InputWait(tf.keras.callbacks.Callback):
             self._warned = True
             distributed.log(
                 f"warning: epoch {epoch + 1} spent {fraction:.0%} of its step time waiting for "
-                f"input (input_wait_fraction {fraction:.3f} > {self.warn_above:g}); {ADVICE}"
+                f"input (input_wait_fraction {fraction:.3f} > {self.warn_above:g}); {self.advice}"
             )
 
 

@@ -6,7 +6,6 @@ import json
 import os
 import signal
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,11 +22,12 @@ from hvd_train.checkpoint import (
 )
 from hvd_train.config import Config, Derived, derive, dump_yaml
 from hvd_train.control import RunControl, StopSignals
-from hvd_train.data import Source, load_source, train_dataset
+from hvd_train.data import Source, load_source
 from hvd_train.elastic import fit_elastic
 from hvd_train.errors import DataError, Interrupted, UserError
 from hvd_train.evaluation import Evaluator
-from hvd_train.input_diagnostics import InputWait, data_summary
+from hvd_train.fitting import fit_from
+from hvd_train.input_diagnostics import InputWait, advice_for, data_summary
 from hvd_train.models import build_model
 from hvd_train.schedules import learning_rate_schedule
 
@@ -84,7 +84,7 @@ def train(cfg: Config) -> tuple[tf.keras.Model, dict[str, Any]]:
             cfg, d, evaluator, made["control"], epoch, broadcast=not cfg.elastic.enabled
         )
         # Input wait first: its epoch end is a collective, and its value must reach the files.
-        made["input_wait"] = InputWait(cfg.data.input_wait_warning)
+        made["input_wait"] = InputWait(cfg.data.input_wait_warning, advice_for(cfg.data.source))
         made["timer"] = next(c for c in callbacks if isinstance(c, perf.StepTimer))
         return [made["input_wait"], *callbacks]
 
@@ -104,7 +104,7 @@ def train(cfg: Config) -> tuple[tf.keras.Model, dict[str, Any]]:
             summary.update(world_size=d.world_size, elastic=report, **_batches(d))
         else:
             callbacks = make_callbacks(d, start.epoch, start.step)
-            history = _fit(model, source, cfg, d, start, callbacks, made["control"], attach)
+            history = fit_from(model, source, cfg, d, start.epoch, start.step, callbacks, attach)
     except BaseException as e:
         # Every rank says why it stopped: the launcher names the rank whose error came first
         # and was not a consequence of another rank's failure.
@@ -199,41 +199,6 @@ def _read_checkpoint(cfg: Config, model: tf.keras.Model) -> dict[str, Any]:
             f"optimizer ({_one_line(e)[:200]}); use train.resume=never or another run.dir"
         ) from None
     return {"path": path, "state": state}
-
-
-def _fit(
-    model: tf.keras.Model,
-    source: Source,
-    cfg: Config,
-    d: Derived,
-    start: Start,
-    callbacks: list,
-    control: RunControl,
-    attach: Callable[[tf.data.Dataset], tf.data.Dataset],
-) -> dict[str, list[float]]:
-    """Runs the epochs from `start` to `train.epochs`; a partly done epoch first, on its own."""
-    history: dict[str, list[float]] = {}
-    verbose = 1 if distributed.is_chief() and cfg.train.verbose else 0
-    epoch = start.epoch
-    if start.step and epoch < cfg.train.epochs:
-        data = train_dataset(source, cfg, d, distributed.rank(), first_epoch=epoch)
-        _extend(history, model.fit(
-            attach(data.skip(start.step)), initial_epoch=epoch, epochs=epoch + 1,
-            steps_per_epoch=d.steps_per_epoch - start.step, callbacks=callbacks, verbose=verbose,
-        ))  # fmt: skip
-        epoch += 1
-    if epoch < cfg.train.epochs and not control.stopping:
-        data = train_dataset(source, cfg, d, distributed.rank(), first_epoch=epoch)
-        _extend(history, model.fit(
-            attach(data), initial_epoch=epoch, epochs=cfg.train.epochs,
-            steps_per_epoch=d.steps_per_epoch, callbacks=callbacks, verbose=verbose,
-        ))  # fmt: skip
-    return history
-
-
-def _extend(history: dict[str, list[float]], h: tf.keras.callbacks.History) -> None:
-    for key, values in h.history.items():
-        history.setdefault(key, []).extend(values)
 
 
 def _one_line(e: BaseException) -> str:

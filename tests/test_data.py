@@ -352,3 +352,13 @@ def test_image_source_config_rules(overrides: list[str], message: str) -> None:
     with pytest.raises(ConfigError) as info:
         check(load_config(None, overrides), world_size=2)
     assert str(info.value) == message
+
+
+def test_input_wait_advice_fits_the_source() -> None:
+    from hvd_train.input_diagnostics import advice_for
+
+    for source in ("image_folder", "tfrecord"):
+        assert "data.cache: memory" in advice_for(source)
+    for source in ("synthetic", "digits"):  # already decoded tensors: no decoding advice
+        assert "data.cache" not in advice_for(source)
+        assert "already in memory" in advice_for(source)
