@@ -5,7 +5,8 @@
 
 Same model (convnet7), data shape (32x32x3 synthetic, in memory), per-worker batch 64 and
 TensorFlow threads per worker (1 intra-op thread, each worker bound to a core of its own) for:
-plain Keras `model.fit` in one process; hvd_train at 1 and 2 workers (horovodrun --gloo);
+plain Keras `model.fit` in one process; hvd_train at 1 and 2 workers (horovodrun --gloo, and
+the recommended CPU settings: --mpi, with gradient accumulation for the heavy workload);
 MWMS at 1 and 2 workers (TF_CONFIG, two local ports); and, unpinned on the whole machine, 2
 hvd_train workers against one Keras process using all cores. Two workloads: light (~1.1 M
 weights, compute-bound) and heavy (wide dense layers, ~12.4 M weights, ~50 MB of gradients a
@@ -55,6 +56,13 @@ CONFIGS = {
     "mwms@2": Setup("mwms", 2, True),
     "keras@all-cores": Setup("keras", 1, False, 0),  # TensorFlow's threads on all cores
     "hvd_train@2-unpinned": Setup("hvd_train", 2, False, 0),  # its default thread split
+    # The recommended CPU settings (docs/performance.md): Open MPI, yielding while it waits
+    # (hvd_train sets OMPI_MCA_mpi_yield_when_idle=1 under MPI on a CPU host).
+    "hvd_train@2-mpi": Setup("hvd_train", 2, True, controller="mpi"),
+    "hvd_train@2-mpi-accumulate4": Setup(
+        "hvd_train", 2, True, controller="mpi", sets=("train.gradient_accumulation_steps=4",)
+    ),
+    "hvd_train@2-mpi-unpinned": Setup("hvd_train", 2, False, 0, "mpi"),
     # For the 2-worker investigation (docs/benchmarks.md), not in the default set:
     "horovod_example@1": Setup("horovod_example", 1, True, 0),
     "horovod_example@2": Setup("horovod_example", 2, True, 0),  # Horovod's example, pinned
@@ -63,20 +71,34 @@ CONFIGS = {
         "horovod_example", 2, True, 0, "mpi", env=(("OMPI_MCA_mpi_yield_when_idle", "1"),)
     ),
     "horovod_example@2-unpinned": Setup("horovod_example", 2, False, 0),
-    "hvd_train@2-mpi": Setup("hvd_train", 2, True, controller="mpi"),
     "hvd_train@2-timeline": Setup("hvd_train", 2, True, sets=("horovod.timeline=true",)),
+    "hvd_train@2-cycle2ms": Setup("hvd_train", 2, True, sets=("horovod.cycle_time_ms=2",)),
     "hvd_train@2-cycle5ms": Setup("hvd_train", 2, True, sets=("horovod.cycle_time_ms=5",)),
+    "hvd_train@2-cycle10ms": Setup("hvd_train", 2, True, sets=("horovod.cycle_time_ms=10",)),
     "hvd_train@2-fp16": Setup("hvd_train", 2, True, sets=("horovod.compression=fp16",)),
     "hvd_train@2-accumulate4": Setup(
         "hvd_train", 2, True, sets=("train.gradient_accumulation_steps=4",)
     ),
+    # Agreeing on stops at every step (the default before: now about once a second).
+    "hvd_train@2-check1": Setup("hvd_train", 2, True, sets=("checkpoint.check_every_steps=1",)),
+    "hvd_train@2-check10": Setup("hvd_train", 2, True, sets=("checkpoint.check_every_steps=10",)),
+    "hvd_train@2-mpi-check1": Setup(
+        "hvd_train", 2, True, controller="mpi", sets=("checkpoint.check_every_steps=1",)
+    ),
+    "hvd_train@2-mpi-cycle5ms": Setup(
+        "hvd_train", 2, True, controller="mpi", sets=("horovod.cycle_time_ms=5",)
+    ),
 }
-DEFAULT = list(CONFIGS)[:7]
+DEFAULT = list(CONFIGS)[:10]
 
 
 def main() -> int:
     args = parse()
     configs = args.configs or DEFAULT
+    if args.report:  # the tables again, from a finished run's results.json
+        with open(args.report) as f:
+            print(tables(json.load(f), args))
+        return 0
     results = []
     for rep in range(args.repeats):
         for workload in args.workloads:
@@ -121,6 +143,9 @@ def parse() -> argparse.Namespace:
                    help="before each run, wait until the CPUs are busy less than this share "
                    "(e.g. 0.1) over 3 s; for a machine shared with other jobs")  # fmt: skip
     p.add_argument("--wait-max", type=float, default=1800, help="seconds to wait for quiet")
+    p.add_argument("--report", metavar="RESULTS_JSON",
+                   help="print the tables of a finished run (with its --configs, --workloads "
+                   "and --repeats) instead of running")  # fmt: skip
     args = p.parse_args()
     if args.quick:
         args.repeats, args.steps, args.warmup = 1, 15, 5
@@ -279,7 +304,7 @@ def tables(results: list[dict], args: argparse.Namespace) -> str:
             )
     lines += ["", "| workload | ratio | per repeat | median | target |", "|---|---|---|---:|---|"]
     for workload in args.workloads:
-        for label, num, den, scale, target in RATIOS:
+        for label, num, den, scale, target in ratios(args.configs or DEFAULT):
             if (workload, num) in rate and (workload, den) in rate:
                 per = [a / b / scale for a, b in zip(rate[(workload, num)], rate[(workload, den)],
                                                      strict=False)]  # fmt: skip
@@ -288,17 +313,28 @@ def tables(results: list[dict], args: argparse.Namespace) -> str:
     return "\n".join(lines) + "\n"
 
 
-# label, numerator, denominator, divide by, the issue's target
-RATIOS = [
-    ("hvd_train@1 / keras@1", "hvd_train@1", "keras@1", 1, ">= 0.98"),
-    ("2-worker efficiency (hvd_train@2 / hvd_train@1 / 2)", "hvd_train@2", "hvd_train@1", 2,
-     ">= 0.95 light, >= 0.85 heavy"),
-    ("hvd_train@2 / mwms@2", "hvd_train@2", "mwms@2", 1, ">= 1.3"),
-    ("mwms 2-worker efficiency", "mwms@2", "mwms@1", 2, "-"),
-    ("unpinned: hvd_train@2 / keras@all-cores", "hvd_train@2-unpinned", "keras@all-cores", 1,
-     ">= 1.2, or say CPU is not worth it"),
-    ("Horovod example@2 / hvd_train@2", "horovod_example@2", "hvd_train@2", 1, "-"),
-]  # fmt: skip
+def ratios(configs: list[str]) -> list[tuple[str, str, str, int, str]]:
+    """(label, numerator, denominator, divide by, the issue's target) for the configs run:
+    every 2-worker hvd_train variant against hvd_train@1, MWMS and one all-cores process."""
+    rows = [("hvd_train@1 / keras@1", "hvd_train@1", "keras@1", 1, ">= 0.98")]
+    for name in configs:
+        setup = CONFIGS[name]
+        if setup.mode != "hvd_train" or setup.workers != 2:
+            continue
+        if setup.pinned:
+            rows += [
+                (f"2-worker efficiency ({name} / hvd_train@1 / 2)", name, "hvd_train@1", 2,
+                 ">= 0.95 light, >= 0.85 heavy"),
+                (f"{name} / mwms@2", name, "mwms@2", 1, ">= 1.3"),
+            ]  # fmt: skip
+        else:
+            rows.append((f"unpinned: {name} / keras@all-cores", name, "keras@all-cores", 1,
+                         ">= 1.2, or say CPU is not worth it"))  # fmt: skip
+    rows += [
+        ("mwms 2-worker efficiency", "mwms@2", "mwms@1", 2, "-"),
+        ("Horovod example@2 / hvd_train@2", "horovod_example@2", "hvd_train@2", 1, "-"),
+    ]
+    return rows
 
 
 if __name__ == "__main__":

@@ -209,7 +209,12 @@ def run_hvd_train(args: argparse.Namespace) -> dict:
     window = Window(args.steps)  # the first epoch is hvd_train's warm-up
     build = trainer.build_callbacks
     timing = timing_callback(tf, window, warmup_epochs=1)
-    trainer.build_callbacks = lambda *a, **k: [*build(*a, **k), timing]
+
+    def build_with_timing(*a, **k):
+        callbacks, checkpointer = build(*a, **k)
+        return [*callbacks, timing], checkpointer
+
+    trainer.build_callbacks = build_with_timing
     model, summary = trainer.train(cfg)
     groups["tensorflow"] = threadstat.threads() - before_tf - groups["horovod"]
     out = window.result(groups)

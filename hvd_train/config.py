@@ -172,9 +172,10 @@ class CheckpointConfig:
     # The epoch metric that picks the best checkpoint (and best.keras).
     monitor: Literal["val_loss", "val_accuracy", "loss", "accuracy"] = "val_loss"
     mode: Literal["auto", "min", "max"] = "auto"  # auto: max for accuracy, min for loss
-    # How often (in steps) the workers agree on stopping (SIGTERM/SIGINT, a non-finite loss).
-    # One tiny all-reduce each time; the agreement also runs before every checkpoint.
-    check_every_steps: int = _positive(1)
+    # How often (in steps) the workers agree on stopping (SIGTERM/SIGINT, a non-finite loss):
+    # one tiny synchronous all-reduce each time, and before every checkpoint. 0: about once a
+    # second, the interval agreed from the workers' step times.
+    check_every_steps: int = field(default=0, metadata={"min": 0})
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import os
 import signal
+import time
 from collections.abc import Callable
 
 import numpy as np
@@ -20,6 +21,8 @@ from hvd_train import distributed
 from hvd_train.errors import TrainingError
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+AUTO_EVERY_S = 1.0  # with `every` 0: agree about once a second
+AUTO_MAX_STEPS = 1000
 
 
 class StopSignals:
@@ -53,6 +56,11 @@ class StopSignals:
 class RunControl(tf.keras.callbacks.Callback):
     """Agrees, every `every` steps and whenever `checkpoint_due(step)` holds, on going on.
 
+    `every` 0 agrees about once a second: each agreement also sums the workers' step times (in
+    whole microseconds, so the sum is exact in any order and every worker computes the same
+    next step to agree at). An agreement is a synchronous all-reduce outside the compiled step,
+    which costs a fraction of a short step; once a second it costs nothing visible.
+
     A signal anywhere makes every worker stop after the same step: `stopped_at` records the
     epoch and the steps done in it, or `(epoch + 1, 0)` when the epoch was complete. A
     non-finite loss, or non-finite weights where a checkpoint is due, raise `TrainingError` on
@@ -78,17 +86,29 @@ class RunControl(tf.keras.callbacks.Callback):
         self.stop_signal = 0
         self.stopped_at: tuple[int, int] | None = None
         self._loss = 0.0
+        self._next = 1  # with `every` 0: the position step of the next agreement
+        self._since, self._steps = time.perf_counter(), 0
+
+    def _restart_clock(self) -> None:
+        self._since, self._steps = time.perf_counter(), 0
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         self.epoch, self.step_in_epoch = epoch, self._offset
         self._offset = 0  # only the first epoch of a resumed run starts part-way
+        self._restart_clock()  # validation and epoch-end work are not step time
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
         self.step_in_epoch += 1
+        self._steps += 1
         self._loss = (logs or {}).get("loss", 0.0)
         due = self.checkpoint_due(self.position_step)
-        if due or self.position_step % self.every == 0:
+        if due or self._agreement_due():
             self.sync(check_weights=due)
+
+    def _agreement_due(self) -> bool:
+        if self.every:
+            return self.position_step % self.every == 0
+        return self.position_step >= self._next
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         if self.stopped_at is None:
@@ -110,15 +130,22 @@ class RunControl(tf.keras.callbacks.Callback):
     def sync(self, check_weights: bool = False) -> None:
         """One all-reduce of every worker's observations; acts on the agreed decision."""
         weights_bad = check_weights and not _all_finite(self.model.weights)
+        step_us = round(1e6 * (time.perf_counter() - self._since) / max(self._steps, 1))
         local = [
             float(self.signals.signum),
             0.0 if _finite(self._loss) else 1.0,
             1.0 if weights_bad else 0.0,
+            float(step_us),
         ]
         if distributed.size() > 1:
-            signals, bad_loss, bad_weights = distributed.allreduce_sum(local, name="run_control")
+            agreed = distributed.allreduce_sum(local, name="run_control")
         else:
-            signals, bad_loss, bad_weights = local
+            agreed = local
+        signals, bad_loss, bad_weights, step_us_sum = agreed
+        mean_step_s = step_us_sum / distributed.size() / 1e6
+        steps = AUTO_EVERY_S / mean_step_s if mean_step_s > 0 else 1
+        self._next = self.position_step + int(min(max(steps, 1), AUTO_MAX_STEPS))
+        self._restart_clock()
         where = f"epoch {self.epoch + 1}, step {self.step_in_epoch}"
         if bad_loss or bad_weights:
             what = "loss" if bad_loss else "weights"

@@ -1,6 +1,6 @@
 """`hvd-train launch`: horovodrun under a supervisor that restarts a failed job from its checkpoint.
 
-    hvd-train launch --config FILE [--set k=v ...] [--np N] [--hosts H:S,...] [--mpi]
+    hvd-train launch --config FILE [--set k=v ...] [--np N] [--hosts H:S,...] [--mpi | --gloo]
                      [--max-restarts N]
 
 Each attempt is one real `horovodrun` job. When it fails, the supervisor names the rank that
@@ -42,7 +42,11 @@ def parser(prog: str) -> argparse.ArgumentParser:
     add_config_arguments(p)
     p.add_argument("--np", type=int, help="workers (default: GPUs here, else launch.cpu_workers)")
     p.add_argument("--hosts", help="horovodrun -H, e.g. host1:4,host2:4 (default localhost:NP)")
-    p.add_argument("--mpi", action="store_true", help="Open MPI instead of Gloo")
+    controller = p.add_mutually_exclusive_group()
+    controller.add_argument("--mpi", dest="controller", action="store_const", const="mpi",
+                            help="Open MPI (default: horovod.controller from the config)")  # fmt: skip
+    controller.add_argument("--gloo", dest="controller", action="store_const", const="gloo",
+                            help="Gloo (default: horovod.controller from the config)")  # fmt: skip
     p.add_argument("--max-restarts", type=int, default=0, metavar="N",
                    help="start the job again after a failure, up to N times (default 0)")  # fmt: skip
     return p
@@ -92,7 +96,7 @@ def horovodrun_command(
         cmd += ["--max-np", str(e.max_workers)] if e.max_workers else []
     else:
         cmd += ["-H", args.hosts or f"localhost:{np_}"]
-    if args.mpi:
+    if (args.controller or cfg.horovod.controller) == "mpi" and not e.enabled:
         cmd += ["--mpi", "--mpi-args=--allow-run-as-root" if os.geteuid() == 0 else ""]
         cmd = [c for c in cmd if c]
     else:

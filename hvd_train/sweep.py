@@ -78,7 +78,9 @@ def main(argv: list[str], prog: str = "hvd-train sweep") -> int:
         print(f"[sweep] {i}/{len(points)}: {point.workers} worker(s), batch {point.batch_size} "
               f"({args.batch_size_mode})", flush=True)  # fmt: skip
         run_dir = os.path.join(args.out, "points", point.name)
-        status = run_point(args.config, overrides, point, run_dir, args.timeout)
+        status = run_point(
+            args.config, overrides, point, run_dir, args.timeout, cfg.horovod.controller
+        )
         rows.append(read_point(point, run_dir, status, args.target_accuracy))
     add_speedups(rows)
     write_reports(rows, args)
@@ -154,15 +156,18 @@ def count_gpus() -> int:
 # --------------------------------------------------------------------------- one point
 
 
-def run_point(config: str, overrides: list[str], point: Point, run_dir: str, timeout) -> str:
-    """Runs one grid point as `horovodrun -np N -H localhost:N --gloo`; returns its status."""
+def run_point(
+    config: str, overrides: list[str], point: Point, run_dir: str, timeout, controller: str
+) -> str:
+    """Runs one grid point as `horovodrun -np N -H localhost:N --gloo` (or `--mpi`, as
+    `horovod.controller` says); returns its status."""
     os.makedirs(run_dir, exist_ok=True)
     bin_dir = os.path.dirname(sys.executable)
     horovodrun = os.path.join(bin_dir, "horovodrun")
     if not os.path.exists(horovodrun):
         horovodrun = shutil.which("horovodrun") or "horovodrun"
     sets = [*overrides, f"train.batch_size={point.batch_size}", f"run.dir={run_dir}"]
-    cmd = [horovodrun, "-np", str(point.workers), "-H", f"localhost:{point.workers}", "--gloo",
+    cmd = [horovodrun, "-np", str(point.workers), "-H", f"localhost:{point.workers}", f"--{controller}",
            sys.executable, "-m", "hvd_train", "--config", config,
            *[a for s in sets for a in ("--set", s)]]  # fmt: skip
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}

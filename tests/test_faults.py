@@ -178,7 +178,8 @@ def test_nan_loss_stops_every_worker_with_exit_1_and_keeps_the_last_checkpoint(t
     proc = run(["env", "FAULTY_AFTER_STEPS=30", "horovodrun", "-np", "2", "-H", "localhost:2",
                 "--gloo", PYTHON, "-m", "hvd_train", *BASE[:2],
                 *_sets(f"run.dir={d}", "model.factory=faulty_models:nan_on_one_rank",
-                       "train.verbose=false", "logging.tensorboard=false")],
+                       "train.verbose=false", "logging.tensorboard=false",
+                       "checkpoint.check_every_steps=1")],  # agree at every step: exact step
                cwd=WORKERS)  # fmt: skip
     assert proc.returncode == 1
     assert "exit with status code 1." in proc.stdout, proc.stdout[-3000:]  # a rank's own code
