@@ -41,7 +41,7 @@ def advice_for(source: str) -> str:
 class InputWait(tf.keras.callbacks.Callback):
     """Adds `input_wait_fraction` (time waiting for input / step time, the largest over the
     workers) to each epoch's logs; rank 0 warns, once, when it passes `warn_above`, with
-    `advice`.
+    `advice` (not for the first epoch when more follow: like the rate, it is warm-up).
 
     Put it first in the callback list (its epoch end is a collective, and later callbacks
     write the logs to files); feed `fit` the dataset `attach` returns.
@@ -54,6 +54,7 @@ class InputWait(tf.keras.callbacks.Callback):
         self._ready = tf.Variable(0.0, dtype=tf.float64, trainable=False)
         self._first_step = True
         self._warned = False
+        self._epochs_seen = 0  # the first, with tracing and filling buffers, warns only alone
         self._begin = self._wait = self._busy = 0.0
 
     def attach(self, ds: tf.data.Dataset) -> tf.data.Dataset:
@@ -87,7 +88,9 @@ class InputWait(tf.keras.callbacks.Callback):
         # Horovod: every rank takes part; the worst worker's input holds back all of them.
         fraction = max(distributed.allgather_object(mine, name="input_wait_fraction"))
         logs["input_wait_fraction"] = fraction
-        if fraction > self.warn_above and not self._warned:
+        warm_up = not self._epochs_seen and epoch + 1 < self.params.get("epochs", 0)
+        self._epochs_seen += 1
+        if fraction > self.warn_above and not self._warned and not warm_up:
             self._warned = True
             distributed.log(
                 f"warning: epoch {epoch + 1} spent {fraction:.0%} of its step time waiting for "

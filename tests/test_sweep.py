@@ -44,6 +44,7 @@ def test_sweep_runs_every_point_and_writes_table_and_plots(tmp_path: pathlib.Pat
     target = 0.5
     proc = check(sweep(["--workers", "1,2", "--batch-sizes", "32", "--out", "out",
                         "--target-accuracy", str(target), "--set", "train.epochs=2",
+                        "--set", "horovod.controller=mpi",  # the faster one on CPU
                         "--set", "logging.tensorboard=false", "--set", "train.verbose=false"],
                        tmp_path))  # fmt: skip
     out = tmp_path / "out"
@@ -58,6 +59,7 @@ def test_sweep_runs_every_point_and_writes_table_and_plots(tmp_path: pathlib.Pat
         run_dir = run_dir if run_dir.is_absolute() else tmp_path / run_dir
         summary = json.loads((run_dir / "summary.json").read_text())
         assert summary["world_size"] == int(r["workers"])
+        assert summary["controller"] == "mpi"  # sweep launches with horovod.controller
         assert float(r["examples_per_sec"]) == pytest.approx(
             summary["train_examples_per_sec"], rel=1e-5
         )
