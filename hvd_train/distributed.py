@@ -32,7 +32,7 @@ def init(knobs: HorovodConfig, run_dir: str) -> None:
     """
     env = {
         "HOROVOD_FUSION_THRESHOLD": knobs.fusion_threshold_mb and knobs.fusion_threshold_mb << 20,
-        "HOROVOD_CYCLE_TIME": knobs.cycle_time_ms,
+        "HOROVOD_CYCLE_TIME": cycle_time_ms(knobs),
         "HOROVOD_AUTOTUNE": 1 if knobs.autotune else None,
         "HOROVOD_TIMELINE": os.path.abspath(os.path.join(run_dir, "timeline.json"))
         if knobs.timeline
@@ -92,6 +92,29 @@ def bind_cores() -> list[int]:
 def bound_cores() -> list[int]:
     """The cores `bind_cores` gave this worker ([] when it was not called)."""
     return list(_BOUND_CORES)
+
+
+# A lone worker's Horovod cycle: its background thread wakes every cycle even with no peer to
+# agree with, which at Horovod's 1 ms took about 3% of a core (docs/benchmarks.md).
+ALONE_CYCLE_TIME_MS = 10.0
+
+
+def cycle_time_ms(knobs: HorovodConfig) -> float | None:
+    """`horovod.cycle_time_ms`; unset, 10 ms for a job of one worker (not elastic, which may
+    grow), else Horovod's own default. At one worker only the epoch-end collectives wait for
+    a cycle: gradients skip the all-reduce."""
+    if knobs.cycle_time_ms is not None:
+        return knobs.cycle_time_ms
+    alone = _launcher_size() == 1 and not os.environ.get("HOROVOD_ELASTIC")
+    return ALONE_CYCLE_TIME_MS if alone else None
+
+
+def _launcher_size() -> int:
+    """The job's worker count from the launcher's environment (1 without a launcher)."""
+    for key in ("HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE"):
+        if key in os.environ:
+            return int(os.environ[key])
+    return 1
 
 
 def _launcher_local_rank() -> tuple[int, int]:

@@ -173,6 +173,7 @@ def test_speed_knobs_are_applied_in_every_worker(tmp_path: pathlib.Path) -> None
         assert r["horovod_thread_affinity"] == ",".join([str(cores[0])] * 2)
         assert r["intra_op_threads"] == len(cores)
         assert r["jit"] == "autoclustering"
+        assert r["horovod_cycle_time"] is None  # 2 workers: Horovod's default 1 ms
         assert r["weights_finite"] and r["final_loss"] == pytest.approx(r["final_loss"])  # not NaN
     run_dir = tmp_path / "out"
     # fp16 compression: every gradient went over the wire as float16; accumulation: once for
@@ -191,6 +192,23 @@ def test_speed_knobs_are_applied_in_every_worker(tmp_path: pathlib.Path) -> None
     assert summary["train_examples_per_sec_per_worker"] * 2 == pytest.approx(
         summary["train_examples_per_sec"]
     )
+
+
+def test_a_lone_worker_cycles_every_10_ms_unless_configured(monkeypatch) -> None:
+    from hvd_train.config import HorovodConfig
+    from hvd_train.distributed import cycle_time_ms
+
+    for key in ("HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE", "HOROVOD_ELASTIC"):
+        monkeypatch.delenv(key, raising=False)
+    assert cycle_time_ms(HorovodConfig()) == 10  # no launcher: one worker
+    assert cycle_time_ms(HorovodConfig(cycle_time_ms=3)) == 3
+    monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "1")
+    assert cycle_time_ms(HorovodConfig()) == 10
+    monkeypatch.setenv("HOROVOD_ELASTIC", "1")  # may grow: Horovod's default
+    assert cycle_time_ms(HorovodConfig()) is None
+    monkeypatch.delenv("HOROVOD_ELASTIC")
+    monkeypatch.setenv("HOROVOD_SIZE", "2")
+    assert cycle_time_ms(HorovodConfig()) is None
 
 
 @pytest.fixture(scope="module")

@@ -34,6 +34,7 @@ report = {
     "thread_affinities": sorted({tuple(a) for a in threads.values()}),
     "num_threads": len(threads),
     "horovod_thread_affinity": os.environ.get("HOROVOD_THREAD_AFFINITY"),
+    "horovod_cycle_time": os.environ.get("HOROVOD_CYCLE_TIME"),
     "intra_op_threads": tf.config.threading.get_intra_op_parallelism_threads(),
     "jit": tf.config.optimizer.get_jit(),
     "final_loss": summary["final_metrics"]["loss"],
