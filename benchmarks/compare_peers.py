@@ -88,6 +88,9 @@ CONFIGS = {
     "hvd_train@2-mpi-cycle5ms": Setup(
         "hvd_train", 2, True, controller="mpi", sets=("horovod.cycle_time_ms=5",)
     ),
+    "hvd_train@2-mpi-cycle10ms": Setup(
+        "hvd_train", 2, True, controller="mpi", sets=("horovod.cycle_time_ms=10",)
+    ),
 }
 DEFAULT = list(CONFIGS)[:10]
 
