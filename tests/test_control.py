@@ -20,7 +20,7 @@ class FakeClock:
         return self.now
 
 
-def agreements(ctl: RunControl, clock: FakeClock, steps: int, epoch: int = 0) -> list[int]:
+def agreements(ctl: RunControl, clock: FakeClock, steps: int) -> list[int]:
     """Runs `steps` steps of `clock.step_s` each; returns the position steps agreed at."""
     seen = []
     sync = ctl.sync
@@ -30,7 +30,7 @@ def agreements(ctl: RunControl, clock: FakeClock, steps: int, epoch: int = 0) ->
         sync(check_weights)
 
     ctl.sync = noting
-    ctl.on_epoch_begin(epoch)
+    ctl.on_epoch_begin(0)
     for _ in range(steps):
         clock.now += clock.step_s
         ctl.on_train_batch_end(0, {"loss": 0.5})
