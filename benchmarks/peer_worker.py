@@ -101,11 +101,24 @@ def timing_callback(tf, window: Window, warmup_steps: int = 0, warmup_epochs: in
         def on_train_batch_end(self, batch, logs=None):
             self.batches += 1
             if warmup_steps and self.batches == warmup_steps:
+                wait_for_peers()
                 window.start()
             else:
                 window.batch_end()
 
     return Timing()
+
+
+def wait_for_peers() -> None:
+    """Independent processes (compare_peers' keras@2-independent) start measuring together:
+    each marks PEER_BARRIER/ready-<PEER_INDEX> and waits for PEER_COUNT marks."""
+    folder = os.environ.get("PEER_BARRIER")
+    if not folder:
+        return
+    open(os.path.join(folder, f"ready-{os.environ['PEER_INDEX']}"), "w").close()
+    count = int(os.environ["PEER_COUNT"])
+    while sum(name.startswith("ready-") for name in os.listdir(folder)) < count:
+        time.sleep(0.001)
 
 
 def build_model(tf, workload: str):
@@ -128,7 +141,7 @@ def run_keras_like(args: argparse.Namespace) -> dict:
 
     if args.threads:
         tf.config.threading.set_intra_op_parallelism_threads(args.threads)
-    groups, world, rank = {}, 1, 0
+    groups, world, rank = {}, 1, int(os.environ.get("PEER_INDEX", "0"))
     strategy = None
     if args.mode == "mwms":
         strategy = tf.distribute.MultiWorkerMirroredStrategy(
