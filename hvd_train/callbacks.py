@@ -34,6 +34,10 @@ class EpochStats(tf.keras.callbacks.Callback):
         self._start = 0.0
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+        # Every rank starts its clock when the last one arrives. Otherwise a rank that is
+        # early waits for rank 0's side effects of the last epoch (checkpoint, metrics.csv)
+        # in its first step, and counts that as training time.
+        distributed.barrier("hvd_train.epoch_start")
         self._start = time.perf_counter()
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:

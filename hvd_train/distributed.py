@@ -211,6 +211,12 @@ def allreduce_sum(values: np.ndarray | list[float], name: str) -> np.ndarray:
     return hvd_tf.allreduce(tensor, op=hvd_tf.Sum, name=name).numpy()
 
 
+def barrier(name: str) -> None:
+    """Returns once every rank has called it (a one-number all-reduce)."""
+    if size() > 1:
+        allreduce_sum([0.0], name)
+
+
 def broadcast_object(obj: Any, name: str) -> Any:
     """Rank 0's `obj` on every rank."""
     return hvd_tf.broadcast_object(obj, root_rank=0, name=name)
