@@ -80,6 +80,9 @@ CONFIGS = {
     "hvd_train@2-cycle5ms": Setup("hvd_train", 2, True, sets=("horovod.cycle_time_ms=5",)),
     "hvd_train@2-cycle10ms": Setup("hvd_train", 2, True, sets=("horovod.cycle_time_ms=10",)),
     "hvd_train@2-fp16": Setup("hvd_train", 2, True, sets=("horovod.compression=fp16",)),
+    "hvd_train@2-mpi-fp16": Setup(
+        "hvd_train", 2, True, controller="mpi", sets=("horovod.compression=fp16",)
+    ),
     "hvd_train@2-accumulate4": Setup(
         "hvd_train", 2, True, sets=("train.gradient_accumulation_steps=4",)
     ),
