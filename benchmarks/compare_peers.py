@@ -283,10 +283,11 @@ def tables(results: list[dict], args: argparse.Namespace) -> str:
     loads = [r["load_before"] for r in results]
     busy = [r["busy_before"] for r in results if r.get("busy_before") is not None]
     quiet = f"; CPUs busy {100 * min(busy):.0f}-{100 * max(busy):.0f}% just before" if busy else ""
+    shared = busy and max(busy) > 0.15  # measured with --wait-quiet: other jobs were running
     lines = [
         f"Host: {os.uname().nodename}, {os.cpu_count()} CPUs; load average before runs "
-        f"{min(loads):.1f}-{max(loads):.1f}{quiet}"
-        + (" (shared machine: numbers are noisy)" if max(loads) > 1.5 else ""),
+        f"{min(loads):.1f}-{max(loads):.1f} (it counts this benchmark's own last run){quiet}"
+        + (" (shared machine: numbers are noisy)" if shared else ""),
         f"Command: {' '.join(sys.argv)}",
         "",
         "| workload | config | examples/s (median) | per repeat | step ms | peak RSS/worker MB "
