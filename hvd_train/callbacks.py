@@ -34,10 +34,6 @@ class EpochStats(tf.keras.callbacks.Callback):
         self._start = 0.0
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
-        # Every rank starts its clock when the last one arrives. Otherwise a rank that is
-        # early waits for rank 0's side effects of the last epoch (checkpoint, metrics.csv)
-        # in its first step, and counts that as training time.
-        distributed.barrier("hvd_train.epoch_start")
         self._start = time.perf_counter()
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
@@ -221,7 +217,8 @@ def build_callbacks(
         # before fit; this also covers anything created in the first step).
         *([hvd.callbacks.BroadcastGlobalVariablesCallback(0)] if broadcast else []),
         # Stop decisions (signals, NaN) agreed by all ranks at the same step, before anything
-        # acts on the step: a rank that stopped alone would hang the others.
+        # acts on the step: a rank that stopped alone would hang the others. Each epoch starts
+        # on all ranks together here (a barrier), before any clock below starts.
         control,
         # Timing next, so validation time is not counted as training time.
         EpochStats(d),

@@ -87,7 +87,7 @@ class RunControl(tf.keras.callbacks.Callback):
         self.stopped_at: tuple[int, int] | None = None
         self._loss = 0.0
         self._next = 1  # with `every` 0: the position step of the next agreement
-        self._since, self._steps = time.perf_counter(), 0
+        self._restart_clock()
 
     def _restart_clock(self) -> None:
         self._since, self._steps = time.perf_counter(), 0
@@ -95,6 +95,10 @@ class RunControl(tf.keras.callbacks.Callback):
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         self.epoch, self.step_in_epoch = epoch, self._offset
         self._offset = 0  # only the first epoch of a resumed run starts part-way
+        # Every rank starts the epoch when the last one arrives, so this clock and those of
+        # the callbacks after it (EpochStats, StepTimer) do not count an early rank's wait
+        # for rank 0's side effects of the last epoch (checkpoint, metrics.csv) as step time.
+        distributed.barrier("hvd_train.epoch_start")
         self._restart_clock()  # validation and epoch-end work are not step time
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
