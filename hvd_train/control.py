@@ -100,6 +100,10 @@ class RunControl(tf.keras.callbacks.Callback):
         # for rank 0's side effects of the last epoch (checkpoint, metrics.csv) as step time.
         distributed.barrier("hvd_train.epoch_start")
         self._restart_clock()  # validation and epoch-end work are not step time
+        # Auto interval: agree at the epoch's first step too. A signal that came during the
+        # epoch-end work (or between a resumed run's part-done epoch and the rest) is then
+        # acted on one step later, not a second later; launchers give ~5 s before SIGKILL.
+        self._next = min(self._next, self.position_step + 1)
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
         self.step_in_epoch += 1

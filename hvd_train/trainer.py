@@ -121,6 +121,9 @@ def train(cfg: Config) -> tuple[tf.keras.Model, dict[str, Any]]:
     perf.log_throughput(summary)
     if summary["status"] == "interrupted":
         _end_summary(cfg, summary, started, checkpointer)
+        # Every rank leaves only when rank 0 has written the stop checkpoint and the summary:
+        # the launcher ends the whole job when the first rank exits.
+        distributed.barrier("hvd_train.stopped")
         where = checkpointer.last if checkpointer else "rank 0's run.dir"
         raise Interrupted(
             control.stop_signal,

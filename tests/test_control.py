@@ -43,11 +43,11 @@ def agreements(ctl: RunControl, clock: FakeClock, steps: int) -> list[int]:
 def make(monkeypatch):
     monkeypatch.setattr(distributed, "size", lambda: 1)  # no Horovod job: one worker
 
-    def make(every: int, step_s: float, checkpoint_every: int = 0):
+    def make(every: int, step_s: float, checkpoint_every: int = 0, steps_per_epoch=10_000):
         clock = FakeClock(step_s)
         monkeypatch.setattr(control, "time", clock)
         due = (lambda s: s % checkpoint_every == 0) if checkpoint_every else (lambda s: False)
-        ctl = RunControl(StopSignals(), every, 10_000, due)
+        ctl = RunControl(StopSignals(), every, steps_per_epoch, due)
         ctl.set_model(tf.keras.Sequential([tf.keras.Input((1,)), tf.keras.layers.Dense(1)]))
         return ctl, clock
 
@@ -62,6 +62,14 @@ def test_auto_agrees_about_once_a_second(make) -> None:
     assert agreements(ctl, clock, 4) == [1, 2, 3, 4]
     ctl, clock = make(0, step_s=1e-5)  # very short steps: capped
     assert agreements(ctl, clock, 2500) == [1, 1001, 2001]
+
+
+def test_auto_also_agrees_at_each_epochs_first_step(make) -> None:
+    # A signal that came during the epoch-end work is acted on one step into the next epoch.
+    ctl, clock = make(0, step_s=0.1, steps_per_epoch=15)
+    assert agreements(ctl, clock, 15) == [1, 11]  # the whole of epoch 0; next due at step 21
+    ctl.on_epoch_begin = lambda epoch, logs=None: RunControl.on_epoch_begin(ctl, 1)
+    assert agreements(ctl, clock, 3) == [16]  # epoch 1's first step, not step 21
 
 
 def test_fixed_interval_and_checkpoints_force_an_agreement(make) -> None:

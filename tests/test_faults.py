@@ -110,7 +110,7 @@ def test_sigterm_and_sigint_stop_at_a_step_checkpoint_and_resume_completes(tmp_p
     first = finish(proc, JOB_END_LIMIT_S)
     assert first.returncode != 0
     s = summary(d)
-    assert s["status"] == "interrupted", s
+    assert s["status"] == "interrupted", f"{s}\n{first.stderr[-6000:]}{first.stdout[-3000:]}"
     # Both ranks stop after the same step; the first to exit ends the job, so the other may
     # be terminated before it prints its line.
     stops = {ln.split("stopped by SIGTERM at ")[1].split(";")[0]
@@ -129,7 +129,7 @@ def test_sigterm_and_sigint_stop_at_a_step_checkpoint_and_resume_completes(tmp_p
     second = finish(proc, JOB_END_LIMIT_S)
     assert second.returncode != 0
     s2 = summary(d)
-    assert s2["status"] == "interrupted", s2
+    assert s2["status"] == "interrupted", f"{s2}\n{second.stderr[-6000:]}{second.stdout[-3000:]}"
     assert s2["resumed_from"] == s["last_checkpoint"]
 
     third = check(run(cmd, tmp_path))
