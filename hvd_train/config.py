@@ -174,7 +174,7 @@ class CheckpointConfig:
     mode: Literal["auto", "min", "max"] = "auto"  # auto: max for accuracy, min for loss
     # How often (in steps) the workers agree on stopping (SIGTERM/SIGINT, a non-finite loss):
     # one tiny synchronous all-reduce each time, and before every checkpoint. 0: about once a
-    # second, the interval agreed from the workers' step times.
+    # second (the interval agreed from the workers' step times) and at each epoch's first step.
     check_every_steps: int = field(default=0, metadata={"min": 0})
 
 
