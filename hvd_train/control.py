@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 import os
 import signal
+import sys
+import threading
 import time
 from collections.abc import Callable
 
@@ -23,34 +25,112 @@ from hvd_train.errors import TrainingError
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 AUTO_EVERY_S = 1.0  # with `every` 0: agree about once a second
 AUTO_MAX_STEPS = 1000
+DEFAULT_GRACE_S = 3.5  # horovodrun's SIGKILL follows its SIGTERM after 5 s
 
 
 class StopSignals:
     """Records SIGTERM/SIGINT instead of dying, so training can stop at a step boundary.
 
-    A second signal of either kind restores the default handlers and re-sends itself: a user who
-    presses Ctrl-C twice gets the usual immediate stop.
+    The main thread acts on a signal only between steps (RunControl agrees on it), but a step
+    can run for seconds (the first, while TensorFlow traces and compiles), longer than a
+    launcher waits: horovodrun sends SIGKILL 5 s after its SIGTERM. So a watcher thread learns
+    of each signal at once, through Python's wakeup fd (written by the C-level handler even
+    while the main thread is inside TensorFlow), and ends the process itself, after `abandon`
+    has recorded the stop, when waiting would save nothing (no step has run in this process:
+    the newest checkpoint already holds everything) or, on rank 0, when the stop has not
+    finished within `grace_s`. A second signal of either kind ends the process at once,
+    recorded the same way: a user who presses Ctrl-C twice gets the usual immediate stop.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, grace_s: float | None = None) -> None:
         self.signum = 0
+        self.steps_run = 0  # steps completed in this process (RunControl counts them)
+        self.grace_s = stop_grace_s() if grace_s is None else grace_s
+        # abandon(signum, reason, ran): records the stop (`ran`: any step ran in this
+        # process); the watcher then ends the process.
+        self.abandon: Callable[[int, str, bool], None] = lambda signum, reason, ran: None
+        self.on_signal: Callable[[int], None] = lambda signum: None
+        self.chief = True  # rank 0: only it waits out the grace (the others follow it)
+        self.done = threading.Event()  # set when the run has written its own ending
         self._previous: dict[int, object] = {}
+        self._wakeup: tuple[int, int] | None = None
+        self._old_wakeup = -1
 
     def install(self) -> None:
         for sig in STOP_SIGNALS:
             self._previous[sig] = signal.signal(sig, self._handle)
+        r, w = os.pipe()
+        os.set_blocking(w, False)
+        self._wakeup = (r, w)
+        self._old_wakeup = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+        threading.Thread(target=self._watch, args=(r,), name="hvd_train-stop", daemon=True).start()
 
     def uninstall(self) -> None:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous.clear()
+        if self._wakeup is not None:
+            signal.set_wakeup_fd(self._old_wakeup)
+            os.close(self._wakeup[1])  # the watcher reads EOF and ends
+            self._wakeup = None
 
     def _handle(self, signum: int, frame: object) -> None:
-        if self.signum:
-            self.uninstall()
-            os.kill(os.getpid(), signum)
-            return
-        self.signum = signum
+        self.signum = self.signum or signum  # the main thread's view; the watcher acts
+
+    def _watch(self, fd: int) -> None:
+        seen = 0
+        while True:
+            try:
+                data = os.read(fd, 1)
+            except OSError:
+                return
+            if not data:
+                os.close(fd)
+                return
+            if data[0] not in STOP_SIGNALS:
+                continue
+            seen += 1
+            if seen == 1:
+                threading.Thread(target=self._first, args=(data[0],), daemon=True).start()
+            else:
+                self._exit(data[0], "a second signal: stopped at once, no stop checkpoint")
+
+    def _first(self, signum: int) -> None:
+        self.signum = self.signum or signum
+        self.on_signal(signum)
+        if self.steps_run == 0:
+            self._exit(signum, "before any step ran: nothing to save")
+        if not self.chief:
+            return  # rank 0 decides; when it ends, this worker's next collective fails
+        if not self.done.wait(self.grace_s):
+            self._exit(
+                signum,
+                f"its stop did not finish within {self.grace_s:g} s (the launcher's grace "
+                "before SIGKILL): no stop checkpoint",
+            )
+
+    def _exit(self, signum: int, reason: str) -> None:
+        if self.done.is_set():
+            return  # the run wrote its own ending meanwhile: let it exit as it does
+        try:
+            self.abandon(signum, reason, self.steps_run > 0)
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(128 + signum)
+
+
+def stop_grace_s() -> float:
+    """How long rank 0 may take to stop after a signal before it ends without a checkpoint.
+
+    horovodrun kills a worker 5 s after SIGTERM; this leaves room to record the stop. A
+    launcher that waits longer (hvd-train launch under MPI, which signals the workers itself)
+    says so in HVD_TRAIN_STOP_GRACE_S.
+    """
+    try:
+        return max(0.0, float(os.environ.get("HVD_TRAIN_STOP_GRACE_S", DEFAULT_GRACE_S)))
+    except ValueError:
+        return DEFAULT_GRACE_S
 
 
 class RunControl(tf.keras.callbacks.Callback):
@@ -106,6 +186,7 @@ class RunControl(tf.keras.callbacks.Callback):
         self._next = min(self._next, self.position_step + 1)
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        self.signals.steps_run += 1
         self.step_in_epoch += 1
         self._steps += 1
         self._loss = (logs or {}).get("loss", 0.0)

@@ -13,6 +13,10 @@ class DataError(UserError):
     """The training or validation data cannot be used as configured."""
 
 
+# What a rank reports when another rank's failure took Horovod down under it.
+KNOCK_ON = ("Horovod has been shut down", "HorovodInternalError", "Connection closed by peer")
+
+
 class TrainingError(Exception):
     """Training cannot go on (a non-finite loss): one line, exit code 1, no checkpoint written."""
 

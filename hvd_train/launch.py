@@ -14,27 +14,25 @@ itself (passed on to horovodrun, whose workers stop at a step boundary and check
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import shlex
 import signal
 import subprocess
 import sys
-import threading
 import time
-from collections import deque
 from typing import Any
 
 from hvd_train.config import Config, add_config_arguments, load_config
+from hvd_train.errors import KNOCK_ON
+from hvd_train.record import read_json, write_json
+from hvd_train.supervise import Supervisor
 
 GLOO_FIRST = re.compile(r"Terminating remaining workers after failure of Process (\d+)")
 GLOO_NAMED = re.compile(r"Process name: (\d+)\s+Exit code: (-?\d+)")
 GLOO_EXIT = re.compile(r"Process (\d+) exit with status code (-?\d+)")
 MPI_NAMED = re.compile(r"Process name:\s+\[\[\d+,\d+\],(\d+)\]\s+Exit code:\s+(-?\d+)")
 RANK_FAILED = re.compile(r"\[rank (\d+)\] failed: (.*)")
-# What a rank reports when another rank's failure took Horovod down under it.
-CONSEQUENCES = ("Horovod has been shut down", "HorovodInternalError", "Connection closed by peer")
 
 
 def parser(prog: str) -> argparse.ArgumentParser:
@@ -58,12 +56,12 @@ def main(argv: list[str], prog: str) -> int:
     np_ = args.np or _gpu_count() or cfg.launch.cpu_workers
     summary_path = os.path.join(cfg.run.dir, "summary.json")
     history: list[dict[str, Any]] = []
-    stop = _forward_signals()
+    supervisor = Supervisor()  # SIGTERM/SIGINT to the launcher reach the workers
     for attempt in range(args.max_restarts + 1):
         overrides = list(args.overrides) + (["train.resume=auto"] if attempt else [])
         cmd = horovodrun_command(cfg, args, np_, overrides)
         _say(f"attempt {attempt + 1} of {args.max_restarts + 1}: {shlex.join(cmd)}")
-        code, output = _run(cmd, stop)
+        code, output = supervisor.run(cmd)
         if code == 0:
             _record(summary_path, history, attempt)
             _say(f"job completed after {attempt} restart(s)")
@@ -72,8 +70,8 @@ def main(argv: list[str], prog: str) -> int:
         failure.update(attempt=attempt + 1, exit_code=code, time=time.time())
         history.append(failure)
         _say(f"attempt {attempt + 1} failed: {describe(failure)}")
-        _mark_failed(summary_path, failure)
-        reason = _no_restart_reason(failure, summary_path, stop)
+        _mark_ended(summary_path, failure, supervisor.stop_signal)
+        reason = _no_restart_reason(failure, summary_path, supervisor.stop_signal)
         if reason:
             _say(f"not restarting: {reason}")
             break
@@ -126,7 +124,7 @@ def first_failure(output: str) -> dict[str, Any]:
         rank, code = None, None
     killed = code is not None and (code > 128 or code < 0)
     for r, error in RANK_FAILED.findall(output):
-        if not killed and not any(c in error for c in CONSEQUENCES):
+        if not killed and not any(c in error for c in KNOCK_ON):
             return {"rank": int(r), "rank_exit_code": codes.get(int(r), code), "error": error}
     return {"rank": rank, "rank_exit_code": code, "error": None}
 
@@ -148,9 +146,9 @@ def describe(failure: dict[str, Any]) -> str:
 _SIGNALS = {s.value: s.name for s in signal.Signals}
 
 
-def _no_restart_reason(failure: dict[str, Any], summary_path: str, stop: dict) -> str:
-    if stop["signum"]:
-        return f"the launcher received {_SIGNALS[stop['signum']]}"
+def _no_restart_reason(failure: dict[str, Any], summary_path: str, stop_signal: int) -> str:
+    if stop_signal:
+        return f"the launcher received {_SIGNALS[stop_signal]}"
     if failure["rank_exit_code"] == 2:
         return "a bad config or bad input (exit code 2) would fail again"
     error = _read(summary_path).get("error", "")
@@ -159,73 +157,46 @@ def _no_restart_reason(failure: dict[str, Any], summary_path: str, stop: dict) -
     return ""
 
 
-def _run(cmd: list[str], stop: dict) -> tuple[int, str]:
-    """Runs horovodrun, echoing its output as it comes; returns its exit code and output."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    stop["proc"] = proc
-    tail: deque[str] = deque(maxlen=400)  # the failure report is at the end
+def _mark_ended(path: str, failure: dict[str, Any], stop_signal: int) -> None:
+    """summary.json tells how the attempt ended, with the first failure as its cause.
 
-    def pump(src, dst) -> None:
-        for line in src:
-            dst.write(line)
-            dst.flush()
-            tail.append(line)
-
-    threads = [
-        threading.Thread(target=pump, args=(proc.stdout, sys.stdout), daemon=True),
-        threading.Thread(target=pump, args=(proc.stderr, sys.stderr), daemon=True),
-    ]
-    for t in threads:
-        t.start()
-    code = proc.wait()
-    for t in threads:
-        t.join()
-    stop["proc"] = None
-    return code, "".join(tail)
-
-
-def _forward_signals() -> dict:
-    """SIGTERM/SIGINT to the supervisor go to horovodrun, which stops its workers gracefully."""
-    state: dict[str, Any] = {"signum": 0, "proc": None}
-
-    def handle(signum: int, frame: object) -> None:
-        state["signum"] = signum
-        if state["proc"] is not None:
-            state["proc"].send_signal(signum)
-
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, handle)
-    return state
-
-
-def _mark_failed(path: str, failure: dict[str, Any]) -> None:
-    """summary.json says `failed` (rank 0 may have died before it could say so)."""
-    summary = _read(path)
-    if not summary or summary.get("status") in ("completed", "interrupted"):
+    Rank 0 (or the keeper it left behind) has usually written the ending; the launcher knows
+    what they cannot: which rank failed first, and whether the stop was asked for.
+    """
+    summary = _read(path, wait_s=10)
+    if not summary or summary.get("status") == "completed":
         return
-    summary.update(status="failed", failed_rank=failure["rank"], failure=describe(failure))
-    _write(path, summary)
+    if stop_signal and summary.get("status") in ("running", "failed"):
+        summary.update(status="interrupted", stopped_by=_SIGNALS[stop_signal])
+    elif summary.get("status") != "interrupted":
+        summary.update(status="failed", failed_rank=failure["rank"], failure=describe(failure))
+        error = summary.get("error") or ""
+        if failure.get("error") and (not error or _is_knock_on(error)):
+            summary["error"] = f"rank {failure['rank']}: {failure['error']}"
+    write_json(path, summary)
+
+
+def _is_knock_on(error: str) -> bool:
+    """An error that says only that another rank went first (or rank 0's keeper's guess)."""
+    return error.startswith("another worker ended first") or "ended without writing" in error
 
 
 def _record(path: str, history: list[dict[str, Any]], restarts: int) -> None:
     summary = _read(path)
     if summary:
         summary["launch"] = {"restarts": max(restarts, 0), "failures": history}
-        _write(path, summary)
+        write_json(path, summary)
 
 
-def _read(path: str) -> dict[str, Any]:
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return {}
-
-
-def _write(path: str, summary: dict[str, Any]) -> None:
-    with open(path + ".tmp", "w") as f:
-        json.dump(summary, f, indent=2)
-    os.replace(path + ".tmp", path)
+def _read(path: str, wait_s: float = 0.0) -> dict[str, Any]:
+    """summary.json; with `wait_s`, waits that long for a `running` one to end (rank 0's
+    keeper writes it once rank 0 has exited, a moment after the job)."""
+    deadline = time.monotonic() + wait_s
+    summary = read_json(path)
+    while summary.get("status") == "running" and time.monotonic() < deadline:
+        time.sleep(0.1)
+        summary = read_json(path)
+    return summary
 
 
 def _gpu_count() -> int:

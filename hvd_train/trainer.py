@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import json
+import functools
 import os
 import signal
+import sys
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -24,11 +25,12 @@ from hvd_train.config import Config, Derived, derive, dump_yaml
 from hvd_train.control import RunControl, StopSignals
 from hvd_train.data import Source, load_source
 from hvd_train.elastic import fit_elastic
-from hvd_train.errors import DataError, Interrupted, UserError
+from hvd_train.errors import KNOCK_ON, DataError, Interrupted, UserError
 from hvd_train.evaluation import Evaluator
 from hvd_train.fitting import fit_from
 from hvd_train.input_diagnostics import InputWait, advice_for, data_summary
 from hvd_train.models import build_model
+from hvd_train.record import RecordError, RunRecord
 from hvd_train.schedules import learning_rate_schedule
 
 
@@ -37,12 +39,26 @@ def train(cfg: Config) -> tuple[tf.keras.Model, dict[str, Any]]:
 
     Raises:
         UserError: bad config or data (exit code 2).
-        TrainingError: a NaN or infinite loss (exit code 1); no checkpoint is written.
+        TrainingError: a NaN or infinite loss, a failed write (exit code 1).
         Interrupted: SIGTERM or SIGINT; a checkpoint was written (exit code 128 + signal).
     """
+    # From the first moment: a stop during start-up ends at once, and is recorded once there
+    # is a record (see StopSignals: a stop may also end the process from its watcher thread).
+    signals = StopSignals()
+    signals.install()
+    try:
+        return _train(cfg, signals)
+    finally:
+        signals.done.set()
+        signals.uninstall()
+
+
+def _train(cfg: Config, signals: StopSignals) -> tuple[tf.keras.Model, dict[str, Any]]:
     started = time.perf_counter()
     tuning.before_init(cfg)  # core binding: before Horovod and TensorFlow start threads
     distributed.init(cfg.horovod, cfg.run.dir)
+    signals.chief = distributed.is_chief()
+    signals.abandon = functools.partial(_abandon, None, None)
     device = distributed.configure_devices(
         cfg.runtime.intra_op_threads, cfg.runtime.inter_op_threads
     )
@@ -53,77 +69,80 @@ def train(cfg: Config) -> tuple[tf.keras.Model, dict[str, Any]]:
     source = load_source(cfg)
     d = derive(cfg, distributed.size(), source.num_train)
     _prepare_run_dir(cfg)
-    _log_plan(cfg, d, source, device)
-    tuning.log_knobs(cfg, d)
-
-    model = build_model(cfg, source.input_shape, source.num_classes)
-    model.compile(
-        # Horovod: average gradients across workers with ring-allreduce (compression,
-        # accumulation and loss scaling as configured: see tuning.distributed_optimizer).
-        optimizer=tuning.distributed_optimizer(make_optimizer(cfg, d), cfg),
-        loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=cfg.model.from_logits),
-        metrics=["accuracy"],
-        jit_compile=tuning.jit_compile(cfg, device),
-    )
-    start = _resume(cfg, model, d)
-    signals = StopSignals()
+    base = _summary_base(cfg, d, device)
+    record = RunRecord(cfg.run.dir, base) if distributed.is_chief() else None
+    if record:  # hooks first: a stop that comes while the record starts is recorded
+        signals.on_signal = lambda signum: record.note(signal=signum)
+        signals.abandon = functools.partial(_abandon, record, None)
+        record.start()  # summary.json says `running` from here on
     made: dict[str, Any] = {}
-
-    def make_callbacks(d: Derived, epoch: int, first_step: int) -> list:
-        """This membership's callbacks (rebuilt by Horovod Elastic when workers change)."""
-        evaluator = Evaluator(model, source, d.per_worker_batch, cfg.model.from_logits)
-        made["control"] = RunControl(
-            signals,
-            cfg.checkpoint.check_every_steps,
-            d.steps_per_epoch,
-            lambda step: every_steps_due(cfg, step),
-            first_step_in_epoch=first_step,
-        )
-        made["d"] = d
-        callbacks, made["checkpointer"] = build_callbacks(
-            cfg, d, evaluator, made["control"], epoch, broadcast=not cfg.elastic.enabled
-        )
-        # Input wait first: its epoch end is a collective, and its value must reach the files.
-        made["input_wait"] = InputWait(cfg.data.input_wait_warning, advice_for(cfg.data.source))
-        made["timer"] = next(c for c in callbacks if isinstance(c, perf.StepTimer))
-        return [made["input_wait"], *callbacks]
-
-    def attach(data: tf.data.Dataset) -> tf.data.Dataset:
-        """The training data, time-stamped for the input-wait measurement."""
-        return made["input_wait"].attach(data)
-
-    summary = _summary_base(cfg, d, device, start)
-    _write_summary(cfg, summary)
-    signals.install()
     try:
+        _log_plan(cfg, d, source, device)
+        tuning.log_knobs(cfg, d)
+        model = build_model(cfg, source.input_shape, source.num_classes)
+        model.compile(
+            # Horovod: average gradients across workers with ring-allreduce (compression,
+            # accumulation and loss scaling as configured: see tuning.distributed_optimizer).
+            optimizer=tuning.distributed_optimizer(make_optimizer(cfg, d), cfg),
+            loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=cfg.model.from_logits),
+            metrics=["accuracy"],
+            jit_compile=tuning.jit_compile(cfg, device),
+        )
+        start = _resume(cfg, model, d)
+        signals.abandon = functools.partial(_abandon, record, start)
+        if record:
+            record.update(epochs_completed=start.epoch, resumed_from=start.checkpoint,
+                          last_checkpoint=start.checkpoint)  # fmt: skip
+
+        def make_callbacks(d: Derived, epoch: int, first_step: int) -> list:
+            """This membership's callbacks (rebuilt by Horovod Elastic when workers change)."""
+            evaluator = Evaluator(model, source, d.per_worker_batch, cfg.model.from_logits)
+            made["control"] = RunControl(
+                signals,
+                cfg.checkpoint.check_every_steps,
+                d.steps_per_epoch,
+                lambda step: every_steps_due(cfg, step),
+                first_step_in_epoch=first_step,
+            )
+            made["d"] = d
+            callbacks, made["checkpointer"] = build_callbacks(
+                cfg, d, evaluator, made["control"], epoch, broadcast=not cfg.elastic.enabled
+            )
+            # Input wait first: its epoch end is a collective, its value must reach the files.
+            made["input_wait"] = InputWait(cfg.data.input_wait_warning, advice_for(cfg.data.source))
+            made["timer"] = next(c for c in callbacks if isinstance(c, perf.StepTimer))
+            # Last: the record follows what the callbacks before it wrote (rank 0).
+            progress = [RecordProgress(record, made["control"], made["checkpointer"])]
+            return [made["input_wait"], *callbacks, *(progress if record else [])]
+
+        def attach(data: tf.data.Dataset) -> tf.data.Dataset:
+            """The training data, time-stamped for the input-wait measurement."""
+            return made["input_wait"].attach(data)
+
         if cfg.elastic.enabled:
             history, report = fit_elastic(
                 model, source, cfg, start.epoch, start.step, make_callbacks, attach
             )
             d = made["d"]
-            summary.update(world_size=d.world_size, elastic=report, **_batches(d))
+            if record:
+                record.update(world_size=d.world_size, elastic=report, **_batches(d))
         else:
             callbacks = make_callbacks(d, start.epoch, start.step)
             history = fit_from(model, source, cfg, d, start.epoch, start.step, callbacks, attach)
     except BaseException as e:
-        # Every rank says why it stopped: the launcher names the rank whose error came first
-        # and was not a consequence of another rank's failure.
-        distributed.log(f"failed: {_one_line(e)}", all_ranks=True)
-        summary.update(status="failed", error=_one_line(e))
-        _end_summary(cfg, summary, started, made.get("checkpointer"))
+        _fail(record, started, made.get("checkpointer"), e)
         raise
-    finally:
-        signals.uninstall()
     control, checkpointer = made["control"], made["checkpointer"]
-    summary.update(_results(history, cfg, control))
+    summary = _results(history, cfg, control)
     summary.update(data_summary(history, source.skipped_files))
     summary.update(perf.throughput_summary(made["timer"], cfg))
     perf.log_throughput(summary)
     if summary["status"] == "interrupted":
-        _end_summary(cfg, summary, started, checkpointer)
+        _end_record(record, started, checkpointer, **summary)
+        signals.done.set()  # the stop is recorded: the watcher lets this process end itself
         # Every rank leaves only when rank 0 has written the stop checkpoint and the summary:
         # the launcher ends the whole job when the first rank exits.
-        distributed.barrier("hvd_train.stopped")
+        _barrier_if_alive("hvd_train.stopped")
         where = checkpointer.last if checkpointer else "rank 0's run.dir"
         raise Interrupted(
             control.stop_signal,
@@ -131,8 +150,104 @@ def train(cfg: Config) -> tuple[tf.keras.Model, dict[str, Any]]:
             f"{control.stopped_at[0] + 1}, step {control.stopped_at[1]}; checkpoint {where}; run "
             "the same command again to resume",
         )
-    _finish(cfg, model, summary, started, checkpointer)
-    return model, summary
+    try:
+        _finish(cfg, model, summary, started, checkpointer)
+        _end_record(record, started, checkpointer, **summary)
+    except BaseException as e:
+        _fail(record, started, checkpointer, e)
+        raise
+    signals.done.set()
+    m = summary["final_metrics"]
+    distributed.log(
+        f"done in {time.perf_counter() - started:.1f} s: val_accuracy "
+        f"{m.get('val_accuracy', 0):.4f}, {summary['train_examples_per_sec']:.0f} examples/s; "
+        f"results in {cfg.run.dir}"
+    )
+    return model, record.summary if record else {**base, **summary}
+
+
+class RecordProgress(tf.keras.callbacks.Callback):
+    """Keeps summary.json's epochs_completed and last_checkpoint current (rank 0), so a record
+    ended by the stop watcher or the keeper says how far the run got."""
+
+    def __init__(self, record: RunRecord, control: RunControl, checkpointer: Checkpointer | None):
+        super().__init__()
+        self.record, self.control, self.checkpointer = record, control, checkpointer
+        self._last = checkpointer.last if checkpointer else None
+
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        if self.checkpointer and self.checkpointer.last != self._last:  # a mid-epoch one
+            self._last = self.checkpointer.last
+            self.record.update(last_checkpoint=self._last)
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        if self.control.stopped_mid_epoch():
+            return
+        self._last = self.checkpointer.last if self.checkpointer else None
+        self.record.update(epochs_completed=epoch + 1, last_checkpoint=self._last)
+
+
+def _abandon(
+    record: RunRecord | None, start: Start | None, signum: int, reason: str, ran: bool
+) -> None:
+    """Called by the stop watcher just before it ends this process: records the stop.
+
+    `ran`: whether any step ran; without one, training continues where `start` says.
+    """
+    name = signal.Signals(signum).name
+    if record is None:
+        if _rank_or_zero() == 0:
+            print(f"hvd_train: stopped by {name} during start-up; nothing was written",
+                  file=sys.stderr, flush=True)  # fmt: skip
+        return
+    fields: dict[str, Any] = {"status": "interrupted", "stopped_by": name, "stop_detail": reason}
+    if not ran and start is not None:
+        fields["stopped_at"] = {"epoch": start.epoch + 1, "step": start.step}
+    try:
+        record.end(**fields, wall_time_s=time.time() - record.summary["started_at"])
+    except RecordError as e:
+        print(f"hvd_train: error: {e}", file=sys.stderr, flush=True)
+    record.close()
+    last = record.summary.get("last_checkpoint")
+    resume = f"resumes from {last}" if last else "starts afresh"
+    print(f"hvd_train: stopped by {name} {reason}; the same command {resume}",
+          file=sys.stderr, flush=True)  # fmt: skip
+
+
+def _rank_or_zero() -> int:
+    """This worker's rank, also before (or without) Horovod's start."""
+    try:
+        return distributed.rank()
+    except ValueError:  # Horovod not initialized yet
+        return int(os.environ.get("HOROVOD_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", 0)))
+
+
+def _fail(
+    record: RunRecord | None, started: float, checkpointer: Checkpointer | None, e: BaseException
+) -> None:
+    """Every rank says why it stopped (the launcher names the rank whose error came first and
+    was not a consequence of another rank's failure); rank 0 records it."""
+    distributed.log(f"failed: {_one_line(e)}", all_ranks=True)
+    try:
+        _end_record(record, started, checkpointer, status="failed", error=_cause(e))
+    except RecordError as e2:
+        distributed.log(f"error: {e2}", all_ranks=True)
+
+
+def _cause(e: BaseException) -> str:
+    """The summary's `error`: this rank's own error, or that another rank failed first."""
+    text = _one_line(e)
+    if any(c in text for c in KNOCK_ON):
+        return f"another worker ended first; rank 0 then saw: {text}"
+    return text
+
+
+def _barrier_if_alive(name: str) -> None:
+    """A barrier that gives up quietly when another worker has already gone."""
+    try:
+        distributed.barrier(name)
+    except Exception:  # noqa: BLE001 - the record is written; a gone peer changes nothing
+        pass
 
 
 @dataclass(frozen=True)
@@ -251,17 +366,19 @@ def _log_plan(cfg: Config, d: Derived, source: Source, device: str) -> None:
     )
 
 
-def _summary_base(cfg: Config, d: Derived, device: str, start: Start) -> dict[str, Any]:
+def _summary_base(cfg: Config, d: Derived, device: str) -> dict[str, Any]:
     return {
         "status": "running",
+        "started_at": time.time(),
         "world_size": d.world_size,
         "controller": distributed.controller(),
         "device": device,
         **_batches(d),
         "batch_size_mode": cfg.train.batch_size_mode,
         "epochs": cfg.train.epochs,
-        "epochs_completed": start.epoch,
-        "resumed_from": start.checkpoint,
+        "epochs_completed": 0,
+        "resumed_from": None,
+        "last_checkpoint": None,
         "versions": distributed.versions(),
     }
 
@@ -293,15 +410,24 @@ def _results(history: dict[str, list[float]], cfg: Config, control: RunControl) 
     }
 
 
-def _end_summary(
-    cfg: Config, summary: dict[str, Any], started: float, checkpointer: Checkpointer | None
+def _end_record(
+    record: RunRecord | None,
+    started: float,
+    checkpointer: Checkpointer | None,
+    **fields: Any,
 ) -> None:
-    summary["wall_time_s"] = time.perf_counter() - started
+    """Rank 0: the run's final summary.json (once; a stop already recorded wins)."""
+    if not record:
+        return
+    fields["wall_time_s"] = time.perf_counter() - started
     if checkpointer is not None:
-        summary["last_checkpoint"] = checkpointer.last
-        summary["best_model_path"] = checkpointer.best_model
-        summary["checkpoint_failures"] = checkpointer.failures
-    _write_summary(cfg, summary)
+        fields["last_checkpoint"] = checkpointer.last
+        fields["best_model_path"] = checkpointer.best_model
+        fields["checkpoint_failures"] = checkpointer.failures
+    try:
+        record.end(**fields)
+    finally:
+        record.close()
 
 
 def _finish(
@@ -319,18 +445,3 @@ def _finish(
             checkpointer.failures.append(f"model.keras export failed: {_one_line(e)}")
             distributed.log(f"warning: exporting model.keras failed: {_one_line(e)}")
         summary["model_path"] = path
-    _end_summary(cfg, summary, started, checkpointer)
-    m = summary["final_metrics"]
-    distributed.log(
-        f"done in {summary['wall_time_s']:.1f} s: val_accuracy {m.get('val_accuracy', 0):.4f}, "
-        f"{summary['train_examples_per_sec']:.0f} examples/s; results in {cfg.run.dir}"
-    )
-
-
-@distributed.rank_zero_only
-def _write_summary(cfg: Config, summary: dict[str, Any]) -> None:
-    os.makedirs(cfg.run.dir, exist_ok=True)
-    path = os.path.join(cfg.run.dir, "summary.json")
-    with open(path + ".tmp", "w") as f:
-        json.dump(summary, f, indent=2)
-    os.replace(path + ".tmp", path)

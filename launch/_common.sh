@@ -76,12 +76,13 @@ count_gpus() {
 
 is_positive_int() { [[ $1 =~ ^[1-9][0-9]*$ ]]; }
 
-# run_printed CMD...: prints the exact command (shell-quoted, `+ ` first), then becomes it, so
-# the script's exit code is the job's.
+# run_printed CMD...: prints the exact command (shell-quoted, `+ ` first), then runs it under
+# the supervisor (hvd_train/supervise.py), which passes SIGTERM/SIGINT on to the workers (under
+# MPI, horovodrun and mpirun do not); the script's exit code is the job's.
 run_printed() {
   local quoted
   quoted=$(printf '%q ' "$@")
   printf '+ %s\n' "${quoted% }"
   [ "${DRY_RUN:-0}" = 1 ] && exit 0
-  exec "$@"
+  exec "$PY" -m hvd_train.supervise -- "$@"
 }

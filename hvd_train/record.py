@@ -1,0 +1,263 @@
+"""The run record: summary.json, which never says `running` or `completed` when it is not.
+
+Rank 0 writes summary.json atomically: at the start, after every epoch and checkpoint, and at
+the end. The end is written once (`RunRecord.end`); a failed write of it is an error, and a
+full disk gets the room kept in a small reserve file. A keeper process, started by rank 0
+outside the job's process tree (launchers kill the tree), outlives it: when rank 0 ends
+without its final word (SIGKILL from a launcher after another worker failed, the
+out-of-memory killer, a stop that outran the launcher's grace), the keeper writes `failed`
+or `interrupted` itself, and releases rank 0's hold on run.dir.
+
+This module imports nothing heavy: the keeper runs it as `python -m hvd_train.record`.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+from hvd_train.errors import TrainingError
+
+SUMMARY = "summary.json"
+ENDINGS = ("completed", "failed", "interrupted")
+# Room for the final summary.json on a full disk, freed just before it is written.
+RESERVE = ".hvd_train.reserve"
+RESERVE_BYTES = 256 * 1024
+
+
+class RecordError(TrainingError):
+    """summary.json could not be written: the run's status would be false (exit code 1)."""
+
+
+class RunRecord:
+    """summary.json of one run, on rank 0. Every write is atomic; `end` is written once."""
+
+    def __init__(self, run_dir: str, summary: dict[str, Any]):
+        self.run_dir = run_dir
+        self.path = os.path.join(run_dir, SUMMARY)
+        self.summary = dict(summary)
+        self.ended = False
+        self._lock = threading.Lock()  # the stop watcher thread may end the record too
+        self._keeper: Any = None
+
+    def start(self) -> None:
+        """Writes the first summary, sets the reserve aside and starts the keeper."""
+        with self._lock:
+            if self.ended:
+                return
+            self._write()
+            _reserve(self.run_dir)
+            self._keeper = _start_keeper(self.run_dir, os.getpid())
+
+    def update(self, **fields: Any) -> None:
+        """Progress while running (epochs completed, newest checkpoint); ignored once ended."""
+        with self._lock:
+            if self.ended:
+                return
+            self.summary.update(fields)
+            try:
+                self._write()
+            except OSError:
+                pass  # progress is best effort; the end is not (see `end`)
+
+    def end(self, **fields: Any) -> bool:
+        """Writes the final summary; False when it was already written (by another thread).
+
+        Raises:
+            RecordError: summary.json cannot be written even with the reserve freed.
+        """
+        with self._lock:
+            if self.ended:
+                return False
+            self.ended = True
+            self.summary.update(fields)
+            try:
+                self._write()
+            except OSError as e:
+                if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+                    raise RecordError(f"cannot write {self.path}: {e.strerror or e}") from None
+                _free_reserve(self.run_dir)
+                try:
+                    self._write()
+                except OSError as e2:
+                    raise RecordError(f"cannot write {self.path}: {e2.strerror or e2}") from None
+            _free_reserve(self.run_dir)
+            return True
+
+    def note(self, **event: Any) -> None:
+        """Tells the keeper something it needs if rank 0 dies (a stop signal arrived)."""
+        if self._keeper is None:
+            return
+        try:
+            self._keeper.write(json.dumps(event) + "\n")
+            self._keeper.flush()
+        except (OSError, ValueError):
+            pass
+
+    def close(self) -> None:
+        """Lets the keeper go: it checks the summary once this process has exited."""
+        if self._keeper is not None:
+            try:
+                self._keeper.close()
+            except OSError:
+                pass
+            self._keeper = None
+
+    def _write(self) -> None:
+        write_json(self.path, self.summary)
+
+
+def write_json(path: str, data: dict[str, Any]) -> None:
+    """Writes `data` to a temporary file next to `path`, then renames it over `path`."""
+    tmp = f"{path}.tmp-{os.getpid()}"
+    try:
+        with open(tmp, "w") as f:
+            json.dump(data, f, indent=2)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.remove(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def read_json(path: str) -> dict[str, Any]:
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _reserve(run_dir: str) -> None:
+    try:
+        with open(os.path.join(run_dir, RESERVE), "wb") as f:
+            f.write(b"\0" * RESERVE_BYTES)  # real blocks: a sparse file would free nothing
+    except OSError:
+        _free_reserve(run_dir)  # already short of room: nothing kept, nothing half-written
+
+
+def _free_reserve(run_dir: str) -> None:
+    try:
+        os.remove(os.path.join(run_dir, RESERVE))
+    except OSError:
+        pass
+
+
+# --------------------------------------------------------------------------- the keeper
+
+
+def _start_keeper(run_dir: str, pid: int) -> Any:
+    """Starts the keeper of `pid`'s record; returns the pipe to it (EOF: `pid` has ended)."""
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "hvd_train.record", os.path.abspath(run_dir), str(pid)],
+            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+            start_new_session=True,  # not in the job's process group: spared by its kill
+            env={**os.environ, "PYTHONPATH": _package_root()},
+        )  # fmt: skip
+    except OSError:
+        return None
+    proc.wait()  # the first child forks the keeper and exits at once (see keep)
+    return proc.stdin
+
+
+def _package_root() -> str:
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    extra = os.environ.get("PYTHONPATH")
+    return f"{root}{os.pathsep}{extra}" if extra else root
+
+
+def keep(run_dir: str, pid: int) -> None:
+    """The keeper: waits for `pid` to end, then makes sure its record tells the truth."""
+    # Leave the process tree: a launcher that kills the job's tree (horovodrun kills the
+    # children of a worker that outlived its grace) must not take the keeper with it.
+    if os.fork():
+        os._exit(0)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    stop_signal = 0
+    for line in sys.stdin:  # until rank 0's end of the pipe closes: it has ended
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        stop_signal = stop_signal or int(event.get("signal", 0))
+    _wait_gone(pid)
+    path = os.path.join(run_dir, SUMMARY)
+    summary = read_json(path)
+    if summary.get("status") == "running":
+        summary.update(ended_without_rank0(summary, pid, stop_signal))
+        _free_reserve(run_dir)
+        try:
+            write_json(path, summary)
+            print(f"[hvd_train] {summary['error']}; {path} says {summary['status']}",
+                  file=sys.stderr, flush=True)  # fmt: skip
+        except OSError as e:
+            print(f"[hvd_train] cannot write {path}: {e}", file=sys.stderr, flush=True)
+    _free_reserve(run_dir)
+    _release(run_dir, pid)
+
+
+def ended_without_rank0(summary: dict[str, Any], pid: int, stop_signal: int) -> dict[str, Any]:
+    """The fields that end a record whose rank 0 died before writing its end."""
+    who = f"rank 0 (pid {pid} on {socket.gethostname()})"
+    fields: dict[str, Any] = {"recorded_by": "keeper"}
+    if stop_signal:
+        name = signal.Signals(stop_signal).name
+        fields.update(
+            status="interrupted",
+            stop_signal=name,
+            error=f"stopped by {name}: {who} was killed before it finished its stop; resume "
+            f"continues from the last checkpoint ({summary.get('last_checkpoint')})",
+        )
+    else:
+        fields.update(
+            status="failed",
+            error=f"{who} ended without writing its status: killed (SIGKILL by the launcher "
+            "after another worker failed, the out-of-memory killer, or by hand); the "
+            "launcher's output names the first failure",
+        )
+    started = summary.get("started_at")
+    if isinstance(started, (int, float)):
+        fields["wall_time_s"] = time.time() - started
+    return fields
+
+
+def _wait_gone(pid: int, limit_s: float = 30.0) -> None:
+    """Returns once `pid` has exited (its final write, if any, is then on disk)."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        except PermissionError:
+            pass
+        time.sleep(0.05)
+
+
+def _release(run_dir: str, pid: int) -> None:
+    try:
+        from hvd_train import rundir
+    except ImportError:
+        return
+    release = getattr(rundir, "release_stale", None)
+    if release is not None:
+        release(run_dir, pid, socket.gethostname())
+
+
+if __name__ == "__main__":
+    keep(sys.argv[1], int(sys.argv[2]))
