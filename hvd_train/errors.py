@@ -13,6 +13,11 @@ class DataError(UserError):
     """The training or validation data cannot be used as configured."""
 
 
+class RunDirError(UserError):
+    """run.dir cannot be this run's: another job holds it, it is not a writable folder, or it
+    holds files that are not a run's (see rundir.py)."""
+
+
 class TrainingError(Exception):
     """Training cannot go on (a non-finite loss): one line, exit code 1, no checkpoint written."""
 
