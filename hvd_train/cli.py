@@ -38,7 +38,7 @@ def _cmd_train(argv: list[str], prog: str) -> int:
     cfg = load_config(args.config, args.overrides)  # before TensorFlow loads: fast to fail
     from hvd_train.trainer import train
 
-    train(cfg)
+    train(cfg, config_path=args.config)
     return 0
 
 

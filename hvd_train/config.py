@@ -31,6 +31,9 @@ def _positive(default: Any, **meta: Any) -> Any:
 @dataclass(frozen=True)
 class RunConfig:
     dir: str = "runs/default"  # results: config.yaml, metrics.csv, summary.json, checkpoints
+    # A run.dir holding files that are not a run's is refused; true writes the run's files
+    # beside them (replacing only the run's own). Never lets two jobs share a run.dir.
+    overwrite: bool = False
 
 
 @dataclass(frozen=True)
@@ -454,6 +457,7 @@ def _kind(v: Any) -> str:
 
 def check(cfg: Config, world_size: int) -> None:
     """Rules that span fields or need the worker count; run once, after the merge."""
+    _check_run_dir(cfg.run.dir)
     t = cfg.train
     if t.batch_size_mode == "global" and t.batch_size % world_size:
         raise ConfigError(
@@ -488,6 +492,20 @@ def check(cfg: Config, world_size: int) -> None:
         raise ConfigError(
             f"logging.profile_steps: expected [first, last] with first <= last (for example "
             f"[20, 30]), or [] to turn the profiler off; got {steps}"
+        )
+
+
+def _check_run_dir(path: str) -> None:
+    """What a path can be checked for before it is used (the rest: rundir.claim)."""
+    if not path.strip():
+        raise ConfigError(
+            f"run.dir: expected the folder for the run's results, got {path!r}; set it, for "
+            "example run.dir=runs/my_run"
+        )
+    if "\0" in path:
+        raise ConfigError(
+            f"run.dir: {path!r} holds a NUL byte, which no file system accepts in a path; "
+            "remove it"
         )
 
 

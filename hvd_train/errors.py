@@ -17,6 +17,11 @@ class DataError(UserError):
 KNOCK_ON = ("Horovod has been shut down", "HorovodInternalError", "Connection closed by peer")
 
 
+class RunDirError(UserError):
+    """run.dir cannot be this run's: another job holds it, it is not a writable folder, or it
+    holds files that are not a run's (see rundir.py)."""
+
+
 class TrainingError(Exception):
     """Training cannot go on (a non-finite loss): one line, exit code 1, no checkpoint written."""
 

@@ -4,11 +4,13 @@
                      [--max-restarts N]
 
 Each attempt is one real `horovodrun` job. When it fails, the supervisor names the rank that
-failed first (from horovodrun's or mpirun's report), marks summary.json `failed`, and, while
+failed first (from horovodrun's or mpirun's report), marks summary.json `failed` (unless the
+attempt never claimed run.dir: rank 0 holds its lock, the supervisor does not), and, while
 restarts remain, starts the same job again with `train.resume=auto`, which continues from the
-newest checkpoint. It does not restart after a bad config or bad input (exit code 2), a
-non-finite loss (the same data would fail again), or a SIGTERM/SIGINT sent to the supervisor
-itself (passed on to horovodrun, whose workers stop at a step boundary and checkpoint).
+newest checkpoint. It does not restart after a bad config, bad input or a run.dir another job
+holds (exit code 2), a non-finite loss (the same data would fail again), or a SIGTERM/SIGINT
+sent to the supervisor itself (passed on to horovodrun, whose workers stop at a step boundary
+and checkpoint).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import sys
 import time
 from typing import Any
 
+from hvd_train import rundir
 from hvd_train.config import Config, add_config_arguments, load_config
 from hvd_train.errors import KNOCK_ON
 from hvd_train.record import read_json, write_json
@@ -57,27 +60,32 @@ def main(argv: list[str], prog: str) -> int:
     summary_path = os.path.join(cfg.run.dir, "summary.json")
     history: list[dict[str, Any]] = []
     supervisor = Supervisor()  # SIGTERM/SIGINT to the launcher reach the workers
+    ours = False  # whether an attempt claimed run.dir: its summary.json is then this job's
     for attempt in range(args.max_restarts + 1):
         overrides = list(args.overrides) + (["train.resume=auto"] if attempt else [])
         cmd = horovodrun_command(cfg, args, np_, overrides)
         _say(f"attempt {attempt + 1} of {args.max_restarts + 1}: {shlex.join(cmd)}")
+        held = rundir.read_lock(cfg.run.dir)  # the supervisor never takes the lock: rank 0 does
         code, output = supervisor.run(cmd)
         if code == 0:
             _record(summary_path, history, attempt)
             _say(f"job completed after {attempt} restart(s)")
             return 0
+        ours = ours or not _held_by_another_job(cfg.run.dir, held)
         failure = first_failure(output)
         failure.update(attempt=attempt + 1, exit_code=code, time=time.time())
         history.append(failure)
         _say(f"attempt {attempt + 1} failed: {describe(failure)}")
-        _mark_ended(summary_path, failure, supervisor.stop_signal)
+        if ours:
+            _mark_ended(summary_path, failure, supervisor.stop_signal)
         reason = _no_restart_reason(failure, summary_path, supervisor.stop_signal)
         if reason:
             _say(f"not restarting: {reason}")
             break
         if attempt < args.max_restarts:
             _say(f"restarting ({attempt + 1} of {args.max_restarts}) from the newest checkpoint")
-    _record(summary_path, history, len(history) - 1)
+    if ours:
+        _record(summary_path, history, len(history) - 1)
     return history[-1]["exit_code"] if history else 1
 
 
@@ -103,6 +111,16 @@ def horovodrun_command(
     for item in overrides:
         cmd += ["--set", item]
     return cmd
+
+
+def _held_by_another_job(run_dir: str, before: dict[str, Any] | None) -> bool:
+    """After a failed attempt (its workers are gone): whether run.dir's lock is another job's,
+    so the attempt was refused or never claimed run.dir and summary.json is not its own.
+
+    Another job's: a live process on this host, or a lock unchanged since before the attempt.
+    """
+    after = rundir.read_lock(run_dir)
+    return after is not None and (after == before or rundir.alive_here(after))
 
 
 def first_failure(output: str) -> dict[str, Any]:
@@ -150,7 +168,7 @@ def _no_restart_reason(failure: dict[str, Any], summary_path: str, stop_signal: 
     if stop_signal:
         return f"the launcher received {_SIGNALS[stop_signal]}"
     if failure["rank_exit_code"] == 2:
-        return "a bad config or bad input (exit code 2) would fail again"
+        return "a bad config, bad input or an unusable run.dir (exit code 2) would fail again"
     error = _read(summary_path).get("error", "")
     if error.startswith("TrainingError"):
         return "a non-finite loss would recur from the same checkpoint and data"

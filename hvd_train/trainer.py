@@ -12,7 +12,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from hvd_train import distributed, perf, tuning
+from hvd_train import distributed, perf, rundir, tuning
 from hvd_train.callbacks import Checkpointer, build_callbacks, every_steps_due
 from hvd_train.checkpoint import (
     CheckpointStore,
@@ -34,11 +34,16 @@ from hvd_train.record import RecordError, RunRecord
 from hvd_train.schedules import learning_rate_schedule
 
 
-def train(cfg: Config) -> tuple[tf.keras.Model, dict[str, Any]]:
+def train(cfg: Config, config_path: str | None = None) -> tuple[tf.keras.Model, dict[str, Any]]:
     """Trains as one worker of the job horovodrun started (or alone); returns model and summary.
 
+    Args:
+        cfg: the loaded config.
+        config_path: the `--config` file, which run.dir/config.yaml never overwrites. Defaults
+            to None (the config is the defaults alone).
+
     Raises:
-        UserError: bad config or data (exit code 2).
+        UserError: bad config or data, or a run.dir this job cannot have (exit code 2).
         TrainingError: a NaN or infinite loss, a failed write (exit code 1).
         Interrupted: SIGTERM or SIGINT; a checkpoint was written (exit code 128 + signal).
     """
@@ -46,14 +51,19 @@ def train(cfg: Config) -> tuple[tf.keras.Model, dict[str, Any]]:
     # is a record (see StopSignals: a stop may also end the process from its watcher thread).
     signals = StopSignals()
     signals.install()
+    claims: list[rundir.Claim] = []  # rank 0's hold on run.dir, taken in _prepare_run_dir
     try:
-        return _train(cfg, signals)
+        return _train(cfg, config_path, claims, signals)
     finally:
         signals.done.set()
         signals.uninstall()
+        for claim in claims:  # at every ending: completed, failed, interrupted
+            claim.release()
 
 
-def _train(cfg: Config, signals: StopSignals) -> tuple[tf.keras.Model, dict[str, Any]]:
+def _train(
+    cfg: Config, config_path: str | None, claims: list[rundir.Claim], signals: StopSignals
+) -> tuple[tf.keras.Model, dict[str, Any]]:
     started = time.perf_counter()
     tuning.before_init(cfg)  # core binding: before Horovod and TensorFlow start threads
     distributed.init(cfg.horovod, cfg.run.dir)
@@ -68,7 +78,7 @@ def _train(cfg: Config, signals: StopSignals) -> tuple[tf.keras.Model, dict[str,
     tf.keras.utils.set_random_seed(cfg.runtime.seed)
     source = load_source(cfg)
     d = derive(cfg, distributed.size(), source.num_train)
-    _prepare_run_dir(cfg)
+    _prepare_run_dir(cfg, config_path, claims)
     base = _summary_base(cfg, d, device)
     record = RunRecord(cfg.run.dir, base) if distributed.is_chief() else None
     if record:  # hooks first: a stop that comes while the record starts is recorded
@@ -343,11 +353,21 @@ def make_optimizer(cfg: Config, d: Derived) -> tf.keras.optimizers.Optimizer:
     return tf.keras.optimizers.RMSprop(lr, momentum=o.momentum)
 
 
-@distributed.rank_zero_only
-def _prepare_run_dir(cfg: Config) -> None:
-    os.makedirs(cfg.run.dir, exist_ok=True)
-    with open(os.path.join(cfg.run.dir, "config.yaml"), "w") as f:
-        f.write(dump_yaml(cfg))
+def _prepare_run_dir(cfg: Config, config_path: str | None, claims: list[rundir.Claim]) -> None:
+    """Rank 0 claims run.dir (into `claims`) and writes the resolved config there, before
+    anything else is written; a refusal is raised on every rank, so none waits for rank 0."""
+
+    def claim_and_write() -> None:
+        claim = rundir.claim(
+            cfg.run.dir,
+            overwrite=cfg.run.overwrite,
+            config_path=config_path,
+            log=distributed.log,
+        )
+        claims.append(claim)
+        claim.write_config(dump_yaml(cfg))
+
+    distributed.chief_computes(claim_and_write, "hvd_train.run_dir")
 
 
 def _log_plan(cfg: Config, d: Derived, source: Source, device: str) -> None:
