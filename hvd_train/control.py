@@ -26,6 +26,13 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 AUTO_EVERY_S = 1.0  # with `every` 0: agree about once a second
 AUTO_MAX_STEPS = 1000
 DEFAULT_GRACE_S = 3.5  # horovodrun's SIGKILL follows its SIGTERM after 5 s
+_UNDER_MPI = "OMPI_COMM_WORLD_RANK" in os.environ
+MPIRUN_KILL_WINDOW_S = 3.0
+MPIRUN_KILLED = (
+    "mpirun ended the job (SIGCONT, then SIGTERM, then SIGKILL): another worker failed first, "
+    "or mpirun itself was stopped (stop MPI jobs through hvd-train launch or launch/*.sh, "
+    "which let the workers save a stop checkpoint)"
+)
 
 
 class StopSignals:
@@ -46,9 +53,10 @@ class StopSignals:
         self.signum = 0
         self.steps_run = 0  # steps completed in this process (RunControl counts them)
         self.grace_s = stop_grace_s() if grace_s is None else grace_s
-        # abandon(signum, reason, ran): records the stop (`ran`: any step ran in this
-        # process); the watcher then ends the process.
-        self.abandon: Callable[[int, str, bool], None] = lambda signum, reason, ran: None
+        # abandon(signum, reason, ran, failed): records the ending (`ran`: any step ran in
+        # this process; `failed`: the launcher is killing the job); the watcher then ends
+        # the process.
+        self.abandon: Callable[[int, str, bool, bool], None] = lambda *args: None
         self.on_signal: Callable[[int], None] = lambda signum: None
         self.chief = True  # rank 0: only it waits out the grace (the others follow it)
         self.done = threading.Event()  # set when the run has written its own ending
@@ -57,7 +65,7 @@ class StopSignals:
         self._old_wakeup = -1
 
     def install(self) -> None:
-        for sig in STOP_SIGNALS:
+        for sig in (*STOP_SIGNALS, signal.SIGCONT):
             self._previous[sig] = signal.signal(sig, self._handle)
         r, w = os.pipe()
         os.set_blocking(w, False)
@@ -75,10 +83,11 @@ class StopSignals:
             self._wakeup = None
 
     def _handle(self, signum: int, frame: object) -> None:
-        self.signum = self.signum or signum  # the main thread's view; the watcher acts
+        if signum != signal.SIGCONT:
+            self.signum = self.signum or signum  # the main thread's view; the watcher acts
 
     def _watch(self, fd: int) -> None:
-        seen = 0
+        seen, continued = 0, -1e9
         while True:
             try:
                 data = os.read(fd, 1)
@@ -87,8 +96,15 @@ class StopSignals:
             if not data:
                 os.close(fd)
                 return
+            if data[0] == signal.SIGCONT:
+                continued = time.monotonic()
+                continue
             if data[0] not in STOP_SIGNALS:
                 continue
+            if _UNDER_MPI and time.monotonic() - continued < MPIRUN_KILL_WINDOW_S:
+                # mpirun ending the job: SIGCONT, SIGTERM 1 s later, SIGKILL 1 s after that.
+                # Another worker failed (or mpirun itself was told to stop): no time to save.
+                self._exit(data[0], MPIRUN_KILLED, failed=True)
             seen += 1
             if seen == 1:
                 threading.Thread(target=self._first, args=(data[0],), daemon=True).start()
@@ -109,11 +125,11 @@ class StopSignals:
                 "before SIGKILL): no stop checkpoint",
             )
 
-    def _exit(self, signum: int, reason: str) -> None:
+    def _exit(self, signum: int, reason: str, failed: bool = False) -> None:
         if self.done.is_set():
             return  # the run wrote its own ending meanwhile: let it exit as it does
         try:
-            self.abandon(signum, reason, self.steps_run > 0)
+            self.abandon(signum, reason, self.steps_run > 0, failed)
         finally:
             sys.stdout.flush()
             sys.stderr.flush()

@@ -198,11 +198,17 @@ class RecordProgress(tf.keras.callbacks.Callback):
 
 
 def _abandon(
-    record: RunRecord | None, start: Start | None, signum: int, reason: str, ran: bool
+    record: RunRecord | None,
+    start: Start | None,
+    signum: int,
+    reason: str,
+    ran: bool,
+    failed: bool,
 ) -> None:
-    """Called by the stop watcher just before it ends this process: records the stop.
+    """Called by the stop watcher just before it ends this process: records the ending.
 
     `ran`: whether any step ran; without one, training continues where `start` says.
+    `failed`: the launcher is ending the job after a failure elsewhere, not stopping it.
     """
     name = signal.Signals(signum).name
     if record is None:
@@ -210,18 +216,27 @@ def _abandon(
             print(f"hvd_train: stopped by {name} during start-up; nothing was written",
                   file=sys.stderr, flush=True)  # fmt: skip
         return
+    if failed:
+        _end_quietly(record, status="failed", error=reason)
+        print(f"hvd_train: error: {reason}", file=sys.stderr, flush=True)
+        return
     fields: dict[str, Any] = {"status": "interrupted", "stopped_by": name, "stop_detail": reason}
     if not ran and start is not None:
         fields["stopped_at"] = {"epoch": start.epoch + 1, "step": start.step}
+    _end_quietly(record, **fields)
+    last = record.summary.get("last_checkpoint")
+    resume = f"resumes from {last}" if last else "starts afresh"
+    print(f"hvd_train: stopped by {name} {reason}; the same command {resume}",
+          file=sys.stderr, flush=True)  # fmt: skip
+
+
+def _end_quietly(record: RunRecord, **fields: Any) -> None:
+    """Ends the record from the stop watcher: a failed write is said, not raised."""
     try:
         record.end(**fields, wall_time_s=time.time() - record.summary["started_at"])
     except RecordError as e:
         print(f"hvd_train: error: {e}", file=sys.stderr, flush=True)
     record.close()
-    last = record.summary.get("last_checkpoint")
-    resume = f"resumes from {last}" if last else "starts afresh"
-    print(f"hvd_train: stopped by {name} {reason}; the same command {resume}",
-          file=sys.stderr, flush=True)  # fmt: skip
 
 
 def _rank_or_zero() -> int:
