@@ -11,7 +11,13 @@ import horovod.tensorflow.keras as hvd
 import tensorflow as tf
 
 from hvd_train import distributed, perf
-from hvd_train.checkpoint import CheckpointStore, export_plain_model, monitor_mode, read_state
+from hvd_train.checkpoint import (
+    CheckpointStore,
+    export_plain_model,
+    monitor_mode,
+    read_state,
+    write_error,
+)
 from hvd_train.config import Config, Derived
 from hvd_train.control import RunControl
 from hvd_train.evaluation import Evaluator
@@ -92,16 +98,17 @@ class Checkpointer(tf.keras.callbacks.Callback):
 
     Every `checkpoint.every_epochs` epochs, the last epoch, every `checkpoint.every_steps`
     steps, and where a signal stopped the run. RunControl, earlier in the callback list, has
-    already checked on every worker that loss and weights are finite at those points. A write
-    that fails (disk full, no permission) is reported and recorded; the previous checkpoints
-    stay as they were and training goes on. The best epoch by `checkpoint.monitor` is also
-    exported as the plain model `best.keras`.
+    already checked on every worker that loss and weights are finite at those points. The best
+    epoch by `checkpoint.monitor` is also exported as the plain model `best.keras`.
+
+    A write that fails (disk full, no permission) raises `CheckpointError` and ends the run:
+    the previous checkpoints stay as they were, and summary.json says `failed` (record.py keeps
+    room for it). The other ranks then fail in their next collective.
     """
 
     def __init__(self, store: CheckpointStore, control: RunControl, cfg: Config, d: Derived):
         super().__init__()
         self.store, self.control, self.cfg, self.d = store, control, cfg, d
-        self.failures: list[str] = []
         self.last: str | None = store.newest()
         best = store.best()
         self.best_value = read_state(best)["metrics"][cfg.checkpoint.monitor] if best else None
@@ -126,9 +133,11 @@ class Checkpointer(tf.keras.callbacks.Callback):
             or every_steps_due(self.cfg, c.position_step)
         )
         metrics = {key: float(v) for key, v in (logs or {}).items() if _is_number(v)}
+        # best.keras before the checkpoint: if its write fails, a rerun resumes before this
+        # epoch and exports it again (after the checkpoint, it would resume past it).
+        self._export_if_best(metrics)
         if due:
             self._save(epoch + 1, 0, "stopped" if c.stopping else "epoch_end", metrics)
-        self._export_if_best(metrics)
 
     def _save(self, epoch: int, step: int, reason: str, metrics: dict | None = None) -> None:
         d = self.d
@@ -147,12 +156,7 @@ class Checkpointer(tf.keras.callbacks.Callback):
             "metrics": metrics or {},
             "time": time.time(),
         }
-        try:
-            self.last = self.store.save(self.model, state)
-        except Exception as e:  # noqa: BLE001 - any failed write: report, keep the old ones
-            what = f"checkpoint at epoch {epoch + (step > 0)}, step {step} failed: {e}"
-            self.failures.append(what)
-            distributed.log(f"warning: {what}; the previous checkpoint ({self.last}) is kept")
+        self.last = self.store.save(self.model, state)  # CheckpointError ends the run
 
     def _export_if_best(self, metrics: dict[str, float]) -> None:
         value = metrics.get(self.cfg.checkpoint.monitor)
@@ -164,13 +168,11 @@ class Checkpointer(tf.keras.callbacks.Callback):
         if value == self.best_value and self.best_model:
             return
         self.best_value = value
+        path = os.path.join(self.cfg.run.dir, "best.keras")
         try:
-            self.best_model = export_plain_model(
-                self.model, os.path.join(self.cfg.run.dir, "best.keras")
-            )
-        except Exception as e:  # noqa: BLE001
-            self.failures.append(f"best.keras export failed: {e}")
-            distributed.log(f"warning: exporting best.keras failed: {e}")
+            self.best_model = export_plain_model(self.model, path)
+        except (OSError, tf.errors.OpError) as e:
+            raise write_error(path, e, self.last) from e
 
 
 def _is_number(v: object) -> bool:

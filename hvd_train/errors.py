@@ -1,4 +1,4 @@
-"""The user errors hvd_train reports in one line with exit code 2."""
+"""The errors hvd_train reports in one line: exit code 2 for the user's, 1 for training's."""
 
 
 class UserError(Exception):
@@ -24,6 +24,12 @@ class RunDirError(UserError):
 
 class TrainingError(Exception):
     """Training cannot go on (a non-finite loss): one line, exit code 1, no checkpoint written."""
+
+
+class CheckpointError(TrainingError):
+    """A checkpoint, `model.keras` or `best.keras` could not be written (disk full, no
+    permission): one line, exit code 1. The previous checkpoints are left as they were.
+    """
 
 
 class Interrupted(Exception):

@@ -172,6 +172,8 @@ def _no_restart_reason(failure: dict[str, Any], summary_path: str, stop_signal: 
     error = _read(summary_path).get("error", "")
     if error.startswith("TrainingError"):
         return "a non-finite loss would recur from the same checkpoint and data"
+    if error.startswith(("CheckpointError", "RecordError")):
+        return "a write to run.dir failed (full disk, no permission): it would fail again"
     return ""
 
 

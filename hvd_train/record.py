@@ -30,7 +30,7 @@ SUMMARY = "summary.json"
 ENDINGS = ("completed", "failed", "interrupted")
 # Room for the final summary.json on a full disk, freed just before it is written.
 RESERVE = ".hvd_train.reserve"
-RESERVE_BYTES = 256 * 1024
+RESERVE_BYTES = 64 * 1024
 
 
 class RecordError(TrainingError):
@@ -49,12 +49,23 @@ class RunRecord:
         self._keeper: Any = None
 
     def start(self) -> None:
-        """Writes the first summary, sets the reserve aside and starts the keeper."""
+        """Writes the first summary, sets the reserve aside and starts the keeper.
+
+        Raises:
+            RecordError: run.dir has no room even for these (exit code 1).
+        """
         with self._lock:
             if self.ended:
                 return
-            self._write()
-            _reserve(self.run_dir)
+            try:
+                self._write()
+                _reserve(self.run_dir)
+            except OSError as e:
+                _free_reserve(self.run_dir)
+                raise RecordError(
+                    f"cannot start the run's record in {self.run_dir}: {e.strerror or e}; "
+                    "free space there (or choose another run.dir)"
+                ) from None
             self._keeper = _start_keeper(self.run_dir, os.getpid())
 
     def update(self, **fields: Any) -> None:
@@ -142,11 +153,8 @@ def read_json(path: str) -> dict[str, Any]:
 
 
 def _reserve(run_dir: str) -> None:
-    try:
-        with open(os.path.join(run_dir, RESERVE), "wb") as f:
-            f.write(b"\0" * RESERVE_BYTES)  # real blocks: a sparse file would free nothing
-    except OSError:
-        _free_reserve(run_dir)  # already short of room: nothing kept, nothing half-written
+    with open(os.path.join(run_dir, RESERVE), "wb") as f:
+        os.posix_fallocate(f.fileno(), 0, RESERVE_BYTES)  # real blocks, not a sparse file
 
 
 def _free_reserve(run_dir: str) -> None:

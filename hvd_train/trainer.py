@@ -15,17 +15,20 @@ import tensorflow as tf
 from hvd_train import distributed, perf, rundir, tuning
 from hvd_train.callbacks import Checkpointer, build_callbacks, every_steps_due
 from hvd_train.checkpoint import (
+    PREFIX,
+    STATE_FILE,
     CheckpointStore,
+    Unloadable,
     export_plain_model,
-    is_checkpoint,
-    read_state,
-    restore,
+    load,
+    remove_strays,
+    write_error,
 )
 from hvd_train.config import Config, Derived, derive, dump_yaml
 from hvd_train.control import RunControl, StopSignals
 from hvd_train.data import Source, load_source
 from hvd_train.elastic import fit_elastic
-from hvd_train.errors import KNOCK_ON, DataError, Interrupted, UserError
+from hvd_train.errors import KNOCK_ON, CheckpointError, DataError, Interrupted, UserError
 from hvd_train.evaluation import Evaluator
 from hvd_train.fitting import fit_from
 from hvd_train.input_diagnostics import InputWait, advice_for, data_summary
@@ -285,19 +288,28 @@ class Start:
 
 
 def _resume(cfg: Config, model: tf.keras.Model, d: Derived) -> Start:
-    """Rank 0 picks and reads the checkpoint; weights, optimizer state and position are then
-    broadcast, so other hosts need not see rank 0's disk. Every rank raises alike on error."""
+    """Rank 0 tidies run.dir, then picks and reads the checkpoint; weights, optimizer state and
+    position are then broadcast, so other hosts need not see rank 0's disk. Every rank raises
+    alike on error: DataError (exit 2) for a checkpoint that cannot be resumed from."""
     # Slots must exist on every rank before the restore and the broadcast fill them.
     model.optimizer.build(model.trainable_variables)
     found: dict[str, Any] = {}
+    error: Exception | None = None
     if distributed.is_chief():
         try:
+            removed = remove_strays(cfg.run.dir)  # this job owns run.dir now
+            if removed:
+                distributed.log(
+                    f"removed what a killed job left half-written: {', '.join(removed)}"
+                )
             found = _read_checkpoint(cfg, model)
-        except (UserError, OSError, ValueError, AssertionError, tf.errors.OpError) as e:
-            found = {"error": _one_line(e)}
-    found = distributed.broadcast_object(found, name="resume_point")
-    if "error" in found:
-        raise DataError(found["error"])
+        except (UserError, CheckpointError) as e:
+            error = e
+        except OSError as e:
+            error = DataError(_one_line(e))
+    found, error = distributed.broadcast_object((found, error), name="resume_point")
+    if error is not None:
+        raise error
     # Horovod: every rank starts from rank 0's weights and optimizer state (restored or not).
     distributed.broadcast_variables(model.variables + model.optimizer.variables)
     if not found:
@@ -310,38 +322,69 @@ def _resume(cfg: Config, model: tf.keras.Model, d: Derived) -> Start:
         step = state["examples_in_epoch"] // d.global_batch
     if step >= d.steps_per_epoch:
         epoch, step = epoch + 1, 0
+    aside = ", ".join(found["set_aside"])
+    aside = f"; set aside as unloadable: {aside}" if aside else ""
     distributed.log(
         f"resuming from {found['path']}: epoch {epoch + 1}, step {step} "
         f"(saved with {state['world_size']} worker(s), global batch {state['global_batch']})"
+        f"{aside}"
     )
     return Start(epoch=epoch, step=step, checkpoint=found["path"])
 
 
 def _read_checkpoint(cfg: Config, model: tf.keras.Model) -> dict[str, Any]:
-    """Rank 0: {} to start afresh, or the restored checkpoint's path and state."""
+    """Rank 0: {} to start afresh, or the restored checkpoint's path and state, and the newer
+    checkpoints that could not be loaded, renamed out of the way (`set_aside`).
+
+    With `train.resume: auto`, a checkpoint that cannot be loaded (truncated, corrupt, not
+    matching the model) is named in one warning and the next older one is tried. When none
+    loads, this fails rather than start afresh: a fresh run would write over metrics.csv and
+    prune the very checkpoints the user may want to repair or resume with the right config.
+    """
     resume = cfg.train.resume
     if resume == "never":
         return {}
-    if resume == "auto":
-        path = CheckpointStore(cfg.run.dir, cfg.checkpoint).newest()
-        if path is None:
-            return {}
-    else:
-        path = resume
-        if not is_checkpoint(path):
-            raise DataError(
-                f"train.resume: {path} is not a checkpoint folder (expected state.json and "
-                f"ckpt.index in it, as in {os.path.join(cfg.run.dir, 'checkpoints', 'ckpt-*')})"
-            )
-    state = read_state(path)
-    try:
-        restore(model, path)
-    except (AssertionError, ValueError, tf.errors.OpError) as e:
+    if resume != "auto":
+        return {"path": resume, "state": _load_named(cfg, model, resume), "set_aside": []}
+    store = CheckpointStore(cfg.run.dir, cfg.checkpoint)
+    failed: list[tuple[str, Unloadable]] = []
+    candidates = store.named()[::-1]  # newest first
+    for i, path in enumerate(candidates):
+        try:
+            state = load(model, path)
+        except Unloadable as e:
+            failed.append((path, e))
+            then = "trying the next older one" if i + 1 < len(candidates) else "no older one"
+            distributed.log(f"warning: cannot resume from {path}: {e}; {then}")
+            continue
+        aside = [store.set_aside(p) for p, _ in failed]
+        return {"path": path, "state": state, "set_aside": aside}
+    if not failed:
+        return {}
+    newest, why = failed[0]
+    raise DataError(
+        f"train.resume: auto: none of the {len(failed)} checkpoint(s) in {store.dir} can be "
+        f"loaded (the newest, {newest}: {why}); resume from a good copy with "
+        "train.resume=PATH, or start afresh with another run.dir or train.resume=never"
+    )
+
+
+def _load_named(cfg: Config, model: tf.keras.Model, path: str) -> dict[str, Any]:
+    """`train.resume: PATH`: its state, restored into `model`; a one-line DataError if not."""
+    if not any(os.path.exists(os.path.join(path, f)) for f in (STATE_FILE, f"{PREFIX}.index")):
         raise DataError(
-            f"train.resume: cannot resume from {path}: it does not match this model and "
-            f"optimizer ({_one_line(e)[:200]}); use train.resume=never or another run.dir"
-        ) from None
-    return {"path": path, "state": state}
+            f"train.resume: {path} is not a checkpoint folder (expected state.json and "
+            f"ckpt.index in it, as in {os.path.join(cfg.run.dir, 'checkpoints', 'ckpt-*')})"
+        )
+    try:
+        return load(model, path)
+    except Unloadable as e:
+        fix = (
+            "use train.resume=never or another run.dir"
+            if e.mismatch
+            else "name another checkpoint, or use train.resume=auto for the newest that loads"
+        )
+        raise DataError(f"train.resume: cannot resume from {path}: {e}; {fix}") from None
 
 
 def _one_line(e: BaseException) -> str:
@@ -458,7 +501,6 @@ def _end_record(
     if checkpointer is not None:
         fields["last_checkpoint"] = checkpointer.last
         fields["best_model_path"] = checkpointer.best_model
-        fields["checkpoint_failures"] = checkpointer.failures
     try:
         record.end(**fields)
     finally:
@@ -472,11 +514,14 @@ def _finish(
     started: float,
     checkpointer: Checkpointer | None,
 ) -> None:
+    """Rank 0 exports model.keras.
+
+    Raises:
+        CheckpointError: model.keras could not be written (rank 0).
+    """
     if distributed.is_chief():
+        path = os.path.join(cfg.run.dir, "model.keras")
         try:
-            path = export_plain_model(model, os.path.join(cfg.run.dir, "model.keras"))
-        except Exception as e:  # noqa: BLE001 - the checkpoints still hold the run
-            path = None
-            checkpointer.failures.append(f"model.keras export failed: {_one_line(e)}")
-            distributed.log(f"warning: exporting model.keras failed: {_one_line(e)}")
-        summary["model_path"] = path
+            summary["model_path"] = export_plain_model(model, path)
+        except (OSError, tf.errors.OpError) as e:
+            raise write_error(path, e, checkpointer.last if checkpointer else None) from e

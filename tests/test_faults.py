@@ -200,9 +200,10 @@ def test_nan_loss_stops_every_worker_with_exit_1_and_keeps_the_last_checkpoint(t
             assert np.isfinite(value).all(), name
 
 
-def test_failing_checkpoint_write_keeps_the_previous_one(tmp_path) -> None:
+def test_failing_checkpoint_write_ends_the_run_and_keeps_the_previous_one(tmp_path) -> None:
     """After the first checkpoint, rank 0 may write no file over 16 KiB (what a full disk
-    does to the next write): later checkpoints fail, are reported, and the first survives."""
+    does to the next write): the next checkpoint fails, the run ends with exit code 1 and
+    one line naming it, summary.json says `failed`, and the first checkpoint survives."""
     d = tmp_path / "run"
     proc = start(train_cmd(f"run.dir={d}", "train.epochs=6"), tmp_path)
     deadline = time.monotonic() + 240
@@ -210,16 +211,17 @@ def test_failing_checkpoint_write_keeps_the_previous_one(tmp_path) -> None:
         assert proc.poll() is None and time.monotonic() < deadline, "no first checkpoint"
         time.sleep(0.02)
     resource.prlimit(proc.pid, resource.RLIMIT_FSIZE, (16 << 10, 16 << 10))
-    result = check(finish(proc, 240))
+    result = finish(proc, 240)
+    assert result.returncode == 1, result.stderr[-3000:]
+    errors = [ln for ln in result.stderr.splitlines() if ln.startswith("hvd_train: error:")]
+    assert len(errors) == 1 and "File too large" in errors[0], result.stderr[-3000:]
     s = summary(d)
-    assert s["status"] == "completed"
-    failures = s["checkpoint_failures"]
-    assert failures and any("File too large" in f for f in failures), failures
-    assert "warning: checkpoint at epoch" in result.stdout
+    assert s["status"] == "failed", s
+    assert s["error"].startswith("CheckpointError: cannot write") and "File too large" in s["error"]
     kept = checkpoints(d)
     assert kept and all(is_checkpoint(str(p)) for p in kept)
     assert not list((d / "checkpoints").glob(".tmp*"))
-    assert read_state(kept[0])["epoch"] < 6  # training went on; the old one was kept
+    assert read_state(kept[-1])["epoch"] < 6
 
 
 def test_launcher_restarts_after_a_killed_worker_and_completes(tmp_path) -> None:
