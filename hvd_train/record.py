@@ -174,12 +174,20 @@ def _start_keeper(run_dir: str, pid: int) -> Any:
             [sys.executable, "-m", "hvd_train.record", os.path.abspath(run_dir), str(pid)],
             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
             start_new_session=True,  # not in the job's process group: spared by its kill
-            env={**os.environ, "PYTHONPATH": _package_root()},
+            env=_keeper_env(),
         )  # fmt: skip
     except OSError:
         return None
     proc.wait()  # the first child forks the keeper and exits at once (see keep)
     return proc.stdin
+
+
+def _keeper_env() -> dict[str, str]:
+    """The keeper's environment: this package importable, and no rank, so that no launcher
+    or supervisor looking for the job's workers takes the keeper for one."""
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_RANK")}
+    env["PYTHONPATH"] = _package_root()
+    return env
 
 
 def _package_root() -> str:
@@ -194,8 +202,8 @@ def keep(run_dir: str, pid: int) -> None:
     # children of a worker that outlived its grace) must not take the keeper with it.
     if os.fork():
         os._exit(0)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):  # it ends when rank 0 has
+        signal.signal(sig, signal.SIG_IGN)
     stop_signal = 0
     for line in sys.stdin:  # until rank 0's end of the pipe closes: it has ended
         try:

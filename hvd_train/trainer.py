@@ -457,6 +457,7 @@ def _summary_base(cfg: Config, d: Derived, device: str) -> dict[str, Any]:
         "epochs_completed": 0,
         "resumed_from": None,
         "last_checkpoint": None,
+        "model_path": None,
         "versions": distributed.versions(),
     }
 

@@ -64,7 +64,7 @@ def finish(proc: subprocess.Popen, timeout: float) -> subprocess.CompletedProces
 
 
 def workers(marker: str) -> dict[int, int]:
-    """{Horovod rank: pid} of the live training processes whose command line holds `marker`."""
+    """{rank: pid} of the live training processes whose command line holds `marker`."""
     found = {}
     for entry in pathlib.Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -76,7 +76,7 @@ def workers(marker: str) -> dict[int, int]:
             continue
         if marker not in cmdline or "hvd_train" not in cmdline or "horovodrun" in cmdline:
             continue
-        for item in environ:
-            if item.startswith(b"HOROVOD_RANK="):
+        for item in environ:  # horovodrun (Gloo) or mpirun
+            if item.startswith((b"HOROVOD_RANK=", b"OMPI_COMM_WORLD_RANK=")):
                 found[int(item.split(b"=", 1)[1])] = int(entry.name)
     return found

@@ -1,0 +1,203 @@
+"""The run record tells the truth at every ending: real 2-worker jobs under Gloo and MPI,
+stopped (SIGTERM, SIGINT) at the worst moments and killed (SIGKILL to a rank or to the
+launcher). Every job must end by itself; summary.json must then say `interrupted` or
+`failed` (never `running`, never `completed`), the checkpoints left must all load, and run.dir
+must be free for the next job.
+
+Stops reach the workers the way a user's do: Ctrl-C or SIGTERM to horovodrun under Gloo (it
+passes SIGTERM on), and to `hvd-train launch` under MPI (horovodrun --mpi and mpirun do not pass
+signals on; the launcher does).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import signal
+import time
+
+import pytest
+from harness import BIN, PYTHON, QUICKSTART, WORKERS, check, finish, run, start, workers
+
+from hvd_train.checkpoint import is_checkpoint, read_state
+
+pytestmark = pytest.mark.multiworker
+
+CONTROLLERS = ["gloo", "mpi"]
+JOB_END_LIMIT_S = 60  # a job must end this soon after its stop or its fault
+COMMON = ["model.dropout=0", "train.verbose=false", "logging.tensorboard=false"]
+
+
+def sets(*overrides: str) -> list[str]:
+    return [x for o in (*COMMON, *overrides) for x in ("--set", o)]
+
+
+def horovodrun(controller: str, program: list[str]) -> list[str]:
+    return [str(BIN / "horovodrun"), "-np", "2", "-H", "localhost:2", f"--{controller}", *program]
+
+
+def trainer(run_dir: pathlib.Path, *overrides: str) -> list[str]:
+    return [PYTHON, "-m", "hvd_train", "--config", str(QUICKSTART),
+            *sets(f"run.dir={run_dir}", *overrides)]  # fmt: skip
+
+
+def stoppable_job(controller: str, run_dir: pathlib.Path, *overrides: str) -> list[str]:
+    """The job as a user stops it: horovodrun under Gloo, `hvd-train launch` under MPI."""
+    if controller == "gloo":
+        return horovodrun("gloo", trainer(run_dir, *overrides))
+    return [PYTHON, "-m", "hvd_train", "launch", "--np", "2", "--mpi",
+            "--config", str(QUICKSTART), *sets(f"run.dir={run_dir}", *overrides)]  # fmt: skip
+
+
+def summary(run_dir: pathlib.Path) -> dict:
+    try:
+        return json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def wait_until(condition, proc, what: str, timeout: float = 240) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert proc.poll() is None, f"the job ended before {what}"
+        assert time.monotonic() < deadline, f"no {what} within {timeout} s"
+        time.sleep(0.02)
+
+
+def ended(run_dir: pathlib.Path, proc) -> dict:
+    """Waits for the job, then for its record: rank 0's keeper writes the ending rank 0 could
+    not, and frees run.dir, a moment after the job's last process has gone."""
+    result = finish(proc, JOB_END_LIMIT_S)
+    assert result.returncode != 0, result.stdout[-3000:]
+    deadline = time.monotonic() + JOB_END_LIMIT_S
+    while summary(run_dir).get("status") == "running" or (run_dir / ".hvd_train.lock").exists():
+        assert time.monotonic() < deadline, f"{summary(run_dir)}\n{result.stderr[-4000:]}"
+        time.sleep(0.1)
+    s = summary(run_dir)
+    s["_output"] = result.stdout[-3000:] + result.stderr[-5000:]
+    return s
+
+
+def assert_checkpoints_load(run_dir: pathlib.Path) -> list[pathlib.Path]:
+    found = sorted((run_dir / "checkpoints").glob("ckpt-*"))
+    assert all(is_checkpoint(str(p)) for p in found), found
+    return found
+
+
+def assert_stop_recorded(s: dict, run_dir: pathlib.Path) -> None:
+    """An `interrupted` record whose last checkpoint is where the next run continues."""
+    assert s.get("status") == "interrupted", s
+    assert s["stopped_by"] in ("SIGTERM", "SIGINT") or "stopped by" in s["_output"], s
+    kept = assert_checkpoints_load(run_dir)
+    if s.get("last_checkpoint"):
+        assert pathlib.Path(s["last_checkpoint"]) in kept, (s, kept)
+    if s.get("stop_detail") and "nothing to save" in s["stop_detail"]:
+        return  # no step ran: the newest checkpoint (if any) is where the next run continues
+    if s.get("stopped_at") and s.get("last_checkpoint"):  # a stop checkpoint was written
+        state = read_state(s["last_checkpoint"])
+        assert (state["epoch"] + 1, state["step"]) == (
+            s["stopped_at"]["epoch"],
+            s["stopped_at"]["step"],
+        ), s
+
+
+def stop(proc, controller: str) -> None:
+    """What a user does: Ctrl-C to horovodrun (Gloo) or SIGTERM to the launcher (MPI)."""
+    proc.send_signal(signal.SIGINT if controller == "gloo" else signal.SIGTERM)
+
+
+@pytest.mark.parametrize("controller", CONTROLLERS)
+def test_stop_in_the_first_seconds_records_interrupted(tmp_path, controller) -> None:
+    """The stop comes as soon as the record says `running`: before (or during) the first,
+    traced step, which may take longer than horovodrun's 5 s grace. The workers must not wait
+    for it: nothing would be saved."""
+    d = tmp_path / "run"
+    proc = start(stoppable_job(controller, d, "data.source=synthetic"), tmp_path)
+    wait_until(lambda: summary(d).get("status") == "running", proc, "a running record")
+    stop(proc, controller)
+    s = ended(d, proc)
+    assert_stop_recorded(s, d)
+
+
+@pytest.mark.parametrize("controller", CONTROLLERS)
+def test_stop_right_after_a_resume_keeps_the_checkpoint_it_resumed_from(
+    tmp_path, controller
+) -> None:
+    d = tmp_path / "run"
+    check(run(horovodrun(controller, trainer(d, "train.epochs=1")), tmp_path))
+    resumed_from = str(assert_checkpoints_load(d)[-1])
+    proc = start(stoppable_job(controller, d, "train.epochs=3"), tmp_path)
+    wait_until(lambda: summary(d).get("resumed_from") == resumed_from, proc, "the resume")
+    stop(proc, controller)
+    s = ended(d, proc)
+    assert_stop_recorded(s, d)
+    assert s["resumed_from"] == resumed_from
+    if "nothing to save" in s.get("stop_detail", ""):
+        assert s["stopped_at"] == {"epoch": 2, "step": 0}, s
+        assert str(assert_checkpoints_load(d)[-1]) == resumed_from
+
+
+@pytest.mark.parametrize("controller", CONTROLLERS)
+def test_stop_during_a_checkpoint_write_then_the_rerun_completes(tmp_path, controller) -> None:
+    """Each checkpoint write takes 2 s (tests/workers/slow_checkpoint.py); the stop comes in
+    the middle of the first one. Whatever the stop could save, the record says interrupted,
+    every checkpoint left loads, and the same command then runs to the end, leaving nothing
+    half-written behind."""
+    d, marker = tmp_path / "run", tmp_path / "checkpoint-begun"
+    program = [PYTHON, str(WORKERS / "slow_checkpoint.py"), "--config", str(QUICKSTART),
+               *sets(f"run.dir={d}", "train.epochs=2")]  # fmt: skip
+    os.environ["SLOW_CHECKPOINT_MARKER"] = str(marker)
+    try:
+        if controller == "gloo":
+            proc = start(horovodrun("gloo", program), tmp_path)
+        else:  # the supervisor of `hvd-train launch`, around horovodrun --mpi
+            proc = start([PYTHON, "-m", "hvd_train.supervise", "--", *horovodrun("mpi", program)],
+                         tmp_path)  # fmt: skip
+        wait_until(marker.exists, proc, "a checkpoint write")
+        stop(proc, controller)
+        s = ended(d, proc)
+    finally:
+        del os.environ["SLOW_CHECKPOINT_MARKER"]
+    assert_stop_recorded(s, d)
+    check(run(horovodrun(controller, trainer(d, "train.epochs=2")), tmp_path))
+    s = summary(d)
+    assert s["status"] == "completed" and s["epochs_completed"] == 2, s
+    assert not list((d / "checkpoints").glob(".tmp*"))
+    assert_checkpoints_load(d)
+
+
+@pytest.mark.parametrize("controller", CONTROLLERS)
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_killed_rank_is_recorded_failed(tmp_path, controller, rank) -> None:
+    """SIGKILL to one rank mid-training: the job ends by itself and the record says `failed`.
+    Rank 0 killed cannot write it: its keeper does. Rank 1 killed: rank 0 says that another
+    worker ended first (under Gloo), or that mpirun ended the job (under MPI, where mpirun
+    kills rank 0 a second after its SIGTERM)."""
+    d = tmp_path / "run"
+    proc = start(horovodrun(controller, trainer(d, "data.source=synthetic", "train.epochs=6")),
+                 tmp_path)  # fmt: skip
+    wait_until(lambda: summary(d).get("epochs_completed", 0) >= 1, proc, "one epoch")
+    os.kill(workers(str(d))[rank], signal.SIGKILL)
+    s = ended(d, proc)
+    assert s["status"] == "failed", s
+    if rank == 0:
+        assert s["recorded_by"] == "keeper" and "rank 0 (pid" in s["error"], s
+    elif controller == "gloo":
+        assert s["error"].startswith("another worker ended first"), s
+    else:
+        assert s["error"].startswith("mpirun ended the job"), s
+    assert_checkpoints_load(d)
+
+
+def test_launcher_names_the_first_failure_in_the_record(tmp_path) -> None:
+    """hvd-train launch knows what rank 0 cannot: which rank failed first, and why."""
+    d = tmp_path / "run"
+    proc = start([PYTHON, "-m", "hvd_train", "launch", "--np", "2", "--gloo",
+                  "--config", str(QUICKSTART),
+                  *sets(f"run.dir={d}", "data.source=synthetic", "train.epochs=6")], tmp_path)  # fmt: skip
+    wait_until(lambda: summary(d).get("epochs_completed", 0) >= 1, proc, "one epoch")
+    os.kill(workers(str(d))[1], signal.SIGKILL)
+    s = ended(d, proc)
+    assert s["status"] == "failed" and s["failed_rank"] == 1, s
+    assert "rank 1 failed first" in s["failure"] and "SIGKILL" in s["failure"], s
