@@ -484,6 +484,7 @@ def _results(history: dict[str, list[float]], cfg: Config, control: RunControl) 
         "epochs_completed": epoch,
         # 1-based, as in the log: in epoch `epoch`, `step` steps were done (0: not begun).
         "stopped_at": None if finished else {"epoch": epoch + 1, "step": step},
+        **({} if finished else {"stopped_by": signal.Signals(control.stop_signal).name}),
         "train_examples_per_sec": rate,
         "final_metrics": final,
     }
