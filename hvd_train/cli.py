@@ -1,7 +1,7 @@
 """Command line: `hvd-train --config FILE [--set key=value ...]` trains; sub-commands do the rest.
 
 User errors (bad config, bad input) end in one line on stderr and exit code 2; a non-finite loss
-in one line and exit code 1; a stop by SIGTERM/SIGINT (after a checkpoint) in one line and exit
+or a failed write in one line and exit code 1; a stop by SIGTERM/SIGINT in one line and exit
 code 128 + the signal's number. A traceback and exit code 1 are for everything else.
 """
 
