@@ -108,7 +108,7 @@ def test_no_room_for_the_first_checkpoint_fails_with_exit_1_naming_it(tmp_path, 
     s = summary(d)
     assert s["status"] == "failed", s
     assert s["error"].startswith(f"CheckpointError: cannot write checkpoint {ckpt}: {NO_SPACE}")
-    assert s["last_checkpoint"] is None and "model_path" not in s
+    assert s["last_checkpoint"] is None and s["model_path"] is None
     assert checkpoints(d) == []
     no_temporaries(d)
 
