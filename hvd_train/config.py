@@ -13,6 +13,7 @@ import dataclasses
 import difflib
 import math
 import os
+import re
 import reprlib
 import sys
 import types
@@ -113,6 +114,7 @@ class DataConfig:
 class ModelConfig:
     name: Literal["convnet7", "mlp", "mobilenet_v2", "resnet50", "efficientnet_b0"] = "convnet7"
     # "module:function": called with the config, returns an uncompiled Keras model. Wins over name.
+    # Imports and runs your code in every worker (elastic.discovery_script is the other place).
     factory: str = ""
     from_logits: bool = False  # True when the model's last layer has no softmax
     filters: tuple[int, ...] = (32, 32, 64, 64)  # convnet7
@@ -189,7 +191,11 @@ class ElasticConfig:
     enabled: bool = False
     min_workers: int = _positive(1)
     max_workers: int | None = _positive(None)  # null: as many as the discovery script offers
-    discovery_script: str = ""  # prints `host:slots` lines; required when enabled
+    # The path of one executable that prints `host:slots` lines; required when enabled. No
+    # arguments or shell syntax: horovodrun runs it through a shell every second, so `hvd-train
+    # launch` checks it on the launching host and passes it as one quoted word. With
+    # model.factory, one of the two places where a config runs your code.
+    discovery_script: str = field(default="", metadata={"executable": True})
     commit_every_steps: int = _positive(50)  # in-memory commit of the state, besides epoch ends
 
 
@@ -512,12 +518,20 @@ def _coerce(value: Any, tp: Any, fld: dataclasses.Field, path: str, source: str)
             raise fail()
         if len(value) > MAX_STRING:
             raise fail(f"a string of at most {MAX_STRING} characters (a name or a path)")
+        if fld.metadata.get("executable") and value and not _ONE_PATH.fullmatch(value):
+            raise fail(
+                "the path of one executable (no spaces, arguments or shell syntax: put those "
+                "inside the script)"
+            )
         return value
     _check_range(value, fld, fail)
     return value
 
 
 _UNIONS = (typing.Union, types.UnionType)
+# A path a shell reads as one plain word (shlex's safe characters): no spaces, quotes, `;`, `|`,
+# `$`, backquotes, globs or `~`, so a config cannot smuggle a command into horovodrun's shell.
+_ONE_PATH = re.compile(r"[\w@%+=:,./-]+")
 
 
 def _is_int(v: Any) -> bool:

@@ -27,7 +27,7 @@ from typing import Any
 
 from hvd_train import rundir
 from hvd_train.config import Config, add_config_arguments, load_config
-from hvd_train.errors import KNOCK_ON
+from hvd_train.errors import KNOCK_ON, ConfigError
 from hvd_train.record import read_json, write_json
 from hvd_train.supervise import Supervisor
 
@@ -98,7 +98,8 @@ def horovodrun_command(
     cmd = [horovodrun if os.path.exists(horovodrun) else "horovodrun", "-np", str(np_)]
     e = cfg.elastic
     if e.enabled:  # Horovod Elastic (Gloo): hosts come and go as the script reports them
-        cmd += ["--min-np", str(e.min_workers), "--host-discovery-script", e.discovery_script]
+        cmd += ["--min-np", str(e.min_workers)]
+        cmd += ["--host-discovery-script", discovery_command(e.discovery_script)]
         cmd += ["--max-np", str(e.max_workers)] if e.max_workers else []
     else:
         cmd += ["-H", args.hosts or f"localhost:{np_}"]
@@ -121,6 +122,27 @@ def _held_by_another_job(run_dir: str, before: dict[str, Any] | None) -> bool:
     """
     after = rundir.read_lock(run_dir)
     return after is not None and (after == before or rundir.alive_here(after))
+
+
+def discovery_command(path: str) -> str:
+    """`elastic.discovery_script` as horovodrun's `--host-discovery-script`: one quoted word.
+
+    horovodrun runs the script here, on the launching host, through a shell (Horovod's
+    `safe_shell_exec`: `Popen(command, shell=True)`), every second. The loader already refused
+    anything but one plain path (workers load the config too, but the script need not exist
+    on them, as on Kubernetes, where only the launcher has it); here it must exist and be
+    executable, and its absolute path is shell-quoted: the folder it is relative to may hold
+    any character.
+    """
+    full = os.path.abspath(path)
+    if not os.path.isfile(full):
+        raise ConfigError(
+            f"elastic.discovery_script: {full}: no such file on this host, which runs it for "
+            "horovodrun"
+        )
+    if not os.access(full, os.X_OK):
+        raise ConfigError(f"elastic.discovery_script: {full}: not executable; chmod +x it")
+    return shlex.quote(full)
 
 
 def first_failure(output: str) -> dict[str, Any]:
