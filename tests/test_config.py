@@ -272,23 +272,23 @@ def test_set_value_over_64_kib_is_refused(tmp_path) -> None:
     )
 
 
-def test_error_messages_never_echo_a_huge_value(tmp_path) -> None:
-    # 5,000 aliases of one 500 KB string: a small document, but a message holding its repr
-    # would be 2.5 GB.
+@pytest.mark.parametrize(
+    ("length", "error", "limit"),
+    [
+        # The string itself is too long: the message quotes its start and end.
+        (500_000, "data.train_dir: expected a string of at most 4096 characters", 300),
+        # Each string is fine, but a message holding the list's repr would be 20 MB.
+        (4000, "model.dense_units: expected a list of integers, got ['xxx", 600),
+    ],
+    ids=["long-string", "list-of-aliases"],
+)
+def test_error_messages_never_echo_a_huge_value(tmp_path, length, error, limit) -> None:
+    # One string and 5,000 aliases of it: a small document.
     config = tmp_path / "c.yaml"
+    aliases = ", ".join(["*s"] * 5000)
     config.write_text(
-        f"data:\n  train_dir: &s {'x' * 500_000}\nmodel:\n  dense_units: [{', '.join(['*s'] * 5000)}]\n"
+        f"data:\n  train_dir: &s {'x' * length}\nmodel:\n  dense_units: [{aliases}]\n"
     )
-    error = one_error_line(hvd_train_cli(["config", "--config", str(config)], tmp_path))
-    assert error.startswith(
-        f"hvd_train: error: {config}: data.train_dir: expected a string of at most 4096 characters"
-    )
-    assert len(error) < 300, error
-    config.write_text(
-        f"data:\n  train_dir: &s {'x' * 4000}\nmodel:\n  dense_units: [{', '.join(['*s'] * 5000)}]\n"
-    )
-    error = one_error_line(hvd_train_cli(["config", "--config", str(config)], tmp_path))
-    assert error.startswith(
-        f"hvd_train: error: {config}: model.dense_units: expected a list of integers, got ['xxx"
-    )
-    assert len(error) < 600, error
+    line = one_error_line(hvd_train_cli(["config", "--config", str(config)], tmp_path))
+    assert line.startswith(f"hvd_train: error: {config}: {error}"), line[:300]
+    assert len(line) < limit, line
