@@ -13,6 +13,8 @@ import dataclasses
 import difflib
 import math
 import os
+import re
+import reprlib
 import sys
 import types
 import typing
@@ -112,6 +114,7 @@ class DataConfig:
 class ModelConfig:
     name: Literal["convnet7", "mlp", "mobilenet_v2", "resnet50", "efficientnet_b0"] = "convnet7"
     # "module:function": called with the config, returns an uncompiled Keras model. Wins over name.
+    # Imports and runs your code in every worker (elastic.discovery_script is the other place).
     factory: str = ""
     from_logits: bool = False  # True when the model's last layer has no softmax
     filters: tuple[int, ...] = (32, 32, 64, 64)  # convnet7
@@ -188,7 +191,11 @@ class ElasticConfig:
     enabled: bool = False
     min_workers: int = _positive(1)
     max_workers: int | None = _positive(None)  # null: as many as the discovery script offers
-    discovery_script: str = ""  # prints `host:slots` lines; required when enabled
+    # The path of one executable that prints `host:slots` lines; required when enabled. No
+    # arguments or shell syntax: horovodrun runs it through a shell every second, so `hvd-train
+    # launch` checks it on the launching host and passes it as one quoted word. With
+    # model.factory, one of the two places where a config runs your code.
+    discovery_script: str = field(default="", metadata={"executable": True})
     commit_every_steps: int = _positive(50)  # in-memory commit of the state, besides epoch ends
 
 
@@ -231,6 +238,16 @@ class Config:
 # --------------------------------------------------------------------------- loading
 
 
+# A whole config is a few KB: about 190 YAML values, 3 levels deep. Past these bounds it is the
+# wrong file, or an attack: a "billion laughs" of 80 nested aliases expands to 10^9 values
+# (3 GB and a MemoryError after 90 s before these bounds), and a 50 MB file took 35 s to parse.
+MAX_CONFIG_BYTES = 2**20  # the config file, checked before parsing
+MAX_OVERRIDE_BYTES = 64 * 2**10  # one `--set key=value`; a path is at most 4 KB
+MAX_YAML_VALUES = 10_000  # YAML nodes (keys, values, items) once every alias is expanded
+MAX_YAML_DEPTH = 64  # nested collections (PyYAML's composer recurses once per level)
+MAX_STRING = 4096  # a string value: a name or a path (Linux's PATH_MAX)
+
+
 def load_config(path: str | os.PathLike | None, overrides: typing.Sequence[str] = ()) -> Config:
     """Reads a YAML config, applies `key=value` overrides and returns the frozen tree.
 
@@ -245,13 +262,23 @@ def load_config(path: str | os.PathLike | None, overrides: typing.Sequence[str] 
     if path is not None:
         tree = _merge(tree, _tag(_read_yaml(str(path)), str(path)))
     for item in overrides:
+        source = f"--set {_shorten(item)}"
+        size = len(item.encode("utf-8", "surrogateescape"))
+        if size > MAX_OVERRIDE_BYTES:
+            raise ConfigError(
+                f"{source}: {size} bytes, over the {MAX_OVERRIDE_BYTES // 2**10} KiB a --set may "
+                "hold (a value is a number, a name, a path or a short list)"
+            )
         key, sep, raw = item.partition("=")
         if not sep or not key.strip():
-            raise ConfigError(f"--set {item}: expected key=value, for example train.epochs=5")
-        nested: Any = _parse_scalar(raw, f"--set {item}")
-        for part in reversed(key.strip().split(".")):
+            raise ConfigError(f"{source}: expected key=value, for example train.epochs=5")
+        parts = key.strip().split(".")
+        if len(parts) > MAX_YAML_DEPTH:
+            raise ConfigError(f"{source}: the key has more than {MAX_YAML_DEPTH} dotted parts")
+        nested: Any = _parse_scalar(raw, source)
+        for part in reversed(parts):
             nested = {part: nested}
-        tree = _merge(tree, _tag(nested, f"--set {item}"))
+        tree = _merge(tree, _tag(nested, source))
     return _build(Config, tree, "", path_label(path))
 
 
@@ -261,17 +288,22 @@ def path_label(path: str | os.PathLike | None) -> str:
 
 def _read_yaml(path: str) -> dict[str, Any]:
     try:
-        with open(path, encoding="utf-8") as f:
-            data = yaml.safe_load(f)
+        with open(path, "rb") as f:
+            text = f.read(MAX_CONFIG_BYTES + 1)  # never more: the size is checked before parsing
+            size = os.fstat(f.fileno()).st_size  # 0 for a pipe: `text` is what counts
     except FileNotFoundError:
         raise ConfigError(f"{path}: config file not found") from None
     except IsADirectoryError:
         raise ConfigError(f"{path}: is a folder, expected a YAML config file") from None
-    except yaml.YAMLError as e:
-        where = getattr(e, "problem_mark", None)
-        line = f" (line {where.line + 1})" if where is not None else ""
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise ConfigError(f"{path}{line}: not valid YAML: {problem}") from None
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read the config file: {e.strerror}") from None
+    if len(text) > MAX_CONFIG_BYTES:
+        found = f"{size} bytes" if size > MAX_CONFIG_BYTES else "larger"
+        raise ConfigError(
+            f"{path}: {found}, over the {MAX_CONFIG_BYTES // 2**20} MiB a config file may hold "
+            "(a config is a few KB); is this the right file?"
+        )
+    data = _load_yaml(text, path)
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -280,10 +312,99 @@ def _read_yaml(path: str) -> dict[str, Any]:
 
 
 def _parse_scalar(raw: str, source: str) -> Any:
+    return _load_yaml(raw, source, one_value=True) if raw.strip() else ""
+
+
+def _load_yaml(text: str | bytes, source: str, one_value: bool = False) -> Any:
+    """yaml.safe_load within the bounds of `_BoundedLoader`; ConfigError naming `source` (and
+    the line, in a file)."""
     try:
-        return yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError:
-        raise ConfigError(f"{source}: the value is not valid YAML") from None
+        return yaml.load(text, Loader=_BoundedLoader)  # a SafeLoader: plain data only
+    except _TooBig as e:
+        raise ConfigError(f"{source}{'' if one_value else f' (line {e.line})'}: {e}") from None
+    except yaml.YAMLError as e:
+        if one_value:
+            raise ConfigError(f"{source}: the value is not valid YAML") from None
+        where = getattr(e, "problem_mark", None)
+        line = f" (line {where.line + 1})" if where is not None else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(f"{source}{line}: not valid YAML: {_shorten(problem)}") from None
+
+
+class _TooBig(Exception):
+    """A YAML document past MAX_YAML_VALUES or MAX_YAML_DEPTH, at 1-based `line`."""
+
+    def __init__(self, message: str, mark: Any):
+        super().__init__(message)
+        self.line = mark.line + 1
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that stops composing a document as soon as it holds more than
+    MAX_YAML_VALUES values once its aliases are expanded, or nests deeper than MAX_YAML_DEPTH.
+
+    Composing never copies an aliased node (`*a` is the same node object as `&a`), so the
+    document stays small here; it is every walk of the result (ours, `repr`) that expands it.
+    So the loader counts: 1 for each new node, and for each alias the expanded size of the node
+    it names (summed from its children when that node was composed). A billion laughs stops
+    after a few hundred nodes, a huge flat list after MAX_YAML_VALUES, both in milliseconds.
+    """
+
+    def __init__(self, stream: Any):
+        super().__init__(stream)
+        self._expanded: dict[int, int] = {}  # id(node) -> its size with aliases expanded
+        self._total = self._aliases = self._depth = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        mark = self.peek_event().start_mark
+        if self.check_event(yaml.AliasEvent):
+            node = super().compose_node(parent, index)
+            if id(node) not in self._expanded:  # still being composed: it holds itself
+                raise _TooBig("an alias refers to the collection that holds it", mark)
+            self._aliases += 1
+            self._count(self._expanded[id(node)], mark)
+            return node
+        self._count(1, mark)
+        if self._depth >= MAX_YAML_DEPTH:
+            raise _TooBig(f"nested deeper than {MAX_YAML_DEPTH} levels (a config has 3)", mark)
+        self._depth += 1
+        try:
+            node = super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+        self._expanded[id(node)] = 1 + sum(self._expanded[id(c)] for c in _children(node))
+        return node
+
+    def _count(self, values: int, mark: Any) -> None:
+        self._total += values
+        if self._total <= MAX_YAML_VALUES:
+            return
+        if self._aliases:
+            raise _TooBig(
+                f"more than {MAX_YAML_VALUES} values once its YAML aliases are expanded (a "
+                'config has a few hundred): nested aliases multiply (a "billion laughs"); '
+                "write the values out instead",
+                mark,
+            )
+        raise _TooBig(
+            f"more than {MAX_YAML_VALUES} values (a config has a few hundred); is this the "
+            "right file?",
+            mark,
+        )
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.SequenceNode):
+        return node.value
+    if isinstance(node, yaml.MappingNode):
+        return [n for pair in node.value for n in pair]
+    return []
+
+
+def _shorten(text: str, limit: int = 80) -> str:
+    """`text`, or its start and its length when longer than `limit`: error messages stay one
+    readable line whatever a config holds."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
 def _merge(base: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
@@ -348,6 +469,7 @@ def _first_source(tree: dict[str, Any], default: str) -> str:
 def _unknown_key(tree: dict, key: str, prefix: str, fields: dict, default_source: str) -> str:
     value = tree[key]
     source = value.source if isinstance(value, _Sourced) else _first_source(value, default_source)
+    key = _shorten(str(key))  # a key may be any YAML scalar, of any length
     close = difflib.get_close_matches(key, list(fields), n=1, cutoff=0.6)
     hint = (
         f"; did you mean {prefix}{close[0]}?"
@@ -394,12 +516,22 @@ def _coerce(value: Any, tp: Any, fld: dataclasses.Field, path: str, source: str)
     elif tp is str:
         if not isinstance(value, str):
             raise fail()
+        if len(value) > MAX_STRING:
+            raise fail(f"a string of at most {MAX_STRING} characters (a name or a path)")
+        if fld.metadata.get("executable") and value and not _ONE_PATH.fullmatch(value):
+            raise fail(
+                "the path of one executable (no spaces, arguments or shell syntax: put those "
+                "inside the script)"
+            )
         return value
     _check_range(value, fld, fail)
     return value
 
 
 _UNIONS = (typing.Union, types.UnionType)
+# A path a shell reads as one plain word (shlex's safe characters): no spaces, quotes, `;`, `|`,
+# `$`, backquotes, globs or `~`, so a config cannot smuggle a command into horovodrun's shell.
+_ONE_PATH = re.compile(r"[\w@%+=:,./-]+")
 
 
 def _is_int(v: Any) -> bool:
@@ -443,7 +575,15 @@ def _describe(tp: Any) -> str:
 
 
 def _got(v: Any) -> str:
-    return f"{v!r} ({_kind(v)})"
+    return f"{_REPR.repr(v)} ({_kind(v)})"
+
+
+# repr that stops early: a value in an error message is never echoed whole (a 1 MB string, or
+# a list whose items are aliases of one long string, would make a message of gigabytes).
+_REPR = reprlib.Repr()
+_REPR.maxstring = _REPR.maxother = 60
+_REPR.maxlist = _REPR.maxdict = 6
+_REPR.maxlevel = 3
 
 
 def _kind(v: Any) -> str:
@@ -465,7 +605,9 @@ def check(cfg: Config, world_size: int) -> None:
             f"{world_size} workers; use a multiple of {world_size}, or batch_size_mode: per_worker"
         )
     if cfg.model.factory and ":" not in cfg.model.factory:
-        raise ConfigError(f"model.factory: expected 'module:function', got {cfg.model.factory!r}")
+        raise ConfigError(
+            f"model.factory: expected 'module:function', got {_REPR.repr(cfg.model.factory)}"
+        )
     h = cfg.horovod
     if h.stall_shutdown_s and h.stall_shutdown_s <= h.stall_warning_s:
         raise ConfigError(
@@ -559,7 +701,7 @@ def _check_model(cfg: Config) -> None:
     m = cfg.model
     if m.name in APPLICATIONS and not m.factory:
         return
-    which = f"model.factory {m.factory!r}" if m.factory else f"model.name {m.name!r}"
+    which = f"model.factory {_REPR.repr(m.factory)}" if m.factory else f"model.name {m.name!r}"
     for key, set_ in (("weights", m.weights != "none"), ("trainable_base", not m.trainable_base)):
         if set_:
             raise ConfigError(
@@ -663,7 +805,7 @@ def get(cfg: Config, dotted: str) -> Any:
     node: Any = cfg
     for part in dotted.split("."):
         if not dataclasses.is_dataclass(node) or not hasattr(node, part):
-            raise ConfigError(f"{dotted}: unknown key")
+            raise ConfigError(f"{_shorten(dotted)}: unknown key")
         node = getattr(node, part)
     return list(node) if isinstance(node, tuple) else node
 

@@ -27,7 +27,7 @@ from typing import Any
 
 from hvd_train import rundir
 from hvd_train.config import Config, add_config_arguments, load_config
-from hvd_train.errors import KNOCK_ON
+from hvd_train.errors import KNOCK_ON, ConfigError
 from hvd_train.record import read_json, write_json
 from hvd_train.supervise import Supervisor
 
@@ -97,16 +97,16 @@ def horovodrun_command(
     horovodrun = os.path.join(bindir, "horovodrun")
     cmd = [horovodrun if os.path.exists(horovodrun) else "horovodrun", "-np", str(np_)]
     e = cfg.elastic
+    mpi = (args.controller or cfg.horovod.controller) == "mpi" and not e.enabled
     if e.enabled:  # Horovod Elastic (Gloo): hosts come and go as the script reports them
-        cmd += ["--min-np", str(e.min_workers), "--host-discovery-script", e.discovery_script]
+        cmd += ["--min-np", str(e.min_workers)]
+        cmd += ["--host-discovery-script", discovery_command(e.discovery_script)]
         cmd += ["--max-np", str(e.max_workers)] if e.max_workers else []
-    else:
-        cmd += ["-H", args.hosts or f"localhost:{np_}"]
-    if (args.controller or cfg.horovod.controller) == "mpi" and not e.enabled:
-        cmd += ["--mpi", "--mpi-args=--allow-run-as-root" if os.geteuid() == 0 else ""]
-        cmd = [c for c in cmd if c]
-    else:
         cmd += ["--gloo"]
+    else:
+        hosts = args.hosts or f"localhost:{np_}"
+        root = ["--allow-run-as-root"] if mpi and os.geteuid() == 0 else []
+        cmd += ["-H", hosts, "--mpi" if mpi else "--gloo", *network_flags(hosts, mpi, root)]
     cmd += [sys.executable, "-m", "hvd_train", "--config", args.config]
     for item in overrides:
         cmd += ["--set", item]
@@ -121,6 +121,58 @@ def _held_by_another_job(run_dir: str, before: dict[str, Any] | None) -> bool:
     """
     after = rundir.read_lock(run_dir)
     return after is not None and (after == before or rundir.alive_here(after))
+
+
+# Open MPI on a job whose ranks all run on this machine: only its same-host transports (shared
+# memory). Otherwise every rank opens the TCP transport, which listens on all interfaces whatever
+# btl_tcp_if_include says, and the libfabric one, which listens on the host's address
+# (horovodrun's `-mca btl ^openib` turns back on what Debian's openmpi-mca-params.conf turns off).
+# btl_base_include filters on top of `btl`, which horovodrun sets and mpirun takes only once.
+LOOPBACK_MPI_ARGS = ["--mca", "btl_base_include", "self,vader"]
+
+
+def network_flags(hosts: str, mpi: bool, mpi_args: list[str] | None = None) -> list[str]:
+    """horovodrun flags that keep a job on loopback when all of `hosts` (`-H`) are this
+    machine's loopback, and `mpi_args` as the one --mpi-args horovodrun keeps.
+
+    On loopback: `--network-interfaces lo` (Gloo binds to lo and Horovod tells Open MPI and
+    NCCL to use it; Horovod infers lo for local hosts anyway, this says it and skips the
+    guess) and, under MPI, LOOPBACK_MPI_ARGS. What stays on all interfaces, whatever the
+    flags: horovodrun's rendezvous server (Gloo) and mpirun's out-of-band listener (README,
+    Security).
+    """
+    loopback = on_loopback(hosts)
+    args = [*(mpi_args or []), *(LOOPBACK_MPI_ARGS if loopback and mpi else [])]
+    flags = ["--network-interfaces", "lo"] if loopback else []
+    # horovodrun pastes --mpi-args into the mpirun command that a shell runs: quote each word.
+    return ([f"--mpi-args={shlex.join(args)}"] if mpi and args else []) + flags
+
+
+def on_loopback(hosts: str) -> bool:
+    """Whether every host of horovodrun's `-H host:slots,...` is a loopback name or address."""
+    names = [h.strip().rsplit(":", 1)[0] for h in hosts.split(",") if h.strip()]
+    return bool(names) and all(n in ("localhost", "::1") or n.startswith("127.") for n in names)
+
+
+def discovery_command(path: str) -> str:
+    """`elastic.discovery_script` as horovodrun's `--host-discovery-script`: one quoted word.
+
+    horovodrun runs the script here, on the launching host, through a shell (Horovod's
+    `safe_shell_exec`: `Popen(command, shell=True)`), every second. The loader already refused
+    anything but one plain path (workers load the config too, but the script need not exist
+    on them, as on Kubernetes, where only the launcher has it); here it must exist and be
+    executable, and its absolute path is shell-quoted: the folder it is relative to may hold
+    any character.
+    """
+    full = os.path.abspath(path)
+    if not os.path.isfile(full):
+        raise ConfigError(
+            f"elastic.discovery_script: {full}: no such file on this host, which runs it for "
+            "horovodrun"
+        )
+    if not os.access(full, os.X_OK):
+        raise ConfigError(f"elastic.discovery_script: {full}: not executable; chmod +x it")
+    return shlex.quote(full)
 
 
 def first_failure(output: str) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from hvd_train.config import Config, add_config_arguments, check, load_config
 from hvd_train.errors import ConfigError, UserError
+from hvd_train.launch import network_flags
 
 COLUMNS = [
     "workers", "per_worker_batch", "global_batch", "examples_per_sec",
@@ -167,9 +168,10 @@ def run_point(
     if not os.path.exists(horovodrun):
         horovodrun = shutil.which("horovodrun") or "horovodrun"
     sets = [*overrides, f"train.batch_size={point.batch_size}", f"run.dir={run_dir}"]
-    cmd = [horovodrun, "-np", str(point.workers), "-H", f"localhost:{point.workers}", f"--{controller}",
-           sys.executable, "-m", "hvd_train", "--config", config,
-           *[a for s in sets for a in ("--set", s)]]  # fmt: skip
+    hosts = f"localhost:{point.workers}"
+    cmd = [horovodrun, "-np", str(point.workers), "-H", hosts, f"--{controller}",
+           *network_flags(hosts, controller == "mpi"), sys.executable, "-m", "hvd_train",
+           "--config", config, *[a for s in sets for a in ("--set", s)]]  # fmt: skip
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
     with open(os.path.join(run_dir, "log.txt"), "w") as log:
         log.write(" ".join(cmd) + "\n")

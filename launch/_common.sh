@@ -45,20 +45,48 @@ horovod_flags() {
   return 0
 }
 
-# controller_flags CONTROLLER GPUS: --gloo, or --mpi with the flags a shared CPU needs.
+# controller_flags CONTROLLER GPUS [MPI_ARG...]: --gloo, or --mpi with one --mpi-args (horovodrun
+# keeps only its last) holding the flags a shared CPU needs and the given ones.
 controller_flags() {
+  local controller=$1 gpus=$2
+  shift 2
   CTRL_FLAGS=()
-  if [ "$1" = mpi ]; then
+  if [ "$controller" = mpi ]; then
     # horovodrun --mpi already adds --allow-run-as-root (containers run as root), -bind-to none
     # and -map-by slot. Without GPUs the workers share the cores with TensorFlow's threads:
     # Open MPI must yield while it waits instead of busy-polling a core per rank.
+    local mpi_args=()
+    [ "$gpus" = 0 ] && mpi_args+=(--mca mpi_yield_when_idle 1)
+    mpi_args+=("$@")
     CTRL_FLAGS+=(--mpi)
-    [ "$2" = 0 ] && CTRL_FLAGS+=("--mpi-args=--mca mpi_yield_when_idle 1")
+    [ ${#mpi_args[@]} = 0 ] || CTRL_FLAGS+=("--mpi-args=${mpi_args[*]}")
   else
     CTRL_FLAGS+=(--gloo)
   fi
   return 0
 }
+
+# network_flags NICS HOST...: the interfaces the job binds to and talks on, as horovodrun flags
+# (NET_FLAGS) and Open MPI flags for controller_flags (NET_MPI_ARGS); the same rule as
+# hvd_train/launch.py network_flags. Named interfaces (--network-interface) win: Horovod sets
+# Gloo's interface, btl_tcp_if_include and NCCL_SOCKET_IFNAME from them, and mpirun's own
+# traffic follows oob_tcp_if_include. Else, when every host is this machine's loopback: lo, and
+# under MPI only the shared-memory transports, so no rank listens on TCP (Open MPI's TCP
+# transport listens on all interfaces whatever btl_tcp_if_include says).
+network_flags() {
+  local nics=$1 host loopback=1
+  shift
+  for host in "$@"; do is_loopback "$host" || loopback=0; done
+  NET_FLAGS=() NET_MPI_ARGS=()
+  if [ -n "$nics" ]; then
+    NET_FLAGS=(--network-interfaces "$nics") NET_MPI_ARGS=(--mca oob_tcp_if_include "$nics")
+  elif [ "$loopback" = 1 ]; then
+    NET_FLAGS=(--network-interfaces lo) NET_MPI_ARGS=(--mca btl_base_include "self,vader")
+  fi
+  return 0
+}
+
+is_loopback() { [[ $1 == localhost || $1 == 127.* || $1 == ::1 ]]; }
 
 # count_gpus: GPUs on this machine (nvidia-smi -L), narrowed by CUDA_VISIBLE_DEVICES if set.
 count_gpus() {

@@ -101,8 +101,6 @@ check_host() {
   fi
 }
 
-is_loopback() { [[ $1 == localhost || $1 == 127.* || $1 == ::1 ]]; }
-
 fail_host() { printf '%s: error: host %s: %s\n' "$PROG" "$1" "$2" >&2; }
 
 hostfile="" config="" controller="" nics="" preflight=1 sets=() SSH_OPTS=() RUN_SSH=()
@@ -114,7 +112,11 @@ while [ $# -gt 0 ]; do
       SSH_OPTS+=(-p "$2"); RUN_SSH+=(--ssh-port "$2"); shift 2 ;;
     --ssh-identity-file) [ $# -ge 2 ] || usage; [ -r "$2" ] || die "--ssh-identity-file: cannot read '$2'"
       SSH_OPTS+=(-i "$2"); RUN_SSH+=(--ssh-identity-file "$2"); shift 2 ;;
-    --network-interface|--network-interfaces) [ $# -ge 2 ] || usage; nics=$2; shift 2 ;;
+    --network-interface|--network-interfaces) [ $# -ge 2 ] || usage
+      # Horovod pastes the names into a shell command line (mpirun's): names only.
+      [[ $2 =~ ^[A-Za-z0-9_.:-]+(,[A-Za-z0-9_.:-]+)*$ ]] ||
+        die "--network-interface expects interface names (eth0 or eth0,eth1), got '$2'"
+      nics=$2; shift 2 ;;
     --mpi) controller=mpi; shift ;;
     --gloo) controller=gloo; shift ;;
     --no-preflight) preflight=0; shift ;;
@@ -140,13 +142,10 @@ done
 say "${#HOSTS[@]} host(s), $np worker(s), $controller controller"
 [ "$preflight" = 0 ] || [ "${DRY_RUN:-0}" = 1 ] || preflight
 horovod_flags
+network_flags "$nics" "${HOSTS[@]}"
 # Remote hosts' GPUs are not counted here: MPI's yield-when-idle is for CPU-only jobs, which
 # a hostfile of CPU hosts asks for with --mpi on a launcher that has no GPU either.
-controller_flags "$controller" "$(count_gpus)"
-NIC_FLAGS=()
-# Horovod sets HOROVOD_GLOO_IFACE (Gloo) or btl_tcp_if_include (MPI), and NCCL_SOCKET_IFNAME
-# for NCCL, from this one flag.
-[ -z "$nics" ] || NIC_FLAGS=(--network-interfaces "$nics")
+controller_flags "$controller" "$(count_gpus)" "${NET_MPI_ARGS[@]}"
 
-run_printed "$HOROVODRUN" -np "$np" -H "$hosts" "${CTRL_FLAGS[@]}" "${RUN_SSH[@]}" "${NIC_FLAGS[@]}" \
+run_printed "$HOROVODRUN" -np "$np" -H "$hosts" "${CTRL_FLAGS[@]}" "${RUN_SSH[@]}" "${NET_FLAGS[@]}" \
   "${HVD_FLAGS[@]}" "$PY" -m hvd_train --config "$(realpath "$config")" "${sets[@]}"

@@ -41,7 +41,8 @@ if [ -z "$np" ]; then
 fi
 say "$gpus GPU(s) on this machine: $np worker(s), $controller controller"
 horovod_flags
-controller_flags "$controller" "$gpus"
+network_flags "" localhost
+controller_flags "$controller" "$gpus" "${NET_MPI_ARGS[@]}"
 
-run_printed "$HOROVODRUN" -np "$np" -H "localhost:$np" "${CTRL_FLAGS[@]}" "${HVD_FLAGS[@]}" \
+run_printed "$HOROVODRUN" -np "$np" -H "localhost:$np" "${CTRL_FLAGS[@]}" "${NET_FLAGS[@]}" "${HVD_FLAGS[@]}" \
   "$PY" -m hvd_train --config "$(realpath "$config")" "${sets[@]}"

@@ -3,15 +3,28 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import pathlib
+import resource
+import subprocess
+import sys
 
 import pytest
 import yaml
 
-from hvd_train.config import Config, check, derive, dump_yaml, load_config
+from hvd_train.config import (
+    MAX_CONFIG_BYTES,
+    MAX_OVERRIDE_BYTES,
+    Config,
+    check,
+    derive,
+    dump_yaml,
+    load_config,
+)
 from hvd_train.errors import ConfigError, DataError
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+QUICKSTART = ROOT / "configs" / "quickstart.yaml"
 SHIPPED = sorted((ROOT / "configs").glob("*.yaml"))
 INVALID = sorted((ROOT / "tests" / "invalid_configs").glob("*.yaml"))
 
@@ -90,6 +103,15 @@ def test_bad_override_names_the_override(override: str, message: str) -> None:
     assert str(info.value) == message
 
 
+def test_override_key_nested_past_the_depth_bound_is_refused() -> None:
+    item = ".".join(["train"] * 65) + "=1"  # a deeper key would only be a mapping nobody reads
+    with pytest.raises(ConfigError) as info:
+        load_config(None, [item])
+    assert str(info.value) == (
+        f"--set {item[:80]}... ({len(item)} characters): the key has more than 64 dotted parts"
+    )
+
+
 def test_resolved_config_round_trips_through_yaml(tmp_path: pathlib.Path) -> None:
     cfg = load_config(ROOT / "configs" / "quickstart.yaml", ["train.epochs=2"])
     path = tmp_path / "resolved.yaml"
@@ -148,3 +170,125 @@ def test_config_module_prints_values_for_launch_scripts(capsys) -> None:
     assert main(["--config", path, "--get", "train.nope"]) == 2
     full = yaml.safe_load((main(["--config", path]), capsys.readouterr().out)[1])
     assert full["train"]["epochs"] == load_config(path).train.epochs
+
+
+# --------------------------------------------------------------------------- bounds
+
+TOO_MANY = (
+    "more than 10000 values once its YAML aliases are expanded (a config has a few hundred): "
+    'nested aliases multiply (a "billion laughs"); write the values out instead'
+)
+
+
+def hvd_train_cli(args: list[str], cwd: pathlib.Path) -> subprocess.CompletedProcess:
+    """`python -m hvd_train ARGS` in a fresh process held to 1 GiB of address space: a loader
+    that expanded a bomb fails there with MemoryError instead of eating the machine."""
+
+    def cap() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (2**30, 2**30))
+
+    return subprocess.run(
+        [sys.executable, "-m", "hvd_train", *args], cwd=cwd, capture_output=True, text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)}, preexec_fn=cap, timeout=300,
+    )  # fmt: skip
+
+
+def one_error_line(proc: subprocess.CompletedProcess) -> str:
+    """The CLI's one line on stderr, after checking it exited 2 and printed nothing else."""
+    assert proc.returncode == 2, f"exit {proc.returncode}\n{proc.stderr[-3000:]}"
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1, proc.stderr[-3000:]
+    return lines[0]
+
+
+def billion_laughs(flow: bool = False) -> str:
+    """Nine lists, each of nine aliases of the one before: 9^9 (387 million) values once
+    expanded, in 300 bytes."""
+    items = ["&l0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
+    items += [f"&l{i} [{', '.join([f'*l{i - 1}'] * 9)}]" for i in range(1, 9)]
+    return f"[{', '.join(items)}]" if flow else "".join(f"\n    - {i}" for i in items)
+
+
+def mapping_laughs() -> str:
+    """The same with mappings, under an unknown key (read before any key is checked)."""
+    lines = ["x:", "  l0: &l0 {" + ", ".join(f"k{j}: lol" for j in range(9)) + "}"]
+    for i in range(1, 9):
+        lines.append(f"  l{i}: &l{i} {{" + ", ".join(f"k{j}: *l{i - 1}" for j in range(9)) + "}")
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize(
+    ("command", "text", "line"),
+    [
+        ("config", "model:\n  dense_units:" + billion_laughs() + "\n", 7),
+        ("train", "model:\n  dense_units:" + billion_laughs() + "\n", 7),
+        ("config", mapping_laughs(), 5),
+    ],
+    ids=["config-sequences", "train-sequences", "config-mappings"],
+)
+def test_alias_bomb_fails_in_one_line_within_1_gib(tmp_path, command, text, line) -> None:
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text(text)
+    args = ["config", "--config", str(bomb)] if command == "config" else ["--config", str(bomb)]
+    error = one_error_line(hvd_train_cli(args, tmp_path))
+    assert error == f"hvd_train: error: {bomb} (line {line}): {TOO_MANY}"
+
+
+def test_alias_bomb_in_a_set_value_fails_in_one_line_within_1_gib(tmp_path) -> None:
+    item = f"model.dense_units={billion_laughs(flow=True)}"
+    proc = hvd_train_cli(["config", "--config", str(QUICKSTART), "--set", item], tmp_path)
+    label = f"--set {item[:80]}... ({len(item)} characters)"
+    assert one_error_line(proc) == f"hvd_train: error: {label}: {TOO_MANY}"
+
+
+def test_config_file_over_1_mib_is_refused_before_parsing(tmp_path) -> None:
+    fits = tmp_path / "fits.yaml"  # exactly the limit: comments, then one key
+    key = "train:\n  epochs: 3\n"
+    line = "#" * 1023 + "\n"
+    padding = line * ((MAX_CONFIG_BYTES - len(key)) // len(line))
+    fits.write_text(padding + key + "#" * (MAX_CONFIG_BYTES - len(padding) - len(key)))
+    assert fits.stat().st_size == MAX_CONFIG_BYTES
+    proc = hvd_train_cli(["config", "--config", str(fits), "--get", "train.epochs"], tmp_path)
+    assert (proc.returncode, proc.stdout) == (0, "3\n"), proc.stderr
+    over = tmp_path / "over.yaml"
+    over.write_text(fits.read_text() + "\n")
+    sparse = tmp_path / "sparse.yaml"  # 50 MB of NUL bytes: not YAML, so parsing would say so
+    with open(sparse, "wb") as f:
+        f.truncate(50 * 2**20)
+    for path in (over, sparse):
+        error = one_error_line(hvd_train_cli(["config", "--config", str(path)], tmp_path))
+        assert error == (
+            f"hvd_train: error: {path}: {path.stat().st_size} bytes, over the 1 MiB a config "
+            "file may hold (a config is a few KB); is this the right file?"
+        )
+
+
+def test_set_value_over_64_kib_is_refused(tmp_path) -> None:
+    item = "run.dir=" + "x" * MAX_OVERRIDE_BYTES
+    proc = hvd_train_cli(["config", "--config", str(QUICKSTART), "--set", item], tmp_path)
+    assert one_error_line(proc) == (
+        f"hvd_train: error: --set {item[:80]}... ({len(item)} characters): {len(item)} bytes, "
+        "over the 64 KiB a --set may hold (a value is a number, a name, a path or a short list)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("length", "error", "limit"),
+    [
+        # The string itself is too long: the message quotes its start and end.
+        (500_000, "data.train_dir: expected a string of at most 4096 characters", 300),
+        # Each string is fine, but a message holding the list's repr would be 20 MB.
+        (4000, "model.dense_units: expected a list of integers, got ['xxx", 600),
+    ],
+    ids=["long-string", "list-of-aliases"],
+)
+def test_error_messages_never_echo_a_huge_value(tmp_path, length, error, limit) -> None:
+    # One string and 5,000 aliases of it: a small document.
+    config = tmp_path / "c.yaml"
+    aliases = ", ".join(["*s"] * 5000)
+    config.write_text(
+        f"data:\n  train_dir: &s {'x' * length}\nmodel:\n  dense_units: [{aliases}]\n"
+    )
+    line = one_error_line(hvd_train_cli(["config", "--config", str(config)], tmp_path))
+    assert line.startswith(f"hvd_train: error: {config}: {error}"), line[:300]
+    assert len(line) < limit, line

@@ -68,7 +68,8 @@ def test_single_node_trains_with_two_cpu_workers_from_any_folder(tmp_path) -> No
         "localhost:2",
         "--gloo",
     ]
-    assert cmd[6:] == [str(VENV_PY), "-m", "hvd_train", "--config", str(QUICKSTART), *ONE_EPOCH]
+    assert cmd[6:8] == ["--network-interfaces", "lo"], "all hosts are this machine: loopback"
+    assert cmd[8:] == [str(VENV_PY), "-m", "hvd_train", "--config", str(QUICKSTART), *ONE_EPOCH]
     s = summary(tmp_path / "out")
     assert (s["status"], s["world_size"], s["controller"]) == ("completed", 2, "gloo")
     assert s["epochs_completed"] == 1
@@ -78,7 +79,10 @@ def test_single_node_trains_with_two_cpu_workers_from_any_folder(tmp_path) -> No
 def test_single_node_mpi_controller_runs_as_root_without_busy_polling(tmp_path) -> None:
     proc = expect(run([str(SINGLE), str(QUICKSTART), "--mpi", *ONE_EPOCH], cwd=tmp_path), 0)
     cmd = printed_command(proc.stdout)
-    assert cmd[5:7] == ["--mpi", "--mpi-args=--mca mpi_yield_when_idle 1"], cmd
+    # Shared memory only between the ranks: no rank opens Open MPI's TCP transport, which
+    # would listen on every interface (README, Security).
+    assert cmd[5:9] == ["--mpi", "--mpi-args=--mca mpi_yield_when_idle 1 --mca btl_base_include "
+                        "self,vader", "--network-interfaces", "lo"], cmd  # fmt: skip
     s = summary(tmp_path / "out")
     assert (s["status"], s["world_size"], s["controller"]) == ("completed", 2, "mpi")
 
@@ -108,13 +112,13 @@ def test_single_node_passes_the_configs_horovod_knobs_as_flags(tmp_path) -> None
     args = [a for s in sets for a in ("--set", s)]
     proc = expect(run([str(SINGLE), str(QUICKSTART), "--dry-run", *args], cwd=tmp_path), 0)
     cmd = printed_command(proc.stdout)
-    knobs = cmd[6 : cmd.index(str(VENV_PY))]
+    knobs = cmd[8 : cmd.index(str(VENV_PY))]
     assert knobs == ["--fusion-threshold-mb", "32", "--cycle-time-ms", "2.5",
                      "--timeline-filename", str(tmp_path / "res" / "timeline.json"), "--autotune"]  # fmt: skip
     plain = printed_command(
         expect(run([str(SINGLE), str(QUICKSTART), "--dry-run"], tmp_path), 0).stdout
     )
-    assert plain[6] == str(VENV_PY), "no knob set in the config: no flag"
+    assert plain[8] == str(VENV_PY), "no knob set in the config: no flag"
 
 
 def test_single_node_reads_controller_and_cpu_workers_from_the_config(tmp_path) -> None:
@@ -196,6 +200,28 @@ def test_multi_node_command_has_hosts_ssh_options_and_interface(tmp_path) -> Non
                        "--ssh-port", "2222", "--ssh-identity-file", str(key),
                        "--network-interfaces", "eth1", str(VENV_PY), "-m", "hvd_train",
                        "--config", str(QUICKSTART), "--set", "train.epochs=2"]  # fmt: skip
+
+
+def test_multi_node_network_flags_follow_the_hosts_and_the_named_interface(tmp_path) -> None:
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("node-a slots=2\nnode-b slots=2\n")
+    args = [str(MULTI), "--hostfile", str(hostfile), str(QUICKSTART), "--dry-run", "--mpi"]
+    named = printed_command(expect(run([*args, "--network-interface", "eth1"], tmp_path), 0).stdout)
+    # Open MPI's own traffic (mpirun and its daemons) keeps to the named interface too.
+    assert named[5:9] == ["--mpi", "--mpi-args=--mca mpi_yield_when_idle 1 --mca "
+                          "oob_tcp_if_include eth1", "--network-interfaces", "eth1"], named  # fmt: skip
+    unnamed = printed_command(expect(run(args, tmp_path), 0).stdout)
+    assert unnamed[5:7] == ["--mpi", "--mpi-args=--mca mpi_yield_when_idle 1"], unnamed
+    assert str(VENV_PY) == unnamed[7], "other hosts, no interface named: Horovod finds one"
+    hostfile.write_text("localhost slots=1\n127.0.0.1 slots=1\n")
+    local = printed_command(expect(run(args, tmp_path), 0).stdout)
+    assert local[5:9] == ["--mpi", "--mpi-args=--mca mpi_yield_when_idle 1 --mca btl_base_include "
+                          "self,vader", "--network-interfaces", "lo"], local  # fmt: skip
+    proc = expect(run([*args, "--network-interface", "eth0;touch x"], tmp_path), 2)
+    assert proc.stderr.strip() == (
+        "multi_node.sh: error: --network-interface expects interface names (eth0 or eth0,eth1), "
+        "got 'eth0;touch x'"
+    )
 
 
 # --------------------------------------------------------------------------- over ssh

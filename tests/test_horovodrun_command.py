@@ -1,0 +1,187 @@
+"""What `hvd-train launch` hands horovodrun: the discovery script as one checked, quoted word,
+and, for a job on this machine alone, the flags that keep it on loopback.
+
+The config's `elastic.discovery_script` reaches a shell: horovodrun runs it with Horovod's
+`safe_shell_exec` (`Popen(command, shell=True)`). These tests run the value through that very
+code, with shell syntax planted in the value and in the folder around it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+from harness import finish, start
+
+from hvd_train.config import load_config
+from hvd_train.errors import ConfigError
+from hvd_train.launch import horovodrun_command, network_flags
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+QUICKSTART = ROOT / "configs" / "quickstart.yaml"
+ARGS = argparse.Namespace(config="c.yaml", hosts=None, controller=None)
+ROOT_ONLY = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+
+
+def elastic(script: str):
+    return load_config(QUICKSTART, ["elastic.enabled=true", f"elastic.discovery_script={script}"])
+
+
+def flag(cmd: list[str], name: str) -> str:
+    return cmd[cmd.index(name) + 1]
+
+
+def write_script(path: pathlib.Path, text: str = "echo localhost:2\n") -> pathlib.Path:
+    path.write_text(f"#!/bin/sh\n{text}")
+    path.chmod(0o755)
+    return path
+
+
+@pytest.mark.parametrize(
+    "tail",
+    ["; touch {m}", " && touch {m}", " | tee {m}", "$(touch {m})", "`touch {m}`", "\ntouch {m}",
+     " {m}", "'; touch {m}; '"],
+    ids=["semicolon", "and", "pipe", "dollar-paren", "backquote", "newline", "argument", "quote"],
+)  # fmt: skip
+def test_discovery_script_with_shell_syntax_fails_at_load_and_runs_nothing(tmp_path, tail) -> None:
+    script = write_script(tmp_path / "discover.sh")
+    marker = tmp_path / "pwned"
+    item = f"elastic.discovery_script={script}{tail.format(m=marker)}"
+    proc = subprocess.run(
+        [sys.executable, "-m", "hvd_train", "launch", "--config", str(QUICKSTART),
+         "--set", "elastic.enabled=true", "--set", item],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    line = proc.stderr.strip()  # one line: the override (shortened), the key, what is expected
+    assert line.startswith("hvd_train: error: --set elastic.discovery_script="), line
+    assert "\n" not in line and "horovodrun" not in proc.stdout + proc.stderr
+    assert (
+        ": elastic.discovery_script: expected the path of one executable (no spaces, arguments "
+        "or shell syntax: put those inside the script), got "
+    ) in line
+    assert not marker.exists()
+
+
+def test_discovery_script_reaches_horovods_shell_as_one_word(tmp_path, monkeypatch) -> None:
+    # A relative script in a folder whose name is shell syntax: the absolute path horovodrun
+    # gets holds it, and Horovod's own discovery (the shell included) must still read it as a
+    # file name.
+    folder = tmp_path / "runs; touch pwned; $(touch pwned2) `touch pwned3` 'x"
+    folder.mkdir()
+    write_script(folder / "discover.sh", "echo localhost:2\necho 127.0.0.1:1\n")
+    monkeypatch.chdir(folder)
+    cmd = horovodrun_command(elastic("discover.sh"), ARGS, 2, [])
+    value = flag(cmd, "--host-discovery-script")
+    from horovod.runner.elastic.discovery import HostDiscoveryScript
+
+    found = HostDiscoveryScript(value, slots=1).find_available_hosts_and_slots()
+    assert found == {"localhost": 2, "127.0.0.1": 1}
+    assert not list(tmp_path.rglob("pwned*")), "the folder's name ran as a command"
+
+
+def test_discovery_script_must_be_an_executable_file_on_the_launching_host(tmp_path) -> None:
+    missing = tmp_path / "nope.sh"
+    with pytest.raises(ConfigError) as info:
+        horovodrun_command(elastic(str(missing)), ARGS, 2, [])
+    assert str(info.value) == (
+        f"elastic.discovery_script: {missing}: no such file on this host, which runs it for "
+        "horovodrun"
+    )
+    plain = write_script(tmp_path / "plain.sh")
+    plain.chmod(0o644)
+    with pytest.raises(ConfigError) as info:
+        horovodrun_command(elastic(str(plain)), ARGS, 2, [])
+    assert str(info.value) == f"elastic.discovery_script: {plain}: not executable; chmod +x it"
+
+
+def test_workers_load_a_discovery_script_that_only_the_launcher_has() -> None:
+    # On Kubernetes only the launcher pod has /etc/mpi/discover_hosts.sh; every worker loads
+    # the same config, so the loader checks the form of the value, not the file.
+    cfg = elastic("/nonexistent/etc/mpi/discover_hosts.sh")
+    assert cfg.elastic.discovery_script == "/nonexistent/etc/mpi/discover_hosts.sh"
+
+
+# --------------------------------------------------------------------------- network
+
+
+def launch_args(hosts: str | None, controller: str) -> argparse.Namespace:
+    return argparse.Namespace(config="c.yaml", hosts=hosts, controller=controller)
+
+
+@pytest.mark.parametrize("hosts", [None, "localhost:2", "127.0.0.1:1,localhost:1"])
+def test_a_job_on_this_machine_alone_is_kept_on_loopback(hosts) -> None:
+    cfg = load_config(QUICKSTART)
+    gloo = horovodrun_command(cfg, launch_args(hosts, "gloo"), 2, [])
+    assert gloo[5:8] == ["--gloo", "--network-interfaces", "lo"], gloo
+    mpi = horovodrun_command(cfg, launch_args(hosts, "mpi"), 2, [])
+    mpi_args = " ".join([*ROOT_ONLY, "--mca btl_base_include self,vader"])
+    assert mpi[5:9] == ["--mpi", f"--mpi-args={mpi_args}", "--network-interfaces", "lo"], mpi
+
+
+def test_a_job_on_other_hosts_is_left_to_horovods_interface_choice() -> None:
+    cfg = load_config(QUICKSTART)
+    for hosts in ("node1:2,node2:2", "localhost:1,node2:1"):
+        gloo = horovodrun_command(cfg, launch_args(hosts, "gloo"), 2, [])
+        assert gloo[5] == "--gloo" and gloo[6] == sys.executable, gloo
+        mpi = horovodrun_command(cfg, launch_args(hosts, "mpi"), 2, [])
+        assert mpi[5:] == ["--mpi", *([f"--mpi-args={ROOT_ONLY[0]}"] if ROOT_ONLY else []),
+                           sys.executable, "-m", "hvd_train", "--config", "c.yaml"]  # fmt: skip
+
+
+def test_an_elastic_job_gets_no_interface_its_hosts_may_not_have(tmp_path) -> None:
+    # Hosts come and go as the discovery script says: loopback now is no promise for later.
+    script = write_script(tmp_path / "discover.sh")
+    cmd = horovodrun_command(elastic(str(script)), launch_args(None, "mpi"), 2, [])
+    assert "--network-interfaces" not in cmd and not any(a.startswith("--mpi") for a in cmd)
+
+
+def test_mpi_args_reach_horovodruns_shell_quoted() -> None:
+    # horovodrun pastes --mpi-args into the mpirun command line a shell runs.
+    flags = network_flags("localhost:2", True, ["--mca", "plm_rsh_args", "-p 2222"])
+    assert flags[0] == "--mpi-args=--mca plm_rsh_args '-p 2222' --mca btl_base_include self,vader"
+
+
+@pytest.mark.multiworker
+def test_launch_on_loopback_under_mpi_trains_with_no_rank_listening_beyond_loopback(tmp_path):
+    """A real 2-worker MPI job through `hvd-train launch`: it trains, and while it does, no rank
+    listens on any address but loopback (Open MPI's TCP transport would listen on 0.0.0.0)."""
+    run_dir = tmp_path / "run"
+    proc = start([sys.executable, "-m", "hvd_train", "launch", "--config", str(QUICKSTART), "--mpi",
+                  "--set", "train.epochs=2", "--set", f"run.dir={run_dir}",
+                  "--set", "train.verbose=false", "--set", "logging.tensorboard=false"], tmp_path)  # fmt: skip
+    deadline = time.monotonic() + 300
+    while not (run_dir / "metrics.csv").exists():  # epoch 1 done: MPI is up on every rank
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.2)
+    ranks = mpi_ranks(str(run_dir))
+    listening = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True, check=True).stdout
+    result = finish(proc, 300)
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert len(ranks) == 2, ranks
+    mine = [line.split()[3] for line in listening.splitlines()
+            if set(map(int, re.findall(r"pid=(\d+)", line))) & set(ranks.values())]  # fmt: skip
+    assert all(addr.startswith("127.") for addr in mine), mine
+    assert "--mca btl_base_include self,vader" in result.stderr  # the printed horovodrun command
+
+
+def mpi_ranks(marker: str) -> dict[int, int]:
+    """{MPI rank: pid} of the live processes mpirun started whose command line holds `marker`."""
+    found = {}
+    for entry in pathlib.Path("/proc").iterdir():
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            environ = (entry / "environ").read_bytes().split(b"\0") if marker in cmdline else []
+        except OSError:
+            continue
+        for item in environ:
+            if item.startswith(b"OMPI_COMM_WORLD_RANK="):
+                found[int(item.split(b"=", 1)[1])] = int(entry.name)
+    return found
