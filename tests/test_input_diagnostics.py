@@ -95,10 +95,10 @@ def test_a_single_epoch_run_warns_in_it_and_none_at_or_below_the_threshold(logge
 
 
 def test_stamp_is_read_inside_each_step_after_it_began(logged) -> None:
-    """A real `fit` on a logical clock: every read, Python's or the pipeline's, adds 1. If the
-    stamp stage ran ahead of the step (a prefetch after it), each stamp would predate its
-    step's begin and the fraction would be 0; read inside the step, each step reads begin,
-    stamp, end in turn: 1 of its 2 ticks waiting."""
+    """A real `fit` on a logical clock: every read, Python's or the pipeline's, adds 1. Read
+    inside the step, each step reads begin, stamp, end in turn: 1 of its 2 ticks waiting. If
+    the stamp stage ran ahead of the step (a prefetch slipped in after it), stamps would be
+    read before their steps began and the fraction would drop (0.375 when tried)."""
     ticks = tf.Variable(0.0, dtype=tf.float64)
     iw = InputWait(
         0.9, clock=lambda: float(ticks.assign_add(1.0)), stamp=lambda: ticks.assign_add(1.0)
