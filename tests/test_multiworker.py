@@ -68,7 +68,7 @@ def test_summary_is_complete_and_consistent(quickstart) -> None:
     assert summary["global_batch_size"] == summary["per_worker_batch_size"] * 2
     assert summary["epochs_completed"] == cfg.train.epochs
     assert summary["train_examples_per_sec"] > 0
-    assert 0 < summary["wall_time_s"] < 300
+    assert summary["wall_time_s"] > 0
     assert set(summary["versions"]) == {"python", "tensorflow", "horovod"}
     assert summary["versions"]["horovod"] == "0.28.1"
     final = summary["final_metrics"]
