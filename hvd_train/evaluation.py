@@ -29,15 +29,17 @@ class Evaluator:
 
     def _sums(self, x: tf.Tensor, y: tf.Tensor, w: tf.Tensor) -> tf.Tensor:
         out = self.model(x, training=False)
-        loss = self._xent(y, out)
-        hit = tf.cast(tf.equal(tf.argmax(out, -1, output_type=y.dtype), y), tf.float32)
+        # Summed in float64 whatever the model's output dtype (float32, or a user's float64).
+        loss = tf.cast(self._xent(y, out), tf.float64)
+        hit = tf.cast(tf.equal(tf.argmax(out, -1, output_type=y.dtype), y), tf.float64)
+        w = tf.cast(w, tf.float64)
         return tf.stack([tf.reduce_sum(loss * w), tf.reduce_sum(hit * w), tf.reduce_sum(w)])
 
     def evaluate(self) -> dict[str, float]:
         """`{"val_loss": ..., "val_accuracy": ...}`, identical on every rank; {} without data."""
         totals = tf.zeros([3], tf.float64)
         for x, y, w in self.dataset:
-            totals += tf.cast(self._step(x, y, w), tf.float64)
+            totals += self._step(x, y, w)
         loss_sum, hits, count = distributed.allreduce_sum(totals.numpy(), name="exact_eval")
         if count == 0:
             return {}

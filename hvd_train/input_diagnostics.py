@@ -13,6 +13,7 @@ run's very first step (tracing, filling the buffer) is left out.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -45,12 +46,26 @@ class InputWait(tf.keras.callbacks.Callback):
 
     Put it first in the callback list (its epoch end is a collective, and later callbacks
     write the logs to files); feed `fit` the dataset `attach` returns.
+
+    Args:
+        warn_above: the fraction above which rank 0 warns.
+        advice: what the warning tells the user to do. Defaults to `DECODED_ADVICE`.
+        clock: seconds, read when a step begins and when it ends. Defaults to `time.time`.
+        stamp: the same clock as a TensorFlow op, read in the pipeline when the step's batch
+            arrives. Defaults to `tf.timestamp` (which reads the clock `time.time` reads).
     """
 
-    def __init__(self, warn_above: float, advice: str = DECODED_ADVICE):
+    def __init__(
+        self,
+        warn_above: float,
+        advice: str = DECODED_ADVICE,
+        clock: Callable[[], float] = time.time,
+        stamp: Callable[[], tf.Tensor] = tf.timestamp,
+    ):
         super().__init__()
         self.warn_above = warn_above
         self.advice = advice
+        self._clock, self._stamp = clock, stamp
         self._ready = tf.Variable(0.0, dtype=tf.float64, trainable=False)
         self._first_step = True
         self._warned = False
@@ -61,7 +76,8 @@ class InputWait(tf.keras.callbacks.Callback):
         """`ds` with the time-stamping last stage (sequential, after the prefetch)."""
 
         def stamp(*batch):
-            with tf.control_dependencies([self._ready.assign(tf.timestamp())]):
+            now = tf.cast(self._stamp(), tf.float64)
+            with tf.control_dependencies([self._ready.assign(now)]):
                 return tuple(tf.identity(t) for t in batch)
 
         options = tf.data.Options()
@@ -73,10 +89,10 @@ class InputWait(tf.keras.callbacks.Callback):
         self._wait = self._busy = 0.0
 
     def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
-        self._begin = time.time()  # the clock tf.timestamp() reads
+        self._begin = self._clock()
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
-        end = time.time()
+        end = self._clock()
         if self._first_step:
             self._first_step = False
             return

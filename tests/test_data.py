@@ -196,9 +196,16 @@ def test_validation_metrics_are_equal_at_1_2_and_3_workers(exactness_runs) -> No
 # --------------------------------------------------------------------------- skip, diagnostics
 
 
-def test_corrupt_files_skipped_and_counted_and_slow_input_warned(data, tmp_path) -> None:
-    """One run: planted corrupt files with on_corrupt: skip, and a decode-heavy pipeline (16x16
-    images upscaled to 128x128) feeding a tiny model, so training waits for input."""
+def test_corrupt_files_are_skipped_and_counted_and_input_wait_is_recorded(data, tmp_path) -> None:
+    """One run with planted corrupt files and on_corrupt: skip. Its input wait is recorded, in
+    [0, 1]; how it is measured and when it warns is tested on controlled clocks in
+    test_input_diagnostics.py.
+
+    With `data.input_wait_warning: 0` the warning and its advice for image folders must appear,
+    whatever the load: a step's wait is at least the time from Keras' batch-begin hook to the
+    fetch inside the compiled step (a call from Python into TensorFlow: tens of microseconds on
+    any machine, and only longer on a loaded one), so an epoch's fraction is above 0.
+    """
     folder = tmp_path / "digits"
     for cls in data["digits"].iterdir():
         (folder / cls.name).mkdir(parents=True)
@@ -207,16 +214,17 @@ def test_corrupt_files_skipped_and_counted_and_slow_input_warned(data, tmp_path)
     planted = plant_corrupt(folder)
     proc = check(run([PYTHON, *train_args(
         "data.source=image_folder", f"data.train_dir={folder}", "data.on_corrupt=skip",
-        "data.image_size=[128,128]", "data.channels=3", "model.name=mlp", "model.dense_units=[4]",
+        "model.name=mlp", "model.dense_units=[4]", "data.input_wait_warning=0",
         "train.epochs=2", "train.steps_per_epoch=15", f"run.dir={tmp_path / 'out'}",
     )], tmp_path))  # fmt: skip
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert sorted(summary["skipped_files"]) == sorted(map(str, planted))
     assert "3 corrupt files were skipped (data.on_corrupt: skip)" in proc.stdout
     waits = [float(r["input_wait_fraction"]) for r in read_metrics(tmp_path / "out")]
-    assert waits[-1] > 0.1, waits
-    assert "waiting for input (input_wait_fraction" in proc.stdout
-    assert "data.cache: memory" in proc.stdout  # the advice
+    assert len(waits) == 2 and all(0 <= w <= 1 for w in waits), waits
+    assert summary["input_wait_fraction"] == pytest.approx(waits[1], rel=1e-4)  # epoch 1: warm-up
+    assert "warning: epoch 2 spent" in proc.stdout, proc.stdout[-3000:]
+    assert "data.cache: memory" in proc.stdout  # the advice for decoded images
 
 
 def test_data_bench_prints_input_and_model_rates(data, tmp_path) -> None:
@@ -352,13 +360,3 @@ def test_image_source_config_rules(overrides: list[str], message: str) -> None:
     with pytest.raises(ConfigError) as info:
         check(load_config(None, overrides), world_size=2)
     assert str(info.value) == message
-
-
-def test_input_wait_advice_fits_the_source() -> None:
-    from hvd_train.input_diagnostics import advice_for
-
-    for source in ("image_folder", "tfrecord"):
-        assert "data.cache: memory" in advice_for(source)
-    for source in ("synthetic", "digits"):  # already decoded tensors: no decoding advice
-        assert "data.cache" not in advice_for(source)
-        assert "already in memory" in advice_for(source)

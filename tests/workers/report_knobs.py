@@ -15,13 +15,24 @@ from hvd_train import distributed
 from hvd_train.config import load_config
 from hvd_train.trainer import train
 
+
+def thread_affinities() -> list[list[int]]:
+    """The cores of every live thread of this worker: TensorFlow's pools, tf.data, Horovod,
+    Gloo. A thread that ends between the listing and the reading is passed over."""
+    found = []
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            found.append(sorted(os.sched_getaffinity(int(tid))))
+        except ProcessLookupError:
+            continue
+    return found
+
+
 model, summary = train(load_config(sys.argv[1], sys.argv[2:]))
 opt = model.optimizer
 inner = getattr(opt, "inner_optimizer", opt)
 helper = getattr(inner, "_agg_helper", None)
-threads = {
-    tid: sorted(os.sched_getaffinity(int(tid))) for tid in os.listdir("/proc/self/task")
-}  # every thread of this worker: TensorFlow's pools, tf.data, Horovod, Gloo
+threads = thread_affinities()
 report = {
     "rank": distributed.rank(),
     "local_rank": distributed.local_rank(),
@@ -31,7 +42,7 @@ report = {
     "loss_scale_optimizer": isinstance(opt, tf.keras.mixed_precision.LossScaleOptimizer),
     "inner_optimizer_module": type(inner).__module__,
     "backward_passes_per_step": helper.backward_passes_per_step if helper else 1,
-    "thread_affinities": sorted({tuple(a) for a in threads.values()}),
+    "thread_affinities": sorted({tuple(a) for a in threads}),
     "num_threads": len(threads),
     "horovod_thread_affinity": os.environ.get("HOROVOD_THREAD_AFFINITY"),
     "horovod_cycle_time": os.environ.get("HOROVOD_CYCLE_TIME"),

@@ -1,0 +1,119 @@
+"""InputWait in one process, on clocks the test controls: what it measures and when it warns.
+
+No assertion here depends on how fast the machine is. The arithmetic and the warning rules run
+on a fake clock; the stamping (the pipeline's last stage reads the clock inside the step, after
+the step began and before it ended) runs in a real `model.fit` on a logical clock that counts
+reads instead of seconds. The end-to-end run (tests/test_data.py) checks only that the
+fraction reaches the files and lies in [0, 1].
+"""
+
+from __future__ import annotations
+
+import pytest
+import tensorflow as tf
+
+from hvd_train import distributed, input_diagnostics
+from hvd_train.input_diagnostics import InputWait, advice_for
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def logged(monkeypatch) -> list[str]:
+    """One worker, no Horovod job: rank 0's log lines, collected."""
+    lines: list[str] = []
+    monkeypatch.setattr(distributed, "allgather_object", lambda obj, name: [obj])
+    monkeypatch.setattr(input_diagnostics.distributed, "log", lines.append)
+    return lines
+
+
+def run_epoch(iw: InputWait, clock: FakeClock, epoch: int, steps: list[tuple[float, float]]):
+    """Steps of (seconds from the step's begin until its batch arrived, step seconds)."""
+    logs: dict = {}
+    iw.on_epoch_begin(epoch)
+    for wait, seconds in steps:
+        iw.on_train_batch_begin(0)
+        iw._ready.assign(clock.now + wait)  # what the pipeline's stamp stage stores
+        clock.now += seconds
+        iw.on_train_batch_end(0)
+    iw.on_epoch_end(epoch, logs)
+    return logs["input_wait_fraction"]
+
+
+def make(warn_above: float, epochs: int) -> tuple[InputWait, FakeClock]:
+    clock = FakeClock()
+    iw = InputWait(warn_above, "ADVICE", clock=clock)
+    iw.set_params({"epochs": epochs})
+    return iw, clock
+
+
+def test_fraction_is_the_epochs_waiting_time_over_its_step_time(logged) -> None:
+    iw, clock = make(0.5, epochs=2)
+    # The run's first step (tracing) is left out; a batch stamped before its step began was
+    # already there (no wait); a stamp after the step's end cannot count for more than the step.
+    fraction = run_epoch(iw, clock, 0, [(9.0, 10.0), (0.25, 1.0), (-5.0, 1.0), (7.0, 2.0)])
+    assert fraction == pytest.approx((0.25 + 0 + 2.0) / (1.0 + 1.0 + 2.0))
+    # Each epoch on its own: the first step of later epochs counts.
+    assert run_epoch(iw, clock, 1, [(0.5, 2.0), (0.0, 2.0)]) == pytest.approx(0.5 / 4.0)
+
+
+def test_worst_worker_counts(logged, monkeypatch) -> None:
+    monkeypatch.setattr(distributed, "allgather_object", lambda obj, name: [obj, 0.75])
+    iw, clock = make(0.5, epochs=1)
+    assert run_epoch(iw, clock, 0, [(0.0, 1.0), (0.0, 1.0)]) == 0.75
+    assert len(logged) == 1 and "input_wait_fraction 0.750 > 0.5" in logged[0]
+
+
+def test_warns_once_after_the_warm_up_epoch_with_the_advice(logged) -> None:
+    iw, clock = make(0.3, epochs=3)
+    slow = [(0.5, 1.0)] * 3  # half of every step waiting
+    run_epoch(iw, clock, 0, slow)
+    assert logged == []  # the first epoch of several is warm-up
+    run_epoch(iw, clock, 1, slow)
+    assert logged == [
+        "warning: epoch 2 spent 50% of its step time waiting for input "
+        "(input_wait_fraction 0.500 > 0.3); ADVICE"
+    ]
+    run_epoch(iw, clock, 2, slow)
+    assert len(logged) == 1  # once per run
+
+
+def test_a_single_epoch_run_warns_in_it_and_none_at_or_below_the_threshold(logged) -> None:
+    iw, clock = make(0.3, epochs=1)
+    run_epoch(iw, clock, 0, [(0.0, 1.0), (0.5, 1.0)])
+    assert len(logged) == 1 and logged[0].startswith("warning: epoch 1 spent 50%")
+    logged.clear()
+    iw, clock = make(0.5, epochs=1)
+    run_epoch(iw, clock, 0, [(0.0, 1.0), (0.5, 1.0)])  # exactly at the threshold
+    assert logged == []
+
+
+def test_stamp_is_read_inside_each_step_after_it_began(logged) -> None:
+    """A real `fit` on a logical clock: every read, Python's or the pipeline's, adds 1. Read
+    inside the step, each step reads begin, stamp, end in turn: 1 of its 2 ticks waiting. If
+    the stamp stage ran ahead of the step (a prefetch slipped in after it), stamps would be
+    read before their steps began and the fraction would drop (0.375 when tried)."""
+    ticks = tf.Variable(0.0, dtype=tf.float64)
+    iw = InputWait(
+        0.9, clock=lambda: float(ticks.assign_add(1.0)), stamp=lambda: ticks.assign_add(1.0)
+    )
+    model = tf.keras.Sequential([tf.keras.Input((2,)), tf.keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    data = tf.data.Dataset.from_tensors((tf.zeros([4, 2]), tf.zeros([4, 1]))).repeat(10)
+    data = data.prefetch(4)  # batches already waiting: the stamp must still be read in-step
+    history = model.fit(iw.attach(data), epochs=2, steps_per_epoch=5, callbacks=[iw], verbose=0)
+    assert history.history["input_wait_fraction"] == [0.5, 0.5]
+
+
+def test_advice_fits_the_source() -> None:
+    for source in ("image_folder", "tfrecord"):
+        assert "data.cache: memory" in advice_for(source)
+    for source in ("synthetic", "digits"):  # already decoded tensors: no decoding advice
+        assert "data.cache" not in advice_for(source)
+        assert "already in memory" in advice_for(source)
