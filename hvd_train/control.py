@@ -60,6 +60,7 @@ class StopSignals:
         self.on_signal: Callable[[int], None] = lambda signum: None
         self.chief = True  # rank 0: only it waits out the grace (the others follow it)
         self.done = threading.Event()  # set when the run has written its own ending
+        self.before_exit: list[Callable[[], None]] = []  # e.g. give run.dir back
         self._previous: dict[int, object] = {}
         self._wakeup: tuple[int, int] | None = None
         self._old_wakeup = -1
@@ -130,6 +131,8 @@ class StopSignals:
             return  # the run wrote its own ending meanwhile: let it exit as it does
         try:
             self.abandon(signum, reason, self.steps_run > 0, failed)
+            for release in self.before_exit:
+                release()
         finally:
             sys.stdout.flush()
             sys.stderr.flush()

@@ -165,11 +165,18 @@ def rank_zero_only(fn: F) -> F:
 
 
 def log(message: str, *, all_ranks: bool = False) -> None:
-    """Prints on rank 0; with `all_ranks=True` every rank prints, prefixed `[rank N]`."""
-    if all_ranks:
-        print(f"[rank {rank()}] {message}", file=sys.stderr, flush=True)
-    elif is_chief():
-        print(f"[hvd_train] {message}", flush=True)
+    """Prints on rank 0; with `all_ranks=True` every rank prints, prefixed `[rank N]`.
+
+    A log nobody reads any more (the launcher that held the pipe died) does not stop the run:
+    its stop or its failure still has to be recorded.
+    """
+    try:
+        if all_ranks:
+            print(f"[rank {rank()}] {message}", file=sys.stderr, flush=True)
+        elif is_chief():
+            print(f"[hvd_train] {message}", flush=True)
+    except BrokenPipeError:
+        pass
 
 
 def configure_devices(intra_op_threads: int, inter_op_threads: int) -> str:

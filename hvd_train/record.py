@@ -211,7 +211,8 @@ def keep(run_dir: str, pid: int) -> None:
         except ValueError:
             continue
         stop_signal = stop_signal or int(event.get("signal", 0))
-    _wait_gone(pid)
+    if not _wait_gone(pid):
+        return  # rank 0's process lives on (it ran train() and goes on): its run.dir, its job
     path = os.path.join(run_dir, SUMMARY)
     summary = read_json(path)
     if summary.get("status") == "running":
@@ -252,17 +253,18 @@ def ended_without_rank0(summary: dict[str, Any], pid: int, stop_signal: int) -> 
     return fields
 
 
-def _wait_gone(pid: int, limit_s: float = 30.0) -> None:
-    """Returns once `pid` has exited (its final write, if any, is then on disk)."""
+def _wait_gone(pid: int, limit_s: float = 30.0) -> bool:
+    """Whether `pid` exits within `limit_s` (its final write, if any, is then on disk)."""
     deadline = time.monotonic() + limit_s
     while time.monotonic() < deadline:
         try:
             os.kill(pid, 0)
         except ProcessLookupError:
-            return
+            return True
         except PermissionError:
             pass
         time.sleep(0.05)
+    return False
 
 
 def _release(run_dir: str, pid: int) -> None:

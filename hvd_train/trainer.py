@@ -55,6 +55,7 @@ def train(cfg: Config, config_path: str | None = None) -> tuple[tf.keras.Model, 
     signals = StopSignals()
     signals.install()
     claims: list[rundir.Claim] = []  # rank 0's hold on run.dir, taken in _prepare_run_dir
+    signals.before_exit.append(lambda: [claim.release() for claim in claims])
     try:
         return _train(cfg, config_path, claims, signals)
     finally:
