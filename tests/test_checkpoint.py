@@ -94,23 +94,30 @@ def tmpfs(tmp_path):
         subprocess.run(["umount", "-l", str(where)], check=True)
 
 
+def assert_write_failed(result, d: pathlib.Path, message: str) -> dict:
+    """Exit code 1, `message` as the one error line and the record's error, nothing half-written
+    left; returns the summary."""
+    assert result.returncode == 1, result.stderr[-6000:]
+    assert errors(result) == [f"hvd_train: error: {message}"]
+    s = summary(d)
+    assert s["status"] == "failed" and s["error"] == f"CheckpointError: {message}", s
+    no_temporaries(d)
+    return s
+
+
 def test_no_room_for_the_first_checkpoint_fails_with_exit_1_naming_it(tmp_path, tmpfs) -> None:
     """600 KiB: room for config.yaml, summary.json, metrics.csv, the 64 KiB reserve and
     best.keras (written before the epoch's checkpoint), not for the first checkpoint."""
     d = tmpfs(600) / "run"
-    proc = run(train_cmd(d), tmp_path)
-    assert proc.returncode == 1, proc.stderr[-6000:]
     ckpt = d / "checkpoints" / "ckpt-00000044"
-    assert errors(proc) == [
-        f"hvd_train: error: cannot write checkpoint {ckpt}: {NO_SPACE}; free space in "
-        f"{d / 'checkpoints'}; no checkpoint was written before: a rerun starts afresh"
-    ]
-    s = summary(d)
-    assert s["status"] == "failed", s
-    assert s["error"].startswith(f"CheckpointError: cannot write checkpoint {ckpt}: {NO_SPACE}")
+    s = assert_write_failed(
+        run(train_cmd(d), tmp_path),
+        d,
+        f"cannot write checkpoint {ckpt}: {NO_SPACE}; free space in {d / 'checkpoints'}; no "
+        "checkpoint was written before: a rerun starts afresh",
+    )
     assert s["last_checkpoint"] is None and s["model_path"] is None
     assert checkpoints(d) == []
-    no_temporaries(d)
 
 
 def test_a_disk_filling_mid_run_keeps_the_earlier_checkpoint_and_a_rerun_completes(
@@ -155,18 +162,15 @@ def test_no_room_for_model_keras_fails_and_a_rerun_writes_it(tmp_path, tmpfs) ->
     disk = tmpfs(1880)
     d = disk / "run"
     cmd = train_cmd(d, "train.epochs=1")
-    first = run(cmd, tmp_path)
-    assert first.returncode == 1, first.stderr[-6000:]
     final = d / "checkpoints" / "ckpt-00000044"
-    assert errors(first) == [
-        f"hvd_train: error: cannot write {d / 'model.keras'}: {NO_SPACE}; free space in {d}; "
-        f"the newest checkpoint, {final}, is intact and train.resume=auto resumes from it"
-    ]
-    s = summary(d)
-    assert s["status"] == "failed" and s["model_path"] is None, s
-    assert s["error"].startswith("CheckpointError: cannot write"), s
+    s = assert_write_failed(
+        run(cmd, tmp_path),
+        d,
+        f"cannot write {d / 'model.keras'}: {NO_SPACE}; free space in {d}; the newest "
+        f"checkpoint, {final}, is intact and train.resume=auto resumes from it",
+    )
+    assert s["model_path"] is None, s
     assert not (d / "model.keras").exists()
-    no_temporaries(d)
 
     subprocess.run(["mount", "-o", "remount,size=8m", str(disk)], check=True)
     second = run(cmd, tmp_path)
