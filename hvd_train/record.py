@@ -257,14 +257,19 @@ def _wait_gone(pid: int, limit_s: float = 30.0) -> bool:
     """Whether `pid` exits within `limit_s` (its final write, if any, is then on disk)."""
     deadline = time.monotonic() + limit_s
     while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
+        if _state(pid) in ("", "Z", "X"):  # gone, or a zombie its parent has yet to reap
             return True
-        except PermissionError:
-            pass
         time.sleep(0.05)
     return False
+
+
+def _state(pid: int) -> str:
+    """The process's state letter from /proc (R, S, Z, ...), or "" when there is none."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
 
 
 def _release(run_dir: str, pid: int) -> None:
