@@ -66,6 +66,8 @@ class StopSignals:
         self._old_wakeup = -1
 
     def install(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return  # signals reach only the main thread: a caller's thread trains unguarded
         for sig in (*STOP_SIGNALS, signal.SIGCONT):
             self._previous[sig] = signal.signal(sig, self._handle)
         r, w = os.pipe()
