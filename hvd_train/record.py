@@ -215,17 +215,22 @@ def keep(run_dir: str, pid: int) -> None:
         return  # rank 0's process lives on (it ran train() and goes on): its run.dir, its job
     path = os.path.join(run_dir, SUMMARY)
     summary = read_json(path)
+    said = ""
     if summary.get("status") == "running":
         summary.update(ended_without_rank0(summary, pid, stop_signal))
         _free_reserve(run_dir)
         try:
             write_json(path, summary)
-            print(f"[hvd_train] {summary['error']}; {path} says {summary['status']}",
-                  file=sys.stderr, flush=True)  # fmt: skip
+            said = f"[hvd_train] {summary['error']}; {path} says {summary['status']}"
         except OSError as e:
-            print(f"[hvd_train] cannot write {path}: {e}", file=sys.stderr, flush=True)
+            said = f"[hvd_train] cannot write {path}: {e}"
     _free_reserve(run_dir)
     _release(run_dir, pid)
+    try:  # last: the launcher that read rank 0's output may be gone with it
+        if said:
+            print(said, file=sys.stderr, flush=True)
+    except OSError:
+        pass
 
 
 def ended_without_rank0(summary: dict[str, Any], pid: int, stop_signal: int) -> dict[str, Any]:

@@ -201,3 +201,26 @@ def test_launcher_names_the_first_failure_in_the_record(tmp_path) -> None:
     s = ended(d, proc)
     assert s["status"] == "failed" and s["failed_rank"] == 1, s
     assert "rank 1 failed first" in s["failure"] and "SIGKILL" in s["failure"], s
+
+
+@pytest.mark.parametrize("controller", CONTROLLERS)
+def test_a_killed_launcher_leaves_a_true_record(tmp_path, controller) -> None:
+    """SIGKILL to horovodrun (Gloo) or to mpirun (MPI) mid-training. Horovod's middleman
+    passes SIGTERM on to the workers when horovodrun dies: they stop like after a Ctrl-C
+    (`interrupted`). mpirun's workers die with it: rank 0's keeper records `failed`."""
+    import psutil
+
+    d = tmp_path / "run"
+    proc = start(horovodrun(controller, trainer(d, "data.source=synthetic", "train.epochs=6")),
+                 tmp_path)  # fmt: skip
+    wait_until(lambda: summary(d).get("epochs_completed", 0) >= 1, proc, "one epoch")
+    launcher = psutil.Process(proc.pid)
+    if controller == "mpi":  # horovodrun --mpi has become `sh -c mpirun ...`
+        launcher = next(p for p in launcher.children(recursive=True) if p.name() == "mpirun")
+    launcher.kill()
+    s = ended(d, proc)
+    if controller == "gloo":
+        assert_stop_recorded(s, d)
+    else:
+        assert s["status"] == "failed" and s["recorded_by"] == "keeper", s
+        assert_checkpoints_load(d)
