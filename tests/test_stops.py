@@ -17,6 +17,7 @@ import pathlib
 import signal
 import time
 
+import psutil
 import pytest
 from harness import BIN, PYTHON, QUICKSTART, WORKERS, check, finish, run, start, workers
 
@@ -208,8 +209,6 @@ def test_a_killed_launcher_leaves_a_true_record(tmp_path, controller) -> None:
     """SIGKILL to horovodrun (Gloo) or to mpirun (MPI) mid-training. Horovod's middleman
     passes SIGTERM on to the workers when horovodrun dies: they stop like after a Ctrl-C
     (`interrupted`). mpirun's workers die with it: rank 0's keeper records `failed`."""
-    import psutil
-
     d = tmp_path / "run"
     proc = start(horovodrun(controller, trainer(d, "data.source=synthetic", "train.epochs=6")),
                  tmp_path)  # fmt: skip
