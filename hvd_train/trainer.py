@@ -138,6 +138,9 @@ def _train(
                 model, source, cfg, start.epoch, start.step, make_callbacks, attach
             )
             d = made["d"]
+            # Horovod Elastic: when rank 0 was lost, a survivor became rank 0; it ends the
+            # record (the lost one's keeper has meanwhile written `failed`).
+            record = record or (RunRecord(cfg.run.dir, base) if distributed.is_chief() else None)
             if record:
                 record.update(world_size=d.world_size, elastic=report, **_batches(d))
         else:
