@@ -16,6 +16,7 @@ Standard library only: a watcher that outlives rank 0 calls `release_stale` with
 from __future__ import annotations
 
 import errno
+import fcntl
 import fnmatch
 import json
 import os
@@ -201,6 +202,23 @@ def _refuse_foreign_files(run_dir: str) -> None:
 
 
 def _take_lock(run_dir: str, me: dict[str, Any], log: Callable[[str], None]) -> None:
+    """Takes the lock, or takes over a stale one, one claimant of this host at a time.
+
+    Claimants on this host queue on an flock of run.dir itself, so two that find the same
+    stale lock cannot both take it over (a lock from another host is never taken over).
+    """
+    try:
+        guard = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError as e:
+        raise _not_writable(run_dir, e) from None
+    try:
+        fcntl.flock(guard, fcntl.LOCK_EX)
+        _take_lock_guarded(run_dir, me, log)
+    finally:
+        os.close(guard)  # releases the flock
+
+
+def _take_lock_guarded(run_dir: str, me: dict[str, Any], log: Callable[[str], None]) -> None:
     path = os.path.join(run_dir, LOCK_NAME)
     for _ in range(10):  # each pass creates the lock, refuses, or found it gone or stale
         if _create_lock(path, me, run_dir):
