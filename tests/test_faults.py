@@ -285,10 +285,12 @@ def test_elastic_goes_on_with_one_worker_after_one_is_killed(tmp_path) -> None:
     victims = [pid for pid, host in _worker_hosts(str(d)).items() if host == "127.0.0.1"]
     assert len(victims) == 1, _worker_hosts(str(d))
     os.kill(victims[0], signal.SIGKILL)
-    result = check(finish(proc, 400))
-    assert "elastic reset: now 1 worker(s)" in result.stdout
+    check(finish(proc, 400))
     s = summary(d)
     assert s["status"] == "completed" and s["epochs_completed"] == 6, s
+    # The reset itself, from the record: rank 0's "elastic reset" log line was missing from
+    # horovodrun's output in two loaded runs (cause not found); the log is not the contract.
+    assert s["elastic"]["resets"] >= 1, s
     assert s["elastic"]["world_sizes"] == [2, 1] and s["world_size"] == 1
     assert s["final_metrics"]["learning_rate"] == pytest.approx(0.001)  # 0.002 at 2 workers
     assert epochs_in_csv(d) == [1, 2, 3, 4, 5, 6]
