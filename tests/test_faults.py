@@ -289,7 +289,8 @@ def test_elastic_goes_on_with_one_worker_after_one_is_killed(tmp_path) -> None:
     s = summary(d)
     assert s["status"] == "completed" and s["epochs_completed"] == 6, s
     # The reset itself, from the record: rank 0's "elastic reset" log line was missing from
-    # horovodrun's output in two loaded runs (cause not found); the log is not the contract.
+    # horovodrun's output in one loaded run (cause not found); the log is not the contract.
+    # The killed worker may have been rank 0: the survivor then ends the record.
     assert s["elastic"]["resets"] >= 1, s
     assert s["elastic"]["world_sizes"] == [2, 1] and s["world_size"] == 1
     assert s["final_metrics"]["learning_rate"] == pytest.approx(0.001)  # 0.002 at 2 workers
