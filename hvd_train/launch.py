@@ -75,7 +75,10 @@ def main(argv: list[str], prog: str) -> int:
         failure = first_failure(output)
         failure.update(attempt=attempt + 1, exit_code=code, time=time.time())
         history.append(failure)
-        _say(f"attempt {attempt + 1} failed: {describe(failure)}")
+        if supervisor.stop_signal:  # the workers' exit codes only echo the stop
+            _say(f"attempt {attempt + 1} stopped by {_SIGNALS[supervisor.stop_signal]}")
+        else:
+            _say(f"attempt {attempt + 1} failed: {describe(failure)}")
         if ours:
             _mark_ended(summary_path, failure, supervisor.stop_signal)
         reason = _no_restart_reason(failure, summary_path, supervisor.stop_signal)

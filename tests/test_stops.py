@@ -119,6 +119,8 @@ def test_stop_in_the_first_seconds_records_interrupted(tmp_path, controller) -> 
     stop(proc, controller)
     s = ended(d, proc)
     assert_stop_recorded(s, d)
+    if controller == "mpi":  # through hvd-train launch, which says what it passed on
+        assert "[hvd_train launch] attempt 1 stopped by SIGTERM" in s["_output"], s["_output"]
 
 
 @pytest.mark.parametrize("controller", CONTROLLERS)
