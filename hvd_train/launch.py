@@ -27,7 +27,7 @@ from typing import Any
 
 from hvd_train import rundir
 from hvd_train.config import Config, add_config_arguments, load_config
-from hvd_train.errors import KNOCK_ON, ConfigError
+from hvd_train.errors import ANOTHER_FIRST, KNOCK_ON, NO_STATUS, ConfigError
 from hvd_train.record import read_json, write_json
 from hvd_train.supervise import Supervisor
 
@@ -253,7 +253,7 @@ def _mark_ended(path: str, failure: dict[str, Any], stop_signal: int) -> None:
 
 def _is_knock_on(error: str) -> bool:
     """An error that says only that another rank went first (or rank 0's keeper's guess)."""
-    return error.startswith("another worker ended first") or "ended without writing" in error
+    return error.startswith(ANOTHER_FIRST) or NO_STATUS in error
 
 
 def _record(path: str, history: list[dict[str, Any]], restarts: int) -> None:

@@ -24,7 +24,7 @@ import threading
 import time
 from typing import Any
 
-from hvd_train.errors import TrainingError
+from hvd_train.errors import NO_STATUS, TrainingError
 
 SUMMARY = "summary.json"
 ENDINGS = ("completed", "failed", "interrupted")
@@ -248,7 +248,7 @@ def ended_without_rank0(summary: dict[str, Any], pid: int, stop_signal: int) -> 
     else:
         fields.update(
             status="failed",
-            error=f"{who} ended without writing its status: killed (SIGKILL by the launcher "
+            error=f"{who} {NO_STATUS}: killed (SIGKILL by the launcher "
             "after another worker failed, the out-of-memory killer, or by hand); the "
             "launcher's output names the first failure",
         )

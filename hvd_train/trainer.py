@@ -28,7 +28,14 @@ from hvd_train.config import Config, Derived, derive, dump_yaml
 from hvd_train.control import RunControl, StopSignals
 from hvd_train.data import Source, load_source
 from hvd_train.elastic import fit_elastic
-from hvd_train.errors import KNOCK_ON, CheckpointError, DataError, Interrupted, UserError
+from hvd_train.errors import (
+    ANOTHER_FIRST,
+    KNOCK_ON,
+    CheckpointError,
+    DataError,
+    Interrupted,
+    UserError,
+)
 from hvd_train.evaluation import Evaluator
 from hvd_train.fitting import fit_from
 from hvd_train.input_diagnostics import InputWait, advice_for, data_summary
@@ -270,7 +277,7 @@ def _cause(e: BaseException) -> str:
     """The summary's `error`: this rank's own error, or that another rank failed first."""
     text = _one_line(e)
     if any(c in text for c in KNOCK_ON):
-        return f"another worker ended first; rank 0 then saw: {text}"
+        return f"{ANOTHER_FIRST}; rank 0 then saw: {text}"
     return text
 
 
