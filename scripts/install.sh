@@ -18,6 +18,17 @@ changed=0  # set when this run installed anything; then the build is checked aga
 
 say() { printf '[install] %s\n' "$*"; }
 die() { printf '[install] error: %s\n' "$*" >&2; exit 1; }
+# apt's and pip's own output (progress, notices about this machine's package mirrors) goes to
+# a log; the console gets one line per step, and the log's tail only when a step fails.
+LOG=build/install.log
+mkdir -p build
+quietly() {
+  printf '\n$ %s\n' "$*" >> "$LOG"
+  if ! "$@" >> "$LOG" 2>&1; then
+    tail -n 40 "$LOG" >&2
+    die "failed: $* (full output: $LOG)"
+  fi
+}
 
 device=${HVD_TRAIN_DEVICE:-}
 if [ -z "$device" ]; then
@@ -29,9 +40,9 @@ case "$device" in cpu|gpu) ;; *) die "HVD_TRAIN_DEVICE must be cpu or gpu, got '
 if ! command -v mpirun >/dev/null 2>&1 || ! command -v mpicxx >/dev/null 2>&1; then
   say "installing Open MPI from apt"; changed=1
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
-    libopenmpi-dev openmpi-bin g++ make >/dev/null
+  quietly $SUDO apt-get update -qq
+  quietly $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+    libopenmpi-dev openmpi-bin g++ make
 fi
 
 # --- ssh: multi_node.sh and horovodrun reach other hosts with it ---
@@ -45,18 +56,18 @@ fi
 if [ -n "$ssh_pkgs" ]; then
   say "installing$ssh_pkgs from apt"; changed=1
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
-  $SUDO apt-get update -qq
+  quietly $SUDO apt-get update -qq
   # shellcheck disable=SC2086  # a list of package names
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends $ssh_pkgs >/dev/null
+  quietly $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $ssh_pkgs
 fi
 
 # --- the virtualenv ---
 if [ ! -x "$VENV/bin/python" ]; then
   say "creating $VENV"; changed=1
-  "$PY" -m venv "$VENV"
-  "$VENV/bin/python" -m pip install -q --upgrade "pip==24.3.1" "setuptools==75.6.0" wheel
+  quietly "$PY" -m venv "$VENV"
+  quietly "$VENV/bin/python" -m pip install -q --upgrade "pip==24.3.1" "setuptools==75.6.0" wheel
 fi
-pip() { "$VENV/bin/python" -m pip "$@"; }
+pip() { quietly "$VENV/bin/python" -m pip "$@"; }
 have() { "$VENV/bin/python" - "$@" <<'PYEOF' 2>/dev/null
 import sys
 from importlib.metadata import version
@@ -117,6 +128,6 @@ if ! grep -q '\[X\] TensorFlow' "$check"; then
   rm -f "$check"
   die "Horovod was built without TensorFlow support; remove $VENV and run again"
 fi
-ops=$(sed -n '/Tensor Operations/,$p' "$check" | grep -o '\[X\] [A-Za-z]*' | cut -c5- | tr '\n' ' ')
+ops=$(sed -n '/Tensor Operations/,$p' "$check" | grep -o '\[X\] [A-Za-z]*' | cut -c5- | tr '\n' ' ' | sed 's/ $//')
 [ "$changed" = 1 ] && what="installed" || what="nothing to install"
 say "$what: horovod $HOROVOD_VERSION with TensorFlow $TF_VERSION ($device); tensor operations: $ops"
