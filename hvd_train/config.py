@@ -111,7 +111,8 @@ class DataConfig:
     # A file that is not a readable JPEG/PNG: error (exit 2, naming it) or skip (count, report).
     on_corrupt: Literal["error", "skip"] = "error"
     prefetch_to_device: bool = False  # GPU only: batches copied to the GPU ahead (untested)
-    # Rank 0 warns when an epoch waits longer than this share of its step time for input.
+    # Rank 0 warns when an epoch waits longer than this share of its step time for input
+    # (not for synthetic and digits: in memory, nothing to act on; see input_diagnostics).
     input_wait_warning: float = field(default=0.1, metadata={"min": 0.0, "max": 1.0})
 
 
