@@ -5,7 +5,9 @@ from __future__ import annotations
 import csv
 import math
 import os
+import sys
 import time
+from collections.abc import Callable
 
 import horovod.tensorflow.keras as hvd
 import tensorflow as tf
@@ -28,6 +30,25 @@ METRICS_COLUMNS = [
     "input_wait_fraction",
     "examples_per_sec_per_worker", "step_time_ms",
 ]  # fmt: skip
+
+# Bookkeeping that the callbacks below put into the epoch's logs for metrics.csv, the history
+# and summary.json, and that stays out of what Keras prints. TensorBoard gets it under these
+# tags: Keras' own callback prefixes `epoch_` to every key (`epoch_epoch_examples`).
+# `learning_rate` is left to that callback, which writes `epoch_learning_rate` from the schedule.
+BOOKKEEPING_TAGS = {
+    "epoch_examples": "throughput/epoch_examples",
+    "epoch_time_s": "throughput/epoch_time_s",
+    "examples_per_sec": "throughput/examples_per_sec",
+    "examples_per_sec_per_worker": "throughput/examples_per_sec_per_worker",
+    "step_time_ms": "throughput/step_time_ms_median",
+    "input_wait_fraction": "input/wait_fraction",
+}
+BOOKKEEPING = frozenset([*BOOKKEEPING_TAGS, "learning_rate"])
+
+
+def without_bookkeeping(logs: dict | None) -> dict:
+    """The logs a person reads: the model's metrics, without `BOOKKEEPING`."""
+    return {k: v for k, v in (logs or {}).items() if k not in BOOKKEEPING}
 
 
 class EpochStats(tf.keras.callbacks.Callback):
@@ -175,6 +196,109 @@ class Checkpointer(tf.keras.callbacks.Callback):
             raise write_error(path, e, self.last) from e
 
 
+class EpochLines(tf.keras.callbacks.Callback):
+    """Rank 0's console: one line per epoch and, inside a long epoch, a progress line every
+    `every_s` seconds. Put it after the callbacks that fill the epoch's logs.
+
+    Args:
+        epochs: the run's epochs (`train.epochs`).
+        d: the run's derived sizes (steps per epoch, global batch).
+        control: the run's RunControl, run before this: the step in the epoch (counting the
+            steps before a resume) and whether a stop cut the epoch short.
+        every_s: seconds between progress lines inside an epoch; 0: none.
+        log: prints one line. Defaults to `distributed.log` (rank 0, `[hvd_train]` prefix).
+        clock: seconds. Defaults to `time.monotonic`.
+    """
+
+    def __init__(
+        self,
+        epochs: int,
+        d: Derived,
+        control: RunControl,
+        every_s: float,
+        log: Callable[[str], None] = distributed.log,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        super().__init__()
+        self.epochs, self.d, self.control, self.every_s = epochs, d, control, every_s
+        self._log, self._clock = log, clock
+        self._supports_tf_logs = True  # batch logs are read only when a line is due
+        self._start = self._next = 0.0
+        self._first_step = 0
+
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+        self._start = self._clock()
+        self._next = self._start + self.every_s
+        self._first_step = self.control.step_in_epoch  # a resumed epoch starts part-way
+
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        now = self._clock()
+        if not self.every_s or now < self._next:
+            return
+        self._next = now + self.every_s
+        c = self.control
+        rate = (c.step_in_epoch - self._first_step) * self.d.global_batch / (now - self._start)
+        self._log(
+            f"epoch {c.epoch + 1}/{self.epochs}, step {c.step_in_epoch}/{self.d.steps_per_epoch}"
+            f": {_metrics(logs)} (rank 0, so far), {rate:.0f} examples/s"
+        )
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        logs = logs or {}
+        if self.control.stopped_mid_epoch():
+            steps = f"{self.control.step_in_epoch}/{self.d.steps_per_epoch}"
+            self._log(f"epoch {epoch + 1}/{self.epochs} stopped after step {steps}: "
+                      f"{_metrics(logs)}")  # fmt: skip
+            return
+        extra = [
+            f"lr {logs['learning_rate']:.3g}" if "learning_rate" in logs else "",
+            f"{logs['examples_per_sec']:.0f} examples/s" if "examples_per_sec" in logs else "",
+            f"step {logs['step_time_ms']:.1f} ms" if "step_time_ms" in logs else "",
+            f"{logs['epoch_time_s']:.1f} s" if "epoch_time_s" in logs else "",
+        ]
+        line = ", ".join([_metrics(logs), *filter(None, extra)])
+        self._log(f"epoch {epoch + 1}/{self.epochs}: {line}")
+
+
+def _metrics(logs: dict | None) -> str:
+    """`loss 0.4123, accuracy 0.8812, ...`: the model's metrics, in Keras' order."""
+    return ", ".join(f"{k} {float(v):.4f}" for k, v in without_bookkeeping(logs).items())
+
+
+def wants_progress_bar(verbose: int) -> bool:
+    """Keras' live bar: `train.verbose: 2`, on rank 0, when its stdout is a terminal. In a pipe
+    (horovodrun, mpirun, a file) its frames pile up into kilobyte-long lines."""
+    return verbose == 2 and distributed.is_chief() and sys.stdout.isatty()
+
+
+class ProgressBar(tf.keras.callbacks.ProgbarLogger):
+    """Keras' progress bar without the bookkeeping (see `wants_progress_bar`). In the callback
+    list, Keras uses it instead of adding its own."""
+
+    def __init__(self) -> None:
+        super().__init__(count_mode="steps")
+
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        super().on_train_batch_end(batch, without_bookkeeping(logs))
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        super().on_epoch_end(epoch, without_bookkeeping(logs))
+
+
+class TensorBoard(tf.keras.callbacks.TensorBoard):
+    """Keras' TensorBoard callback, with the bookkeeping under `BOOKKEEPING_TAGS` (rank 0)."""
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        logs = logs or {}
+        super().on_epoch_end(epoch, without_bookkeeping(logs))
+        # Keras' own "train" writer: one event file per run folder, which TensorBoard reads
+        # as it grows (a second writer's file there would stop the first from being re-read).
+        with tf.summary.record_if(True), self._train_writer.as_default():
+            for key, tag in BOOKKEEPING_TAGS.items():
+                if key in logs:
+                    tf.summary.scalar(tag, logs[key], step=epoch)
+
+
 def _is_number(v: object) -> bool:
     try:
         return math.isfinite(float(v))
@@ -229,7 +353,7 @@ def build_callbacks(
         hvd.callbacks.MetricAverageCallback(),
         # Step times and per-worker rate (see perf.py), after the averaging: it reads the
         # workers' mean epoch_time_s, the one metrics.csv records.
-        perf.StepTimer(d, cfg.train.epochs),
+        perf.StepTimer(d),
         # Validation sums and counts all-reduced: exact, and identical on every rank.
         ExactValidation(evaluator, control),
         # The learning-rate warm-up is not a callback: it lives in the optimizer's schedule
@@ -237,15 +361,17 @@ def build_callbacks(
     ]
     checkpointer = None
     if distributed.is_chief():
-        # Side effects on rank 0 only: files, TensorBoard, checkpoints. None is a collective.
+        # Side effects on rank 0 only: console, files, TensorBoard, checkpoints. None is a
+        # collective. The console after everything above has filled the logs: Keras' bar
+        # on a terminal when asked for (fit_from then turns it on), else one line per epoch.
+        if wants_progress_bar(cfg.train.verbose):
+            callbacks.append(ProgressBar())
+        elif cfg.train.verbose:
+            callbacks.append(EpochLines(cfg.train.epochs, d, control, cfg.train.log_every_s))
         run_dir = cfg.run.dir
         callbacks.append(MetricsCSV(os.path.join(run_dir, "metrics.csv"), control, keep_epochs))
         if cfg.logging.tensorboard:
-            callbacks.append(
-                tf.keras.callbacks.TensorBoard(
-                    os.path.join(run_dir, "tensorboard"), profile_batch=0
-                )
-            )
+            callbacks.append(TensorBoard(os.path.join(run_dir, "tensorboard"), profile_batch=0))
         checkpointer = Checkpointer(CheckpointStore(run_dir, cfg.checkpoint), control, cfg, d)
         callbacks.append(checkpointer)
         if cfg.logging.profile_steps:

@@ -46,7 +46,12 @@ class TrainConfig:
     # global: batch_size is split across the workers, so the step is the same at any worker count.
     batch_size_mode: Literal["per_worker", "global"] = "per_worker"
     steps_per_epoch: int | None = _positive(None)  # cap; default: one pass over the data
-    verbose: bool = True  # Keras progress bar on rank 0
+    # What rank 0 prints while training: 0 nothing; 1 one line per epoch; 2 Keras' live progress
+    # bar when its stdout is a terminal, else (always under horovodrun or mpirun) as 1. Old
+    # configs' true/false mean 1/0.
+    verbose: Literal[0, 1, 2] = field(default=2, metadata={"bool_as_int": True})
+    # With verbose 1 or 2: a progress line every this many seconds inside a long epoch; 0: none.
+    log_every_s: float = field(default=60.0, metadata={"min": 0.0})
     # auto: continue from the newest valid checkpoint in run.dir if there is one; never: start
     # afresh (existing checkpoints are left alone, new ones overwrite by step); or a checkpoint
     # folder (run.dir/checkpoints/ckpt-NNNNNNNN) to continue from.
@@ -106,7 +111,8 @@ class DataConfig:
     # A file that is not a readable JPEG/PNG: error (exit 2, naming it) or skip (count, report).
     on_corrupt: Literal["error", "skip"] = "error"
     prefetch_to_device: bool = False  # GPU only: batches copied to the GPU ahead (untested)
-    # Rank 0 warns when an epoch waits longer than this share of its step time for input.
+    # Rank 0 warns when an epoch waits longer than this share of its step time for input
+    # (not for synthetic and digits: in memory, nothing to act on; see input_diagnostics).
     input_wait_warning: float = field(default=0.1, metadata={"min": 0.0, "max": 1.0})
 
 
@@ -493,8 +499,12 @@ def _coerce(value: Any, tp: Any, fld: dataclasses.Field, path: str, source: str)
         tp = next(a for a in args if a is not type(None))
         origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin is Literal:
-        if value not in args:
-            raise fail()
+        if isinstance(value, bool) and fld.metadata.get("bool_as_int"):
+            value = int(value)  # an older config's true/false for a field that became a level
+        # By type too: `True in (0, 1)` and `1.0 in (0, 1)` hold in Python.
+        if not any(value == a and type(value) is type(a) for a in args):
+            bools = " (or true/false for 1/0)" if fld.metadata.get("bool_as_int") else ""
+            raise fail(f"{_describe(declared)}{bools}")
         return value
     if origin is tuple:
         if not isinstance(value, list) or not all(_is_int(v) for v in value):

@@ -27,29 +27,32 @@ DECODED_ADVICE = (
     "(hvd-train convert-tfrecord), a smaller data.image_size, or fewer workers per host (more "
     "cores for decoding each); measure with hvd-train data-bench"
 )
-IN_MEMORY_ADVICE = (
-    "this data is already in memory, so the wait is the step's own start-up and scheduling "
-    "delay, which shows when steps are only milliseconds long: a larger train.batch_size "
-    "makes it smaller; raise data.input_wait_warning to silence this"
-)
+IN_MEMORY_SOURCES = ("synthetic", "digits")
 
 
-def advice_for(source: str) -> str:
-    """What to do about a high input wait, for a `data.source`."""
-    return IN_MEMORY_ADVICE if source in ("synthetic", "digits") else DECODED_ADVICE
+def advice_for(source: str) -> str | None:
+    """What to do about a high input wait, for a `data.source`; None when nothing can be done.
+
+    For data already in memory (synthetic, digits) the "wait" is the step's own start-up and
+    scheduling delay, which shows when steps last milliseconds: the input pipeline has nothing
+    to improve, so there is no warning (the fraction is still recorded).
+    """
+    return None if source in IN_MEMORY_SOURCES else DECODED_ADVICE
 
 
 class InputWait(tf.keras.callbacks.Callback):
     """Adds `input_wait_fraction` (time waiting for input / step time, the largest over the
     workers) to each epoch's logs; rank 0 warns, once, when it passes `warn_above`, with
-    `advice` (not for the first epoch when more follow: like the rate, it is warm-up).
+    `advice` (not for the first epoch when more follow: like the rate, it is warm-up; never
+    without advice).
 
     Put it first in the callback list (its epoch end is a collective, and later callbacks
     write the logs to files); feed `fit` the dataset `attach` returns.
 
     Args:
         warn_above: the fraction above which rank 0 warns.
-        advice: what the warning tells the user to do. Defaults to `DECODED_ADVICE`.
+        advice: what the warning tells the user to do; None: no warning (nothing to do).
+            Defaults to `DECODED_ADVICE`.
         clock: seconds, read when a step begins and when it ends. Defaults to `time.time`.
         stamp: the same clock as a TensorFlow op, read in the pipeline when the step's batch
             arrives. Defaults to `tf.timestamp` (which reads the clock `time.time` reads).
@@ -58,7 +61,7 @@ class InputWait(tf.keras.callbacks.Callback):
     def __init__(
         self,
         warn_above: float,
-        advice: str = DECODED_ADVICE,
+        advice: str | None = DECODED_ADVICE,
         clock: Callable[[], float] = time.time,
         stamp: Callable[[], tf.Tensor] = tf.timestamp,
     ):
@@ -106,7 +109,7 @@ class InputWait(tf.keras.callbacks.Callback):
         logs["input_wait_fraction"] = fraction
         warm_up = not self._epochs_seen and epoch + 1 < self.params.get("epochs", 0)
         self._epochs_seen += 1
-        if fraction > self.warn_above and not self._warned and not warm_up:
+        if self.advice and fraction > self.warn_above and not self._warned and not warm_up:
             self._warned = True
             distributed.log(
                 f"warning: epoch {epoch + 1} spent {fraction:.0%} of its step time waiting for "

@@ -23,15 +23,15 @@ WARMUP_STEPS = 5  # left out of a one-epoch run's figures
 
 class StepTimer(tf.keras.callbacks.Callback):
     """Times every training step; adds `step_time_ms` (the epoch's median) and
-    `examples_per_sec_per_worker` to the epoch's logs, and prints them on rank 0.
+    `examples_per_sec_per_worker` to the epoch's logs (callbacks.EpochLines prints them).
 
     A step is the time from one batch's end to the next (the first from the epoch's start), so
     it holds everything a step costs: input, compute, all-reduce, callbacks.
     """
 
-    def __init__(self, d: Derived, epochs: int):
+    def __init__(self, d: Derived):
         super().__init__()
-        self.d, self.epochs = d, epochs
+        self.d = d
         self._supports_tf_logs = True  # batch hooks must not turn the logs into numpy each step
         self.steps: list[list[float]] = []  # seconds, per epoch
         self.windows: list[tuple[float, float]] = []  # wall-clock (time.time) of each epoch
@@ -57,12 +57,6 @@ class StepTimer(tf.keras.callbacks.Callback):
         logs["step_time_ms"] = 1000 * statistics.median(steps)
         rate = len(steps) * self.d.per_worker_batch / self.seconds[-1]
         logs["examples_per_sec_per_worker"] = rate
-        total = logs["examples_per_sec_per_worker"] * self.d.world_size
-        distributed.log(
-            f"epoch {epoch + 1}/{self.epochs}: {total:.0f} examples/s "
-            f"({logs['examples_per_sec_per_worker']:.0f}/worker), "
-            f"step {logs['step_time_ms']:.1f} ms (median)"
-        )
 
     def measured(self) -> tuple[list[float], float, list[tuple[float, float]], str]:
         """Past warm-up: the step times, their total training time, their wall-clock windows,

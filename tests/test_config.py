@@ -94,13 +94,21 @@ def test_set_overrides_file_and_is_typed_by_field(tmp_path: pathlib.Path) -> Non
         ("train.steps_per_epoch=x", "--set train.steps_per_epoch=x: train.steps_per_epoch: expected an integer or null, got 'x' (str)"),
         ("train.steps_per_epoch=0", "--set train.steps_per_epoch=0: train.steps_per_epoch: expected a value >= 1, got 0 (int)"),
         ("horovod.cycle_time_ms=-1", "--set horovod.cycle_time_ms=-1: horovod.cycle_time_ms: expected a value > 0.0, got -1 (int)"),
-        ("train.verbose=1", "--set train.verbose=1: train.verbose: expected true or false, got 1 (int)"),
+        ("train.verbose=3", "--set train.verbose=3: train.verbose: expected one of 0, 1, 2 (or true/false for 1/0), got 3 (int)"),
+        ("train.verbose=1.0", "--set train.verbose=1.0: train.verbose: expected one of 0, 1, 2 (or true/false for 1/0), got 1.0 (float)"),
+        ("train.log_every_s=-1", "--set train.log_every_s=-1: train.log_every_s: expected a value >= 0.0, got -1 (int)"),
     ],
 )  # fmt: skip
 def test_bad_override_names_the_override(override: str, message: str) -> None:
     with pytest.raises(ConfigError) as info:
         load_config(None, [override])
     assert str(info.value) == message
+
+
+@pytest.mark.parametrize(("given", "level"), [("false", 0), ("true", 1), ("0", 0), ("2", 2)])
+def test_verbose_is_a_level_and_old_booleans_still_load(given: str, level: int) -> None:
+    verbose = load_config(None, [f"train.verbose={given}"]).train.verbose
+    assert verbose == level and type(verbose) is int  # dumped as 0/1, not false/true
 
 
 def test_override_key_nested_past_the_depth_bound_is_refused() -> None:

@@ -114,6 +114,14 @@ def test_stamp_is_read_inside_each_step_after_it_began(logged) -> None:
 def test_advice_fits_the_source() -> None:
     for source in ("image_folder", "tfrecord"):
         assert "data.cache: memory" in advice_for(source)
-    for source in ("synthetic", "digits"):  # already decoded tensors: no decoding advice
-        assert "data.cache" not in advice_for(source)
-        assert "already in memory" in advice_for(source)
+    for source in ("synthetic", "digits"):  # already in memory: nothing the user can change
+        assert advice_for(source) is None
+
+
+def test_no_warning_without_advice_but_the_fraction_is_recorded(logged) -> None:
+    """Data already in memory: a wait is the step's own start-up, which no setting removes."""
+    clock = FakeClock()
+    iw = InputWait(0.1, advice_for("digits"), clock=clock)
+    iw.set_params({"epochs": 1})
+    assert run_epoch(iw, clock, 0, [(0.0, 1.0), (1.0, 1.0), (1.0, 1.0)]) == 1.0
+    assert logged == []

@@ -67,7 +67,7 @@ def test_warmup_is_the_first_epoch_or_the_first_steps_of_a_single_one() -> None:
     load = load_config(QUICKSTART)
     from hvd_train.config import derive
 
-    timer = perf.StepTimer(derive(load, 1, 1438), epochs=2)
+    timer = perf.StepTimer(derive(load, 1, 1438))
     timer.steps = [[5.0, 1.0, 1.0], [1.0, 2.0]]
     timer.seconds, timer.windows = [7.0, 3.0], [(0.0, 7.0), (10.0, 13.0)]
     assert timer.measured() == ([1.0, 2.0], 3.0, [(10.0, 13.0)], "first epoch")

@@ -1,0 +1,238 @@
+"""What a person reads while training: rank 0's lines, Keras' bar only on a terminal, no
+warnings to act on, and the bookkeeping numbers in the files and TensorBoard, not on screen.
+
+The end-to-end checks run the quickstart as its README command does (horovodrun, Gloo, 2
+workers: stdout is a pipe) and under a pseudo-terminal; the line rules run on a fake clock.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import pathlib
+import pty
+import re
+import select
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+from harness import BIN, PYTHON, QUICKSTART, ROOT, check, horovodrun
+
+from hvd_train import callbacks, fitting
+from hvd_train.callbacks import BOOKKEEPING, BOOKKEEPING_TAGS, EpochLines, ProgressBar
+from hvd_train.config import derive, load_config
+
+EPOCHS = 2
+LONGEST_LINE = 300  # characters: a line a terminal shows whole, prefixes included
+
+
+@pytest.fixture(scope="module")
+def quickstart(tmp_path_factory) -> tuple[subprocess.CompletedProcess, pathlib.Path]:
+    """The quickstart, two epochs, with horovodrun's whole output (stdout and stderr)."""
+    run_dir = tmp_path_factory.mktemp("console") / "run"
+    proc = horovodrun(
+        2,
+        [PYTHON, "-m", "hvd_train", "--config", str(QUICKSTART),
+         "--set", f"run.dir={run_dir}", "--set", f"train.epochs={EPOCHS}"],
+        ROOT,
+    )  # fmt: skip
+    return check(proc), run_dir
+
+
+@pytest.mark.multiworker
+def test_quickstart_prints_one_short_line_per_epoch_and_no_warning(quickstart) -> None:
+    proc, _ = quickstart
+    lines = (proc.stdout + proc.stderr).splitlines()
+    whole = "\n".join(lines)[-8000:]
+    assert [ln for ln in lines if "warning" in ln.lower()] == [], whole
+    long = [ln[:120] + "..." for ln in lines if len(ln) > LONGEST_LINE]
+    assert long == [], whole  # progress-bar frames glued into one line
+    for n in range(1, EPOCHS + 1):
+        mine = [ln for ln in lines if re.search(rf"\[hvd_train\] epoch {n}/{EPOCHS}\b", ln)]
+        assert len(mine) == 1 and mine[0].startswith("[0]<stdout>:[hvd_train] "), whole
+        assert re.search(
+            r": loss [\d.]+, accuracy [\d.]+, val_loss [\d.]+, val_accuracy [\d.]+, lr [\d.e-]+, "
+            r"\d+ examples/s, step [\d.]+ ms, [\d.]+ s$",
+            mine[0],
+        ), mine[0]
+    shown = [key for key in BOOKKEEPING if key in whole]
+    assert shown == [], whole
+
+
+@pytest.mark.multiworker
+def test_bookkeeping_reaches_metrics_csv_and_tensorboard_under_clear_tags(quickstart) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    _, run_dir = quickstart
+    with open(run_dir / "metrics.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == EPOCHS
+    for key in ("examples_per_sec", "input_wait_fraction", "step_time_ms", "epoch_time_s"):
+        assert all(float(row[key]) >= 0 for row in rows), (key, rows)
+    train = EventAccumulator(str(run_dir / "tensorboard" / "train")).Reload()
+    tags = set(train.Tags()["tensors"])
+    assert set(BOOKKEEPING_TAGS.values()) <= tags, tags
+    assert {"epoch_loss", "epoch_accuracy", "epoch_learning_rate"} <= tags, tags
+    doubled = {t for t in tags if t.startswith("epoch_") and t[len("epoch_") :] in BOOKKEEPING}
+    assert doubled <= {"epoch_learning_rate"}, doubled  # Keras' own, from the schedule
+    assert len(train.Tensors("throughput/examples_per_sec")) == EPOCHS
+
+
+def test_progress_bar_on_a_terminal_without_bookkeeping(tmp_path) -> None:
+    """One worker, stdout a pseudo-terminal, `train.verbose: 2`: Keras' bar, not the lines."""
+    overrides = [f"run.dir={tmp_path / 'run'}", "train.epochs=1", "train.steps_per_epoch=5",
+                 "train.verbose=2", "logging.tensorboard=false"]  # fmt: skip
+    sets = [arg for o in overrides for arg in ("--set", o)]
+    out = _run_in_terminal([PYTHON, "-m", "hvd_train", "--config", str(QUICKSTART), *sets])
+    assert "5/5 [==============================]" in out and " - val_accuracy: " in out, out
+    assert "[hvd_train] epoch 1/1" not in out, out  # it would land inside the bar's line
+    assert [key for key in BOOKKEEPING if key in out] == [], out
+
+
+def _run_in_terminal(cmd: list[str], timeout: float = 300) -> str:
+    main, child = pty.openpty()
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+           "PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "2"}  # fmt: skip
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=child, stderr=child)
+    os.close(child)
+    chunks = []
+    try:
+        while select.select([main], [], [], timeout)[0]:
+            try:
+                data = os.read(main, 65536)
+            except OSError:  # Linux: EIO once the child's side is closed
+                break
+            if not data:
+                break
+            chunks.append(data)
+    finally:
+        proc.kill()
+        proc.wait()
+        os.close(main)
+    out = b"".join(chunks).decode(errors="replace")
+    assert proc.returncode == 0, f"exit code {proc.returncode}\n{out[-8000:]}"
+    return out
+
+
+# --------------------------------------------------------------------------- the lines
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def make_lines(every_s: float, step_in_epoch: int = 0):
+    d = derive(load_config(QUICKSTART), 2, 1438)  # 22 steps of 64 examples
+    control = SimpleNamespace(epoch=0, step_in_epoch=step_in_epoch, stopped=False)
+    control.stopped_mid_epoch = lambda: control.stopped
+    logged: list[str] = []
+    clock = FakeClock()
+    lines = EpochLines(12, d, control, every_s, log=logged.append, clock=clock)
+    return lines, control, clock, logged
+
+
+def run_steps(lines: EpochLines, control, clock: FakeClock, steps: int, seconds: float) -> None:
+    for _ in range(steps):
+        clock.now += seconds
+        control.step_in_epoch += 1  # RunControl, earlier in the list, counts the step
+        lines.on_train_batch_end(0, {"loss": 0.5, "accuracy": 0.75, "step_time_ms": 3.0})
+
+
+def test_a_progress_line_every_interval_inside_an_epoch() -> None:
+    lines, control, clock, logged = make_lines(every_s=10.0)
+    lines.on_epoch_begin(0)
+    run_steps(lines, control, clock, 9, 1.0)
+    assert logged == []
+    run_steps(lines, control, clock, 12, 1.0)  # due after steps 10 and 20
+    assert logged == [
+        "epoch 1/12, step 10/22: loss 0.5000, accuracy 0.7500 (rank 0, so far), 64 examples/s",
+        "epoch 1/12, step 20/22: loss 0.5000, accuracy 0.7500 (rank 0, so far), 64 examples/s",
+    ]
+
+
+def test_no_progress_line_with_zero_and_a_resumed_epoch_counts_its_own_steps() -> None:
+    lines, control, clock, logged = make_lines(every_s=0.0)
+    lines.on_epoch_begin(0)
+    run_steps(lines, control, clock, 22, 100.0)
+    assert logged == []
+    lines, control, clock, logged = make_lines(every_s=5.0, step_in_epoch=15)
+    lines.on_epoch_begin(0)
+    run_steps(lines, control, clock, 5, 1.0)
+    assert logged == [
+        "epoch 1/12, step 20/22: loss 0.5000, accuracy 0.7500 (rank 0, so far), 64 examples/s"
+    ]
+
+
+def test_epoch_line_holds_the_metrics_and_a_few_rates_and_no_bookkeeping_names() -> None:
+    lines, control, clock, logged = make_lines(every_s=0.0)
+    lines.on_epoch_begin(2)
+    logs = {"loss": 0.41234, "accuracy": 0.88123, "input_wait_fraction": 0.2,
+            "epoch_examples": 1408, "epoch_time_s": 0.9738, "examples_per_sec": 1445.9,
+            "learning_rate": 0.002, "step_time_ms": 28.64, "examples_per_sec_per_worker": 723.0,
+            "val_loss": 0.30121, "val_accuracy": 0.91089}  # fmt: skip
+    lines.on_epoch_end(2, logs)
+    assert logged == [
+        "epoch 3/12: loss 0.4123, accuracy 0.8812, val_loss 0.3012, val_accuracy 0.9109, "
+        "lr 0.002, 1446 examples/s, step 28.6 ms, 1.0 s"
+    ]
+
+
+def test_an_epoch_a_stop_cut_short_says_so() -> None:
+    lines, control, clock, logged = make_lines(every_s=0.0)
+    lines.on_epoch_begin(0)
+    run_steps(lines, control, clock, 5, 1.0)
+    control.stopped = True
+    lines.on_epoch_end(0, {"loss": 0.5, "accuracy": 0.75, "examples_per_sec": 320.0})
+    assert logged == ["epoch 1/12 stopped after step 5/22: loss 0.5000, accuracy 0.7500"]
+
+
+def test_keras_bar_leaves_out_the_bookkeeping(capsys) -> None:
+    import tensorflow as tf
+
+    class Bookkeeping(tf.keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            logs.update({key: 1.0 for key in BOOKKEEPING})
+
+    model = tf.keras.Sequential([tf.keras.Input((2,)), tf.keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    x, y = tf.zeros([8, 2]), tf.zeros([8, 1])
+    history = model.fit(x, y, epochs=1, batch_size=4, callbacks=[Bookkeeping(), ProgressBar()])
+    out = capsys.readouterr().out
+    assert "2/2 [" in out and "loss:" in out, out
+    assert [key for key in BOOKKEEPING if key in out] == [], out
+    assert set(BOOKKEEPING) <= set(history.history)  # still in the history and the files
+
+
+@pytest.mark.parametrize(("verbose", "tty", "bar"), [(2, True, True), (2, False, False),
+                                                     (1, True, False), (0, True, False)])  # fmt: skip
+def test_bar_only_with_verbose_2_on_a_terminal(monkeypatch, verbose, tty, bar) -> None:
+    monkeypatch.setattr(callbacks.distributed, "is_chief", lambda: True)
+    monkeypatch.setattr(sys, "stdout", SimpleNamespace(isatty=lambda: tty))
+    assert callbacks.wants_progress_bar(verbose) is bar
+
+
+def test_only_keras_first_batch_timing_warning_is_dropped_and_only_during_fit() -> None:
+    import logging
+
+    import tensorflow as tf
+
+    seen: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: seen.append(record.getMessage())
+    slow = fitting.SLOW_FIRST_BATCH + " (batch time: 0.0398s vs `on_train_batch_end` time: 0.1202s)"
+    other = "Callback method `on_train_batch_begin` is slow compared to the batch time"
+    tf.get_logger().addHandler(handler)
+    try:
+        with fitting._without_first_batch_timing_warning():
+            tf.get_logger().warning(slow)
+            tf.get_logger().warning(other)
+        tf.get_logger().warning(slow)
+    finally:
+        tf.get_logger().removeHandler(handler)
+    assert seen == [other, slow]
