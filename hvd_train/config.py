@@ -823,16 +823,23 @@ def add_config_arguments(
     )
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prog: str = "python -m hvd_train.config") -> int:
     """`python -m hvd_train.config --config F [--set k=v ...] [--get KEY ...]`, for launch scripts.
 
     Prints the resolved YAML, or with `--get` each key's value on its own line.
     """
     import argparse
 
-    p = argparse.ArgumentParser(prog="python -m hvd_train.config")
+    p = argparse.ArgumentParser(
+        prog=prog,
+        description="Print the resolved config (defaults, then the file, then each --set) as "
+        "YAML, or with --get the value of each KEY on its own line.",
+    )
     add_config_arguments(p)
-    p.add_argument("--get", action="append", default=[], metavar="KEY")
+    p.add_argument(
+        "--get", action="append", default=[], metavar="KEY",
+        help="print this dotted key's value instead, e.g. --get train.epochs (repeatable)",
+    )  # fmt: skip
     args = p.parse_args(argv)
     try:
         cfg = load_config(args.config, args.overrides)
