@@ -76,7 +76,8 @@ def _cmd_convert_tfrecord(argv: list[str], prog: str) -> int:
     )  # fmt: skip
     p.add_argument(
         "--on-corrupt", choices=["error", "skip"], default="error",
-        help="a file that is not a readable JPEG/PNG: stop naming it (default), or leave it out",
+        help="files that are not readable JPEG/PNG: stop naming them all (default), or leave them "
+        "out, listed in DST/train/skipped.txt",
     )  # fmt: skip
     args = p.parse_args(argv)
     if args.shards < 1:
