@@ -69,7 +69,7 @@ class OptimizerConfig:
     # After the warm-up, on the scaled rate, per batch (see schedules.py):
     # constant; step: x step_factor at each of step_boundaries_epochs (epochs from the start);
     # cosine: to min_lr_fraction at the end; exponential: x decay_rate every decay_epochs;
-    # warmup_decay: linear to min_lr_fraction at the end (the seed's ramp up, then decay).
+    # warmup_decay: linear to min_lr_fraction at the end (a ramp up, then decay).
     schedule: Literal["constant", "step", "cosine", "exponential", "warmup_decay"] = "constant"
     step_boundaries_epochs: tuple[int, ...] = ()  # step
     step_factor: float = field(default=0.1, metadata={"min_exclusive": 0.0})  # step

@@ -72,7 +72,7 @@ def convnet7(
     dropout: float = 0.25,
     from_logits: bool = False,
 ) -> tf.keras.Model:
-    """The seed experiments' small convnet (Keras' classic CIFAR-10 example), for small images.
+    """A small convnet (Keras' classic CIFAR-10 example), for small images.
 
     Layer by layer, with the default widths (`model.filters: [32, 32, 64, 64]`,
     `model.dense_units: [256]`):
