@@ -29,3 +29,11 @@ def test_no_internal_references(path) -> None:
     text = " ".join(path.read_text(encoding="utf-8").split())  # phrases broken across lines
     found = [m.group(0) for m in INTERNAL.finditer(text)]
     assert found == [], f"{path.relative_to(ROOT)}: {found}"
+
+
+@pytest.mark.parametrize(
+    "path", sorted((ROOT / "launch" / "k8s").glob("*.yaml")), ids=lambda p: p.name
+)
+def test_every_manifest_opens_with_its_kubectl_command(path) -> None:
+    first = path.read_text(encoding="utf-8").splitlines()[0]
+    assert first.startswith("# kubectl apply -f ") and f"launch/k8s/{path.name}" in first, first
