@@ -331,7 +331,7 @@ def tables(results: list[dict], args: argparse.Namespace) -> str:
 
 
 def ratios(configs: list[str]) -> list[tuple[str, str, str, int, str]]:
-    """(label, numerator, denominator, divide by, the issue's target) for the configs run:
+    """(label, numerator, denominator, divide by, the target) for the configs run:
     every 2-worker hvd_train variant against hvd_train@1, MWMS and one all-cores process."""
     rows = [
         ("hvd_train@1 / keras@1", "hvd_train@1", "keras@1", 1, ">= 0.98"),

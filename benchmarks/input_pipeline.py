@@ -1,7 +1,7 @@
 """Benchmark: training from a JPEG image folder vs synthetic data of the same shape.
 
-Writes a JPEG image folder like the seed experiments' (10 classes, 5,000 training and 800
-validation images, 32x32 RGB), then trains the same model (convnet7, batch 32 per worker) on
+Writes a JPEG image folder of a small image-classification size (10 classes, 5,000 training
+and 800 validation images, 32x32 RGB), then trains the same model (convnet7, batch 32 per worker) on
 2 workers, each pinned to a core of its own, from: synthetic in-memory tensors of the same
 shape, the JPEG folder (decoded every epoch), the JPEG folder with `data.cache: memory`, and
 its TFRecord conversion. Runs are interleaved (one of each variant per repeat) so that a

@@ -45,7 +45,7 @@ def _cmd_train(argv: list[str], prog: str) -> int:
 def _cmd_config(argv: list[str], prog: str) -> int:
     from hvd_train.config import main as config_main
 
-    return config_main(argv)
+    return config_main(argv, prog)
 
 
 def _cmd_launch(argv: list[str], prog: str) -> int:
@@ -76,7 +76,8 @@ def _cmd_convert_tfrecord(argv: list[str], prog: str) -> int:
     )  # fmt: skip
     p.add_argument(
         "--on-corrupt", choices=["error", "skip"], default="error",
-        help="a file that is not a readable JPEG/PNG: stop naming it (default), or leave it out",
+        help="files that are not readable JPEG/PNG: stop naming them all (default), or leave them "
+        "out, listed in DST/train/skipped.txt",
     )  # fmt: skip
     args = p.parse_args(argv)
     if args.shards < 1:
@@ -176,17 +177,35 @@ def _cmd_sweep(argv: list[str], prog: str) -> int:
     return sweep_main(argv, prog)
 
 
-COMMANDS: dict[str, Callable[[list[str], str], int]] = {
-    "train": _cmd_train,
-    "config": _cmd_config,
-    "launch": _cmd_launch,
-    "doctor": _cmd_doctor,
-    "convert-tfrecord": _cmd_convert_tfrecord,
-    "data-bench": _cmd_data_bench,
-    "lr-plot": _cmd_lr_plot,
-    "compare": _cmd_compare,
-    "sweep": _cmd_sweep,
+Command = Callable[[list[str], str], int]  # (arguments after the command's name, prog) -> exit code
+
+# name -> (function, the one line `hvd-train --help` shows). A new command is one row here.
+COMMANDS: dict[str, tuple[Command, str]] = {
+    "train": (_cmd_train, "train a model (the default command)"),
+    "config": (_cmd_config, "print the resolved config, or single keys with --get"),
+    "launch": (_cmd_launch, "start horovodrun for a config and restart it after a failure"),
+    "doctor": (_cmd_doctor, "check this machine: TensorFlow, Horovod, controllers, GPUs"),
+    "convert-tfrecord": (_cmd_convert_tfrecord, "write an image folder as TFRecord files"),
+    "data-bench": (_cmd_data_bench, "measure the input pipeline alone, in examples/s"),
+    "lr-plot": (_cmd_lr_plot, "draw the learning-rate schedule a run would follow"),
+    "compare": (_cmd_compare, "compare finished runs: accuracy against epoch and time"),
+    "sweep": (_cmd_sweep, "train at several worker counts and batch sizes; plot the speed-up"),
 }
+HELP_FLAGS = ("-h", "--help", "help")
+
+
+def usage(prog: str) -> str:
+    """The top-level help: how to train, then every command with its one line."""
+    width = max(map(len, COMMANDS))
+    rows = "\n".join(f"  {name:<{width}}  {summary}" for name, (_, summary) in COMMANDS.items())
+    return (
+        f"usage: {prog} --config FILE [--set KEY=VALUE ...]\n"
+        f"       {prog} COMMAND [ARGS ...]\n\n"
+        "Train Keras models with Horovod. Without a command it trains:\n"
+        f"`{prog} --config FILE` is `{prog} train --config FILE`.\n\n"
+        f"commands:\n{rows}\n\n"
+        f"`{prog} COMMAND --help` or `{prog} help COMMAND`: a command's arguments.\n"
+    )
 
 
 def main(argv: list[str] | None = None, prog: str = "hvd-train") -> int:
@@ -195,9 +214,11 @@ def main(argv: list[str] | None = None, prog: str = "hvd-train") -> int:
     # with TF_CPP_MIN_LOG_LEVEL=0.
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
     if argv and argv[0] in COMMANDS:
-        command, argv, prog = COMMANDS[argv[0]], argv[1:], f"{prog} {argv[0]}"
+        command, argv, prog = COMMANDS[argv[0]][0], argv[1:], f"{prog} {argv[0]}"
+    elif argv and argv[0].startswith("-") and argv[0] not in HELP_FLAGS:
+        command = _cmd_train  # the default command: `hvd-train --config FILE`
     else:
-        command = _cmd_train
+        return _help(argv, prog)
     try:
         return command(argv, prog)
     except UserError as e:
@@ -209,3 +230,18 @@ def main(argv: list[str] | None = None, prog: str = "hvd-train") -> int:
     except Interrupted as e:
         print(f"hvd_train: {e}", file=sys.stderr, flush=True)
         return 128 + e.signum
+
+
+def _help(argv: list[str], prog: str) -> int:
+    """`hvd-train --help` and `hvd-train help` (0); `hvd-train help COMMAND` (its --help);
+    bare `hvd-train` or an unknown command: the usage on stderr (2)."""
+    if argv and argv[0] in HELP_FLAGS:
+        if len(argv) > 1 and argv[1] in COMMANDS:
+            return main([argv[1], "--help"], prog)
+        if len(argv) == 1:
+            print(usage(prog), end="")
+            return 0
+        argv = argv[1:]
+    why = f"unknown command {argv[0]!r}" if argv else "no config; train with --config FILE"
+    print(f"{prog}: error: {why}\n\n{usage(prog)}", end="", file=sys.stderr)
+    return 2

@@ -74,7 +74,7 @@ class OptimizerConfig:
     # After the warm-up, on the scaled rate, per batch (see schedules.py):
     # constant; step: x step_factor at each of step_boundaries_epochs (epochs from the start);
     # cosine: to min_lr_fraction at the end; exponential: x decay_rate every decay_epochs;
-    # warmup_decay: linear to min_lr_fraction at the end (the seed's ramp up, then decay).
+    # warmup_decay: linear to min_lr_fraction at the end (a ramp up, then decay).
     schedule: Literal["constant", "step", "cosine", "exponential", "warmup_decay"] = "constant"
     step_boundaries_epochs: tuple[int, ...] = ()  # step
     step_factor: float = field(default=0.1, metadata={"min_exclusive": 0.0})  # step
@@ -833,16 +833,23 @@ def add_config_arguments(
     )
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prog: str = "python -m hvd_train.config") -> int:
     """`python -m hvd_train.config --config F [--set k=v ...] [--get KEY ...]`, for launch scripts.
 
     Prints the resolved YAML, or with `--get` each key's value on its own line.
     """
     import argparse
 
-    p = argparse.ArgumentParser(prog="python -m hvd_train.config")
+    p = argparse.ArgumentParser(
+        prog=prog,
+        description="Print the resolved config (defaults, then the file, then each --set) as "
+        "YAML, or with --get the value of each KEY on its own line.",
+    )
     add_config_arguments(p)
-    p.add_argument("--get", action="append", default=[], metavar="KEY")
+    p.add_argument(
+        "--get", action="append", default=[], metavar="KEY",
+        help="print this dotted key's value instead, e.g. --get train.epochs (repeatable)",
+    )  # fmt: skip
     args = p.parse_args(argv)
     try:
         cfg = load_config(args.config, args.overrides)

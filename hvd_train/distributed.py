@@ -149,9 +149,17 @@ def is_chief() -> bool:
     return hvd.rank() == 0
 
 
+# Variables an MPI launcher (Open MPI's mpirun, horovodrun --mpi; MPICH/PMIx) sets in each worker.
+_MPI_LAUNCHER_ENV = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK")
+
+
 def controller() -> str:
-    """'gloo' or 'mpi': the controller this job runs on."""
-    return "gloo" if hvd.gloo_enabled() else "mpi"
+    """'gloo' or 'mpi': the controller this job runs on; 'none' for one process started
+    without horovodrun or mpirun (Horovod then starts MPI for itself alone: no job to control).
+    """
+    if hvd.gloo_enabled():
+        return "gloo"
+    return "mpi" if any(k in os.environ for k in _MPI_LAUNCHER_ENV) else "none"
 
 
 def rank_zero_only(fn: F) -> F:

@@ -88,7 +88,7 @@ def _horovod_facts() -> dict[str, Any]:
         "path": pkg,
         # Horovod's setup.py records the framework versions it compiled against here; its own
         # import of horovod.tensorflow compares this record with the installed TensorFlow.
-        "built_against": _read_json(os.path.join(pkg, "metadata.json")),
+        "built_against": _framework_versions(_read_json(os.path.join(pkg, "metadata.json"))),
         "frameworks": [
             fw
             for fw, lib in _FRAMEWORK_LIBS.items()
@@ -140,6 +140,14 @@ def _mpirun() -> dict[str, Any] | None:
     except (OSError, subprocess.TimeoutExpired, IndexError):
         version = "unknown"
     return {"path": path, "version": version}
+
+
+def _framework_versions(metadata: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The framework versions of Horovod's build record, without its placeholder entries
+    (Horovod writes `"dummy": "none"` beside them)."""
+    if metadata is None:
+        return None
+    return {k: v for k, v in metadata.items() if k in _FRAMEWORK_LIBS and v != "none"}
 
 
 def _read_json(path: str) -> dict[str, Any] | None:

@@ -146,13 +146,14 @@ def _select(
             images.shuffled(val_per_class, seed),
         )
         val_key = "data.val_dir"
-    tr = images.choose_checked(
-        train_pc, names, d.max_train_per_class, train_check[0], d.on_corrupt, train_check[1],
-        "data.train_dir",
-    )  # fmt: skip
-    va = images.choose_checked(
-        val_pc, names, d.max_val_per_class, val_check[0], d.on_corrupt, val_check[1], val_key
-    )
+    tr = images.choose_checked(train_pc, d.max_train_per_class, train_check[0])
+    va = images.choose_checked(val_pc, d.max_val_per_class, val_check[0])
+    bad = [("data.train_dir", train_check[1](x), why) for x, why in tr.bad]
+    bad += [(val_key, val_check[1](x), why) for x, why in va.bad]
+    if bad and d.on_corrupt == "error":  # all of them, in one error
+        raise images.corrupt_error(bad, "set data.on_corrupt: skip")
+    images.require_each_class(tr, [len(x) for x in train_pc], names, "data.train_dir")
+    images.require_each_class(va, [len(x) for x in val_pc], names, val_key)
     for label, chosen, cap in (
         ("training", tr, d.max_train_per_class),
         ("validation", va, d.max_val_per_class),
@@ -160,8 +161,7 @@ def _select(
         if chosen.short:
             few = ", ".join(f"{names[c]} ({n})" for c, n in chosen.short[:5])
             notes.append(f"{len(chosen.short)} classes have fewer {label} images than {cap}: {few}")
-    skipped = [(train_check[1](x), why) for x, why in tr.bad]
-    skipped += [(val_check[1](x), why) for x, why in va.bad]
+    skipped = [(name, why) for _, name, why in bad]
     return Selection(_flatten(tr.per_class), _flatten(va.per_class), tuple(names), skipped, notes)
 
 
@@ -183,21 +183,35 @@ def _select_records(cfg: Config, train, val) -> Selection:
     names = train.class_names
     if val is not None:
         _same_classes(names, val.class_names, cfg.data.val_dir)
-    train_pc = _indices_per_class(train.labels, names, cfg.data.train_dir, "data.train_dir")
+    train_pc = _records_per_class(train, names, cfg.data.train_dir, "data.train_dir")
     val_pc = None
     if val is not None:
-        val_pc = _indices_per_class(val.labels, names, cfg.data.val_dir, "data.val_dir")
+        val_pc = _records_per_class(val, names, cfg.data.val_dir, "data.val_dir")
     val_check = _record_check(val) if val is not None else None
-    return _select(cfg, train_pc, val_pc, names, _record_check(train), val_check, [])
+    notes = [
+        f"{len(r.left_out)} unreadable images were left out by convert-tfrecord ({folder})"
+        for r, folder in ((train, cfg.data.train_dir), (val, cfg.data.val_dir))
+        if r is not None and r.left_out
+    ]
+    return _select(cfg, train_pc, val_pc, names, _record_check(train), val_check, notes)
 
 
 def _record_check(records) -> Check:
     return (lambda i: images.image_problem(records.encoded[i]), lambda i: records.names[i])
 
 
-def _indices_per_class(labels: np.ndarray, names: Sequence[str], folder: str, key: str):
-    per_class = [np.flatnonzero(labels == c).tolist() for c in range(len(names))]
+def _records_per_class(records, names: Sequence[str], folder: str, key: str) -> list[list]:
+    """Record indices per class in the source folder's listing order, with None where
+    convert-tfrecord left an unreadable file out: the seeded split and caps then see the list
+    the image folder itself gives, and choose the same images."""
+    entries: list[list[tuple[int, int | None]]] = [[] for _ in names]
+    for i, (c, example_id) in enumerate(zip(records.labels, records.ids, strict=True)):
+        entries[c].append((int(example_id), i))
+    for example_id, c in records.left_out:
+        if 0 <= c < len(names):
+            entries[c].append((example_id, None))
+    per_class = [[i for _, i in sorted(e, key=lambda t: t[0])] for e in entries]
     for c, items in enumerate(per_class):
-        if not items:
+        if all(i is None for i in items):
             raise DataError(f"{key}: {folder} has no records of class {names[c]} (label {c})")
     return per_class

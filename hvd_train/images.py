@@ -4,7 +4,8 @@ the up-front check of every chosen file, and decoding to a fixed size and channe
 Listing and checking happen once, before training (on rank 0, shared by broadcast: see
 `data.load_source`), so every worker trains on the same list of files known to be readable. A
 corrupt file is found there, never mid-epoch on one rank, where it would kill that rank while
-the others wait for it in an all-reduce.
+the others wait for it in an all-reduce; every chosen file is checked before the run stops, so
+one error names all the unreadable ones.
 """
 
 from __future__ import annotations
@@ -120,28 +121,26 @@ def shuffled(per_class: Sequence[Sequence[T]], seed: int) -> list[list[T]]:
 
 @dataclass(frozen=True)
 class Chosen:
-    """The examples of one split that passed the check, per class, and those left out."""
+    """The examples of one split that passed the check, per class, and those that did not."""
 
     per_class: list[list]
-    bad: list[tuple[object, str]]  # (item, problem), with data.on_corrupt: skip
+    bad: list[tuple[object, str]]  # (item, problem)
     short: list[tuple[int, int]]  # (class index, count) of classes below the cap
 
 
 def choose_checked(
-    per_class: Sequence[Sequence[T]],
-    names: Sequence[str],
+    per_class: Sequence[Sequence[T | None]],
     cap: int | None,
     problem: Callable[[T], str | None],
-    on_corrupt: str,
-    describe: Callable[[T], str],
-    key: str,
-    skip_hint: str = "set data.on_corrupt: skip",
 ) -> Chosen:
-    """Takes up to `cap` examples from the front of each class, checking each one in parallel.
+    """Takes up to `cap` good examples from the front of each class, checking each in parallel.
 
-    With `on_corrupt: error` the first bad example found ends the run with a DataError naming it; with `skip` it is left out, counted, and the next example of the
-    class takes its place, so the caps stay balanced where the class has enough good images.
+    A bad example is counted in `bad` and the class's next example takes its place, so the
+    caps stay balanced where the class has enough good images; the caller decides whether bad
+    examples end the run (`data.on_corrupt`). A None item stands for an example left out
+    before (a file `convert-tfrecord --on-corrupt skip` did not write): it is passed over.
     """
+    per_class = [[x for x in items if x is not None] for items in per_class]
     limit = [len(items) if cap is None else min(cap, len(items)) for items in per_class]
     chosen: list[list[T]] = [[] for _ in per_class]
     bad: list[tuple[T, str]] = []
@@ -158,17 +157,40 @@ def choose_checked(
             for (c, x), why in zip(batch, pool.map(lambda cx: problem(cx[1]), batch), strict=True):
                 if why is None:
                     chosen[c].append(x)
-                elif on_corrupt == "error":
-                    raise DataError(f"{key}: {describe(x)}: {why}; remove it, or {skip_hint}")
-                else:  # skip: the class's next example takes its place in the next round
+                else:  # the class's next example takes its place in the next round
                     bad.append((x, why))
-    for c, ch in enumerate(chosen):
-        if per_class[c] and not ch:
+    short = [(c, len(ch)) for c, ch in enumerate(chosen) if cap is not None and len(ch) < cap]
+    return Chosen(chosen, bad, short)
+
+
+def require_each_class(chosen: Chosen, had: Sequence[int], names: Sequence[str], key: str) -> None:
+    """Raises DataError when a class that had examples (`had`, per class) kept none."""
+    for c, ch in enumerate(chosen.per_class):
+        if had[c] and not ch:
             raise DataError(
                 f"{key}: class {names[c]} has no readable images left after skipping corrupt files"
             )
-    short = [(c, len(ch)) for c, ch in enumerate(chosen) if cap is not None and len(ch) < cap]
-    return Chosen(chosen, bad, short)
+
+
+SHOWN_BAD = 20  # unreadable files named in the error; the rest are counted
+
+
+def corrupt_error(bad: Sequence[tuple[str, str, str]], skip_hint: str) -> DataError:
+    """The error naming every unreadable file, (key, name, problem), up to SHOWN_BAD of them.
+
+    One file: one line. More: a first line with the count and the fix, then a file a line.
+    """
+    if len(bad) == 1:
+        key, name, why = bad[0]
+        return DataError(f"{key}: {name}: {why}; remove it, or {skip_hint}")
+    keys = ", ".join(dict.fromkeys(key for key, _, _ in bad))
+    lines = [f"  {name}: {why}" for _, name, why in bad[:SHOWN_BAD]]
+    if len(bad) > SHOWN_BAD:
+        lines.append(f"  ... and {len(bad) - SHOWN_BAD} more")
+    return DataError(
+        f"{keys}: {len(bad)} files are not readable images; remove them, or {skip_hint}:\n"
+        + "\n".join(lines)
+    )
 
 
 # --------------------------------------------------------------------------- checking files

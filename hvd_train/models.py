@@ -33,6 +33,14 @@ def build_model(cfg: Config, input_shape: tuple[int, ...], num_classes: int) -> 
     return to_sync_batch_norm(model) if cfg.model.sync_batch_norm else model
 
 
+def weights_note(cfg: Config) -> str | None:
+    """The line that says which weights file `build_model` loaded, or None when it loaded none."""
+    m = cfg.model
+    if m.factory or m.name not in _BASES or m.weights == "none":
+        return None
+    return f"model.weights: loaded {os.path.abspath(m.weights)} into the {m.name} base"
+
+
 def _build(cfg: Config, input_shape: tuple[int, ...], num_classes: int) -> tf.keras.Model:
     m = cfg.model
     if m.factory:
@@ -64,7 +72,7 @@ def convnet7(
     dropout: float = 0.25,
     from_logits: bool = False,
 ) -> tf.keras.Model:
-    """The seed experiments' small convnet (Keras' classic CIFAR-10 example), for small images.
+    """A small convnet (Keras' classic CIFAR-10 example), for small images.
 
     Layer by layer, with the default widths (`model.filters: [32, 32, 64, 64]`,
     `model.dense_units: [256]`):

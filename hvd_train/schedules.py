@@ -10,11 +10,11 @@ the decay runs on `scaled_lr`:
 - `constant`: `scaled_lr`.
 - `step`: `scaled_lr x step_factor^k`, k = boundaries passed; boundaries count from step 0.
 - `cosine`: half a cosine from `scaled_lr` to `min_lr_fraction x scaled_lr`, from the end of
-  the warm-up to the end of training.
+  the warm-up to the run's last step, which trains at `min_lr_fraction x scaled_lr`.
 - `exponential`: `scaled_lr x decay_rate^(t / decay_steps)`, t counted from the end of the
   warm-up, never below `min_lr_fraction x scaled_lr`.
 - `warmup_decay`: a straight line from `scaled_lr` to `min_lr_fraction x scaled_lr`, from the
-  end of the warm-up to the end of training (the seed experiments' ramp up, then decay).
+  end of the warm-up to the run's last step, which trains at `min_lr_fraction x scaled_lr`.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ class WarmupScaled(tf.keras.optimizers.schedules.LearningRateSchedule):
 
     Args:
         total_steps: the run's last step + 1 (epochs x steps per epoch); cosine and
-            warmup_decay end there.
+            warmup_decay reach the floor at its last step, `total_steps - 1`.
         boundaries: steps at which `step` multiplies the rate by `factor`.
         decay_steps: steps over which `exponential` multiplies the rate by `decay_rate`.
         min_fraction: the lowest rate, as a fraction of `scaled_lr`.
@@ -84,7 +84,8 @@ class WarmupScaled(tf.keras.optimizers.schedules.LearningRateSchedule):
     def _decayed(self, step: tf.Tensor) -> tf.Tensor:
         peak, floor = self.scaled_lr, self.scaled_lr * self.min_fraction
         t = tf.maximum(step - self.warmup_steps, 0.0)  # steps since the warm-up ended
-        span = float(max(self.total_steps - self.warmup_steps, 1))
+        # the decays end at the run's last step (total_steps - 1): that step trains at the floor
+        span = float(max(self.total_steps - 1 - self.warmup_steps, 1))
         done = tf.minimum(t / span, 1.0)
         if self.decay == "step":
             bounds = tf.constant(self.boundaries, tf.float32)

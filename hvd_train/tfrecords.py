@@ -11,7 +11,10 @@ TensorFlow models' ImageNet records, plus an id):
 | `image/filename` | bytes | path relative to the source folder, for messages (optional) |
 | `image/format` | bytes | `jpeg` or `png` (optional; not used to decode) |
 
-A folder of records holds `*.tfrecord` files and `classes.txt` (one class name a line).
+A folder of records holds `*.tfrecord` files and `classes.txt` (one class name a line); when
+`convert-tfrecord --on-corrupt skip` left unreadable files out, also `skipped.txt`, a line per
+file: `id<TAB>label<TAB>path<TAB>problem`. Reading uses the ids and labels there to split and
+cap exactly as the source folder would (see `image_sources`).
 
 Reading keeps global example indices: every worker reads all the records of a split into memory
 once (the encoded bytes: a few KB per image, some 30 MB for 5,000 small JPEGs) and orders them
@@ -41,6 +44,7 @@ from hvd_train import images
 from hvd_train.errors import DataError
 
 CLASSES_FILE = "classes.txt"
+SKIPPED_FILE = "skipped.txt"
 SUFFIX = ".tfrecord"
 
 
@@ -161,6 +165,8 @@ class Records:
     labels: np.ndarray  # int32
     names: tuple[str, ...]  # "FILE record #k (image/filename)", for messages
     class_names: tuple[str, ...]
+    ids: np.ndarray  # int64, increasing: places in the source folder's listing
+    left_out: tuple[tuple[int, int], ...] = ()  # (id, label) of files convert-tfrecord skipped
 
 
 def read_folder(folder: str, key: str) -> Records:
@@ -200,7 +206,25 @@ def read_folder(folder: str, key: str) -> Records:
         labels_arr,
         tuple(names[i] for i in order),
         classes,
+        np.asarray(ids, np.int64)[order],
+        _left_out(folder, key),
     )
+
+
+def _left_out(folder: str, key: str) -> tuple[tuple[int, int], ...]:
+    """(id, label) of each line of `skipped.txt`, if convert-tfrecord wrote one."""
+    path = os.path.join(folder, SKIPPED_FILE)
+    if not os.path.exists(path):
+        return ()
+    with open(path, encoding="utf-8") as f:
+        rows = [line.split("\t") for line in f if line.strip()]
+    try:
+        return tuple((int(r[0]), int(r[1])) for r in rows)
+    except (ValueError, IndexError):
+        raise DataError(
+            f"{key}: {path}: expected lines of id<TAB>label<TAB>path<TAB>problem, as "
+            "convert-tfrecord writes them"
+        ) from None
 
 
 def _parse_file(path: str, key: str):
@@ -240,7 +264,8 @@ def _class_names(folder: str, at_least: int) -> tuple[str, ...]:
 def convert(src: str, dst: str, shards: int, val_dir: str = "", on_corrupt: str = "error") -> None:
     """`hvd-train convert-tfrecord`: checks every image, then writes DST/train (and DST/val).
 
-    Example ids are positions in the folder's sorted listing, so `data.validation_fraction`
+    Example ids are positions in the folder's sorted listing, and the files left out with
+    `on_corrupt: skip` are listed (with their ids) in `skipped.txt`, so `data.validation_fraction`
     holds out the same images from DST/train as from SRC itself.
     """
     splits = [("train", src, "SRC_IMAGE_FOLDER")]
@@ -249,30 +274,53 @@ def convert(src: str, dst: str, shards: int, val_dir: str = "", on_corrupt: str 
     listed = [(name, images.list_class_folders(folder, key), key) for name, folder, key in splits]
     if val_dir and listed[0][1].class_names != listed[1][1].class_names:
         raise DataError(f"--val-dir: {val_dir} has other class sub-folders than {src}")
-    for name, folders, key in listed:
-        paths = [p for files in folders.files for p in files]
-        labels = [c for c, files in enumerate(folders.files) for _ in files]
-        chosen = images.choose_checked(
-            [paths],
-            ["all"],
-            None,
-            images.file_problem,
-            on_corrupt,
-            str,
-            key,
-            "use --on-corrupt skip",
-        )
-        good = set(chosen.per_class[0])
-        keep = [i for i, p in enumerate(paths) if p in good]  # ids: places in the full listing
-        written = write_split(
-            [paths[i] for i in keep], [labels[i] for i in keep], keep,
-            folders.root, folders.class_names, os.path.join(dst, name), name, shards,
-        )  # fmt: skip
-        note = f", {len(chosen.bad)} corrupt files skipped" if chosen.bad else ""
-        print(
-            f"{name}: {len(keep)} images of {len(folders.class_names)} classes in "
-            f"{len(written)} files{note}",
-            flush=True,
-        )
+    checked = [
+        (name, folders, key, images.choose_checked([_paths(folders)], None, images.file_problem))
+        for name, folders, key in listed
+    ]
+    bad = [(key, p, why) for _, _, key, chosen in checked for p, why in chosen.bad]
+    if bad and on_corrupt == "error":  # every unreadable file of both splits, in one error
+        raise images.corrupt_error(bad, "use --on-corrupt skip")
+    for name, folders, _, chosen in checked:
+        _convert_split(folders, chosen, os.path.join(dst, name), name, shards)
     val_line = f", val_dir: {os.path.join(dst, 'val')}" if val_dir else ""
     print(f"use: data: {{source: tfrecord, train_dir: {os.path.join(dst, 'train')}{val_line}}}")
+
+
+def _paths(folders: images.ClassFolders) -> list[str]:
+    return [p for files in folders.files for p in files]
+
+
+def _convert_split(folders: images.ClassFolders, chosen, out: str, name: str, shards: int):
+    """Writes one split's good images to `out`, the skipped ones to `out/skipped.txt`."""
+    paths = _paths(folders)
+    labels = [c for c, files in enumerate(folders.files) for _ in files]
+    good = set(chosen.per_class[0])
+    keep = [i for i, p in enumerate(paths) if p in good]  # ids: places in the full listing
+    written = write_split(
+        [paths[i] for i in keep], [labels[i] for i in keep], keep,
+        folders.root, folders.class_names, out, name, shards,
+    )  # fmt: skip
+    skipped = _write_skipped(out, folders.root, paths, labels, chosen.bad)
+    print(
+        f"{name}: {len(keep)} images of {len(folders.class_names)} classes in "
+        f"{len(written)} files{skipped}",
+        flush=True,
+    )
+
+
+def _write_skipped(out: str, root: str, paths, labels, bad) -> str:
+    """Writes `skipped.txt` (or removes a stale one); returns the note that names the files."""
+    path = os.path.join(out, SKIPPED_FILE)
+    if not bad:
+        if os.path.exists(path):
+            os.remove(path)
+        return ""
+    where = {p: i for i, p in enumerate(paths)}
+    with open(path, "w", encoding="utf-8") as f:
+        for p, why in bad:
+            f.write(f"{where[p]}\t{labels[where[p]]}\t{os.path.relpath(p, root)}\t{why}\n")
+    lines = [f"\n  {p}: {why}" for p, why in bad[: images.SHOWN_BAD]]
+    if len(bad) > images.SHOWN_BAD:
+        lines.append(f"\n  ... and {len(bad) - images.SHOWN_BAD} more")
+    return f", {len(bad)} corrupt files skipped (listed in {path}):" + "".join(lines)

@@ -39,7 +39,7 @@ from hvd_train.errors import (
 from hvd_train.evaluation import Evaluator
 from hvd_train.fitting import fit_from
 from hvd_train.input_diagnostics import InputWait, advice_for, data_summary
-from hvd_train.models import build_model
+from hvd_train.models import build_model, weights_note
 from hvd_train.record import RecordError, RunRecord
 from hvd_train.schedules import learning_rate_schedule
 
@@ -101,6 +101,8 @@ def _train(
         _log_plan(cfg, d, source, device)
         tuning.log_knobs(cfg, d)
         model = build_model(cfg, source.input_shape, source.num_classes)
+        if note := weights_note(cfg):
+            distributed.log(note)  # rank 0; a resume below then restores the checkpoint
         model.compile(
             # Horovod: average gradients across workers with ring-allreduce (compression,
             # accumulation and loss scaling as configured: see tuning.distributed_optimizer).
@@ -448,11 +450,31 @@ def _log_plan(cfg: Config, d: Derived, source: Source, device: str) -> None:
         distributed.log(source.description)
     warm = f", warm-up {cfg.optimizer.warmup_epochs:g} epochs" if d.warmup_steps else ""
     distributed.log(
-        f"{d.world_size} worker(s), {distributed.controller()}, {device} | batch "
-        f"{d.per_worker_batch}/worker, {d.global_batch} global | learning rate {d.base_lr:g} -> "
-        f"{d.scaled_lr:g} ({cfg.optimizer.lr_scaling}{warm}) | {d.steps_per_epoch} steps/epoch "
-        f"over {n} training examples ({rest}) | {len(source.x_val)} validation examples"
+        f"{_workers_label(d.world_size)}, {device} | batch {d.per_worker_batch}/worker, "
+        f"{d.global_batch} global | learning rate {d.base_lr:g} -> {d.scaled_lr:g} "
+        f"({_lr_label(cfg, d)}{warm}) | {d.steps_per_epoch} steps/epoch over {n} "
+        f"training examples ({rest}) | {len(source.x_val)} validation examples"
     )
+
+
+def _workers_label(world_size: int) -> str:
+    """'2 worker(s), gloo'; '1 worker (no launcher)' for a process started on its own."""
+    c = distributed.controller()
+    return "1 worker (no launcher)" if c == "none" else f"{world_size} worker(s), {c}"
+
+
+def _lr_label(cfg: Config, d: Derived) -> str:
+    """How `derive` scaled the learning rate: 'linear x2 for 2 workers', or why it did not."""
+    if d.lr_factor == 1.0:
+        if cfg.optimizer.lr_scaling == "none":
+            return "not scaled: optimizer.lr_scaling none"
+        if cfg.train.batch_size_mode == "global" and d.accumulation_steps == 1:
+            return "not scaled: the global batch is fixed"
+        return "not scaled: one worker"
+    why = [f"{d.world_size} workers"] if cfg.train.batch_size_mode == "per_worker" else []
+    if d.accumulation_steps > 1:
+        why.append(f"{d.accumulation_steps} accumulated batches")
+    return f"{cfg.optimizer.lr_scaling} x{d.lr_factor:.3g} for {' x '.join(why)}"
 
 
 def _summary_base(cfg: Config, d: Derived, device: str) -> dict[str, Any]:

@@ -35,26 +35,32 @@ def at(s: WarmupScaled, *steps: int) -> list[float]:
     return [float(s(tf.constant(step))) for step in steps]
 
 
+def cos_(t: float, span: float = 99, top: float = 0.4, floor: float = 0.0) -> float:
+    """Half a cosine from `top` at t = 0 to `floor` at t = span."""
+    return floor + (top - floor) * (1 + math.cos(math.pi * t / span)) / 2
+
+
 CASES = {
     # the warm-up: 0.1 -> 0.4 linearly over steps 0..10, then the scaled rate
     "constant": ([], {0: 0.1, 5: 0.25, 9: 0.37, 10: 0.4, 109: 0.4}),
     # x0.1 from epoch 3 (step 30), x0.01 from epoch 6 (step 60)
     "step": (["optimizer.step_boundaries_epochs=[3, 6]"],
              {5: 0.25, 10: 0.4, 29: 0.4, 30: 0.04, 59: 0.04, 60: 0.004, 109: 0.004}),
-    # 0.4 x (1 + cos(pi t / 100)) / 2, t = step - 10
-    "cosine": ([], {5: 0.25, 10: 0.4, 35: 0.4 * (1 + math.cos(math.pi / 4)) / 2, 60: 0.2,
-                    85: 0.4 * (1 + math.cos(3 * math.pi / 4)) / 2, 110: 0.0}),
-    # floor 0.04: 0.04 + 0.36 x (1 + cos(pi t / 100)) / 2
-    "cosine_floor": (["optimizer.min_lr_fraction=0.1"], {10: 0.4, 60: 0.22, 110: 0.04}),
+    # 0.4 x (1 + cos(pi t / 99)) / 2, t = step - 10: 0 at step 109, the run's last
+    "cosine": ([], {5: 0.25, 10: 0.4, 35: cos_(25), 60: cos_(50), 85: cos_(75), 109: 0.0}),
+    # floor 0.04: 0.04 + 0.36 x (1 + cos(pi t / 99)) / 2
+    "cosine_floor": (["optimizer.min_lr_fraction=0.1"],
+                     {10: 0.4, 60: cos_(50, floor=0.04), 109: 0.04}),
     # 0.4 x 0.5^(t / 20)
     "exponential": (["optimizer.decay_rate=0.5", "optimizer.decay_epochs=2"],
                     {5: 0.25, 10: 0.4, 20: 0.4 * 0.5**0.5, 30: 0.2, 50: 0.1, 70: 0.05}),
     # ... never below 0.3 x 0.4 = 0.12
     "exponential_floor": (["optimizer.decay_rate=0.5", "optimizer.decay_epochs=2",
                            "optimizer.min_lr_fraction=0.3"], {30: 0.2, 50: 0.12, 100: 0.12}),
-    # 0.04 + 0.36 x (1 - t / 100)
+    # 0.04 + 0.36 x (1 - t / 99): 0.04 at step 109, the run's last
     "warmup_decay": (["optimizer.min_lr_fraction=0.1"],
-                     {0: 0.1, 5: 0.25, 10: 0.4, 35: 0.31, 60: 0.22, 85: 0.13, 109: 0.0436}),
+                     {0: 0.1, 5: 0.25, 10: 0.4, 35: 0.04 + 0.36 * 74 / 99,
+                      60: 0.04 + 0.36 * 49 / 99, 109: 0.04}),
 }  # fmt: skip
 
 
@@ -73,7 +79,21 @@ def test_vector_of_steps_gives_the_same_rates_as_one_step_at_a_time() -> None:
 def test_no_warmup_starts_at_the_scaled_rate() -> None:
     cfg = load_config(None, [*COMMON, "optimizer.warmup_epochs=0", "optimizer.schedule=cosine"])
     s = learning_rate_schedule(cfg, derive(cfg, world_size=4, num_train=400))
-    assert at(s, 0, 55, 110) == pytest.approx([0.4, 0.2, 0.0], abs=1e-7)
+    assert at(s, 0, 55, 109) == pytest.approx([0.4, cos_(55, span=109), 0.0], abs=1e-7)
+
+
+@pytest.mark.parametrize("decay", ["warmup_decay", "cosine"])
+@pytest.mark.parametrize(
+    ("workers", "examples", "epochs"), [(1, 400, 11), (2, 1438, 12), (3, 999, 5)]
+)
+def test_last_step_of_the_run_trains_at_min_lr_fraction(decay, workers, examples, epochs) -> None:
+    cfg = load_config(None, ["optimizer.learning_rate=0.001", "optimizer.warmup_epochs=2",
+                             f"optimizer.schedule={decay}", "optimizer.min_lr_fraction=0.05",
+                             "train.batch_size=32", f"train.epochs={epochs}"])  # fmt: skip
+    d = derive(cfg, world_size=workers, num_train=examples)
+    values = rates(learning_rate_schedule(cfg, d), epochs * d.steps_per_epoch)
+    assert values[-1] == pytest.approx(0.05 * d.scaled_lr, rel=1e-6)
+    assert min(values) == pytest.approx(values[-1], rel=1e-6)  # never below the floor before
 
 
 def test_schedule_round_trips_through_a_saved_model_with_its_optimizer(tmp_path) -> None:
@@ -112,17 +132,17 @@ NO_HOROVOD = "import sys; sys.modules['horovod'] = None; from hvd_train.cli impo
 
 def test_lr_plot_draws_the_schedule_without_horovod(tmp_path: pathlib.Path) -> None:
     """The quickstart at 2 workers: digits (1,438 training examples), batch 32 x 2 = 64, so
-    22 steps an epoch; the rate ramps from 0.001 to 0.002 over 2 epochs, then cosine."""
+    22 steps an epoch; the rate ramps from 0.001 to 0.002 over 2 epochs, then down to 0.0001."""
     out = tmp_path / "plots" / "lr.png"
     proc = check(run([PYTHON, "-c", NO_HOROVOD, "lr-plot", "--config", str(QUICKSTART),
-                      "--workers", "2", "--set", "optimizer.schedule=cosine", "--out", str(out)],
+                      "--workers", "2", "--set", "optimizer.schedule=warmup_decay",
+                      "--set", "optimizer.min_lr_fraction=0.05", "--out", str(out)],
                      cwd=tmp_path, timeout=120))  # fmt: skip
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "2 worker(s), global batch 64, 22 steps/epoch x 12 epochs = 264 steps" in proc.stdout
     assert "first step 0.001, highest 0.002 (step 44), last step " in proc.stdout
     last = float(re.search(r"last step (\S+)", proc.stdout).group(1))
-    # step 263 is 219 of the 220 steps after the warm-up (float32: about 3 digits this close to 0)
-    assert last == pytest.approx(0.002 * (1 + math.cos(math.pi * 219 / 220)) / 2, rel=1e-2)
+    assert last == pytest.approx(0.05 * 0.002)  # step 263, the last, at min_lr_fraction
 
 
 def test_lr_plot_needs_the_example_count_only_when_it_cannot_know_it(tmp_path) -> None:

@@ -1,0 +1,62 @@
+"""The command line is discoverable: `hvd-train --help` lists every command with one line, and
+every command has its own `--help`."""
+
+from __future__ import annotations
+
+import pytest
+
+from hvd_train.cli import COMMANDS, main
+
+# Every command the product ships; a command added to COMMANDS belongs here too.
+SHIPPED = ["train", "config", "launch", "doctor", "convert-tfrecord", "data-bench", "lr-plot",
+           "compare", "sweep"]  # fmt: skip
+
+
+@pytest.mark.parametrize("flag", ["--help", "-h", "help"])
+def test_help_lists_every_command_with_its_one_line(flag, capsys) -> None:
+    assert main([flag]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: hvd-train --config FILE [--set KEY=VALUE ...]\n")
+    assert "`hvd-train --config FILE` is `hvd-train train --config FILE`" in out
+    listed = [line.split()[0] for line in out.split("commands:\n")[1].split("\n\n")[0].splitlines()]
+    assert listed == list(COMMANDS) and sorted(listed) == sorted(SHIPPED)
+    for name, (_, summary) in COMMANDS.items():
+        assert f"  {name} " in out and summary in out and "\n" not in summary
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_each_command_has_its_own_help(name, capsys) -> None:
+    with pytest.raises(SystemExit) as info:
+        main([name, "--help"])
+    assert info.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"usage: hvd-train {name} ")
+    description = out.split("\n\n")[1]  # argparse: usage, description, arguments
+    assert description.strip() and not description.startswith(("options:", "positional"))
+
+
+def test_help_command_shows_a_command_s_help(capsys) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["help", "lr-plot"])
+    assert info.value.code == 0
+    assert capsys.readouterr().out.startswith("usage: hvd-train lr-plot ")
+
+
+@pytest.mark.parametrize(
+    ("argv", "first_line"),
+    [
+        ([], "hvd-train: error: no config; train with --config FILE"),
+        (["trian", "--config", "x.yaml"], "hvd-train: error: unknown command 'trian'"),
+        (["help", "trian"], "hvd-train: error: unknown command 'trian'"),
+    ],
+)
+def test_no_command_or_an_unknown_one_prints_the_usage_and_exits_2(argv, first_line, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.splitlines()[0] == first_line
+    assert "commands:\n  train " in err
+
+
+def test_without_a_command_the_options_go_to_train(capsys) -> None:
+    assert main(["--config", "/nonexistent/c.yaml"]) == 2  # train's config loader answered
+    assert "/nonexistent/c.yaml" in capsys.readouterr().err
