@@ -42,6 +42,7 @@ from hvd_train.input_diagnostics import InputWait, advice_for, data_summary
 from hvd_train.models import build_model
 from hvd_train.record import RecordError, RunRecord
 from hvd_train.schedules import learning_rate_schedule
+from hvd_train.user_callbacks import AgreedStop, build_user_callbacks
 
 
 def train(cfg: Config, config_path: str | None = None) -> tuple[tf.keras.Model, dict[str, Any]]:
@@ -126,9 +127,11 @@ def _train(
                 first_step_in_epoch=first_step,
             )
             made["d"] = d
+            made["user"] = build_user_callbacks(cfg.callbacks, made["control"])
             callbacks, made["checkpointer"] = build_callbacks(
-                cfg, d, evaluator, made["control"], epoch, broadcast=not cfg.elastic.enabled
-            )
+                cfg, d, evaluator, made["control"], epoch, broadcast=not cfg.elastic.enabled,
+                user=made["user"].callbacks,
+            )  # fmt: skip
             # Input wait first: its epoch end is a collective, its value must reach the files.
             made["input_wait"] = InputWait(cfg.data.input_wait_warning, advice_for(cfg.data.source))
             made["timer"] = next(c for c in callbacks if isinstance(c, perf.StepTimer))
@@ -157,7 +160,7 @@ def _train(
         _fail(record, started, made.get("checkpointer"), e)
         raise
     control, checkpointer = made["control"], made["checkpointer"]
-    summary = _results(history, cfg, control)
+    summary = _results(history, cfg, control, made["user"].stop)
     summary.update(data_summary(history, source.skipped_files))
     summary.update(perf.throughput_summary(made["timer"], cfg))
     perf.log_throughput(summary)
@@ -483,12 +486,16 @@ def _batches(d: Derived) -> dict[str, Any]:
     }
 
 
-def _results(history: dict[str, list[float]], cfg: Config, control: RunControl) -> dict[str, Any]:
-    times, examples = history.get("epoch_time_s", []), history.get("epoch_examples", [])
-    skip = 1 if len(times) > 1 else 0  # a process's first epoch is warm-up (tracing)
-    rate = sum(examples[skip:]) / sum(times[skip:]) if times else 0.0
-    final = {k: float(v[-1]) for k, v in history.items() if v and k != "epoch_examples"}
+def _results(
+    history: dict[str, list[float]], cfg: Config, control: RunControl, user: AgreedStop | None
+) -> dict[str, Any]:
     epoch, step = control.stopped_at or (cfg.train.epochs, 0)
+    early = user.stopped_early if user and not control.stopping else None
+    if early and early["epoch"] < cfg.train.epochs:
+        # The users' callbacks ended it, as they were asked to: completed, and said so.
+        epoch = early["epoch"]
+        return {"status": "completed", "epochs_completed": epoch, "stopped_at": None,
+                "stopped_early": early, **_rate_and_final(history)}  # fmt: skip
     finished = epoch >= cfg.train.epochs and step == 0  # a stop after the last step finished
     return {
         "status": "completed" if finished else "interrupted",
@@ -496,9 +503,16 @@ def _results(history: dict[str, list[float]], cfg: Config, control: RunControl) 
         # 1-based, as in the log: in epoch `epoch`, `step` steps were done (0: not begun).
         "stopped_at": None if finished else {"epoch": epoch + 1, "step": step},
         **({} if finished else {"stopped_by": signal.Signals(control.stop_signal).name}),
-        "train_examples_per_sec": rate,
-        "final_metrics": final,
+        **_rate_and_final(history),
     }
+
+
+def _rate_and_final(history: dict[str, list[float]]) -> dict[str, Any]:
+    times, examples = history.get("epoch_time_s", []), history.get("epoch_examples", [])
+    skip = 1 if len(times) > 1 else 0  # a process's first epoch is warm-up (tracing)
+    rate = sum(examples[skip:]) / sum(times[skip:]) if times else 0.0
+    final = {k: float(v[-1]) for k, v in history.items() if v and k != "epoch_examples"}
+    return {"train_examples_per_sec": rate, "final_metrics": final}
 
 
 def _end_record(
