@@ -121,7 +121,8 @@ def _lines(path: pathlib.Path) -> list[list[str]]:
 def test_a_stop_on_one_rank_mid_epoch_ends_every_rank_at_that_epochs_end(tmp_path) -> None:
     """Rank 1 alone sets stop_training after step 5 of epoch 2 (of 6): both ranks finish epoch
     2, stop together, and the record says completed, stopped early by that callback, with the
-    checkpoint and model.keras of a normal end (checkpoint.every_epochs=0: only at the end)."""
+    checkpoint and model.keras of a normal end (checkpoint.every_epochs=0: only at the end).
+    Without the agreement this job hangs (seen: the harness's 300 s timeout)."""
     out = tmp_path / "counts"
     out.mkdir()
     items = [
@@ -129,6 +130,7 @@ def test_a_stop_on_one_rank_mid_epoch_ends_every_rank_at_that_epochs_end(tmp_pat
         {"class": "probe_callbacks:CountEpochs", "args": {"out_dir": str(out), "tag": "all"}},
         {"class": "probe_callbacks:CountEpochs", "args": {"out_dir": str(out), "tag": "chief"},
          "ranks": "chief"},
+        {"class": "probe_callbacks:RankedCSVLogger", "args": {"filename": str(out / "log")}},
     ]  # fmt: skip
     s = _job(tmp_path, items, "train.epochs=6", "checkpoint.every_epochs=0")
     assert (s["status"], s["epochs_completed"], s["stopped_at"]) == ("completed", 2, None), s
@@ -145,6 +147,9 @@ def test_a_stop_on_one_rank_mid_epoch_ends_every_rank_at_that_epochs_end(tmp_pat
     assert rank0 == rank1
     assert _lines(out / "chief.rank0") == rank0
     assert not (out / "chief.rank1").exists()  # ranks: chief
+    # A subclass of Keras' CSVLogger writes files: rank 0 only, without being told.
+    assert len((out / "log.rank0").read_text().splitlines()) == 1 + 2
+    assert not (out / "log.rank1").exists()
 
 
 @pytest.mark.multiworker

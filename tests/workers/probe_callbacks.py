@@ -47,5 +47,12 @@ class StopOnOneRank(tf.keras.callbacks.Callback):
             self.model.stop_training = True
 
 
+class RankedCSVLogger(tf.keras.callbacks.CSVLogger):
+    """Keras' CSVLogger, writing `<filename>.rank<N>`: a file writer, rank 0's by default."""
+
+    def __init__(self, filename: str):
+        super().__init__(f"{filename}.rank{RANK}")
+
+
 class MyBackup(tf.keras.callbacks.BackupAndRestore):
     """A BackupAndRestore by another name: refused all the same."""
