@@ -83,6 +83,11 @@ def test_record_of_an_early_stop_and_of_a_signal_at_the_same_epoch() -> None:
     assert (ended["status"], ended["epochs_completed"], ended["stopped_early"]) == (
         "completed", 3, {"epoch": 3, "by": "EarlyStopping"}
     )  # fmt: skip
+    for user in (None, types.SimpleNamespace(stopped_early={"epoch": 10, "by": "X"})):
+        full = _results(history, cfg, _control(), user)  # a stop at the last epoch is no early one
+        assert (full["status"], full["epochs_completed"], "stopped_early" in full) == (
+            "completed", 10, False
+        )  # fmt: skip
     # SIGTERM (15) agreed at the same epoch end: the run was stopped, not finished.
     stopped = _results(history, cfg, _control(stopped_at=(3, 0), signum=15), early)
     assert (stopped["status"], stopped["stopped_by"], "stopped_early" in stopped) == (
