@@ -119,7 +119,7 @@ class _Watch(tf.keras.callbacks.Callback):
     def _notice(self) -> None:
         # RunControl's own stops (signals) set stop_training too; those are not the user's.
         if self.model.stop_training and not self.control.stopping:
-            self.stop.asked.setdefault(self.index, True)
+            self.stop.asked.add(self.index)  # (or an earlier callback did: the lowest wins)
 
 
 class AgreedStop(tf.keras.callbacks.Callback):
@@ -138,7 +138,7 @@ class AgreedStop(tf.keras.callbacks.Callback):
     def __init__(self, names: list[str], control: RunControl):
         super().__init__()
         self.names, self.control = names, control
-        self.asked: dict[int, bool] = {}  # indices of the user callbacks that asked to stop
+        self.asked: set[int] = set()  # indices of the user callbacks that asked to stop
         self.stopped_early: dict[str, Any] | None = None  # {epoch: 1-based, by: class name}
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
