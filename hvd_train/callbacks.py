@@ -21,6 +21,7 @@ from hvd_train.checkpoint import (
 from hvd_train.config import Config, Derived
 from hvd_train.control import RunControl
 from hvd_train.evaluation import Evaluator
+from hvd_train.schedules import lr_multiplier
 
 METRICS_COLUMNS = [
     "epoch", "loss", "accuracy", "val_loss", "val_accuracy",
@@ -155,6 +156,7 @@ class Checkpointer(tf.keras.callbacks.Callback):
             "seed": self.cfg.runtime.seed,
             "reason": reason,
             "metrics": metrics or {},
+            "lr_multiplier": float(lr_multiplier(self.model.optimizer) or 1.0),  # ReduceLROnPlateau
             "time": time.time(),
         }
         self.last = self.store.save(self.model, state)  # CheckpointError ends the run

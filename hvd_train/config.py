@@ -489,10 +489,6 @@ _CALLBACK_KEYS = ("class", "args", "ranks")
 # Keras callbacks that cannot work here, and what to use instead (refused at load and, for
 # subclasses, when built).
 REFUSED_CALLBACKS = {
-    "ReduceLROnPlateau": (
-        "it sets optimizer.lr, which our learning-rate schedule (warm-up scaled by the worker "
-        "count) does not allow; use optimizer.schedule (step, exponential or cosine) instead"
-    ),
     "BackupAndRestore": (
         "hvd_train already checkpoints and resumes exactly (checkpoint.*, train.resume); "
         "remove it"
@@ -720,6 +716,11 @@ def check(cfg: Config, world_size: int) -> None:
             f"horovod.stall_warning_s ({h.stall_warning_s}), or be 0 to never shut down"
         )
     e = cfg.elastic
+    if e.enabled and any(c.cls.rpartition(":")[2] == "ReduceLROnPlateau" for c in cfg.callbacks):
+        raise ConfigError(
+            "callbacks: ReduceLROnPlateau's factor is not part of Horovod Elastic's state (a "
+            "worker that joins would start at 1); use optimizer.schedule with elastic.enabled"
+        )
     if e.enabled and not e.discovery_script:
         raise ConfigError("elastic.discovery_script: required when elastic.enabled is true")
     if e.max_workers is not None and e.max_workers < e.min_workers:

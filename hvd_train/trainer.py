@@ -41,7 +41,7 @@ from hvd_train.fitting import fit_from
 from hvd_train.input_diagnostics import InputWait, advice_for, data_summary
 from hvd_train.models import build_model
 from hvd_train.record import RecordError, RunRecord
-from hvd_train.schedules import learning_rate_schedule
+from hvd_train.schedules import learning_rate_schedule, lr_multiplier
 from hvd_train.user_callbacks import AgreedStop, build_user_callbacks
 
 
@@ -329,6 +329,10 @@ def _resume(cfg: Config, model: tf.keras.Model, d: Derived) -> Start:
     if not found:
         return Start()
     state = found["state"]
+    # ReduceLROnPlateau's factor so far (state.json, broadcast above), on every rank.
+    multiplier = lr_multiplier(model.optimizer)
+    if multiplier is not None:
+        multiplier.assign(state.get("lr_multiplier", 1.0))
     epoch, step = state["epoch"], state["step"]
     if step and state["global_batch"] != d.global_batch:
         # The epoch's order does not depend on the worker count: continue after the examples

@@ -22,6 +22,7 @@ from hvd_train.config import REFUSED_CALLBACKS, CallbackConfig
 from hvd_train.control import RunControl
 from hvd_train.errors import ConfigError
 from hvd_train.models import import_user_module
+from hvd_train.schedules import lr_multiplier
 
 # Keras callbacks that write files: rank 0 only unless `ranks: all` says otherwise.
 _WRITERS = (
@@ -54,6 +55,11 @@ def build_user_callbacks(specs: tuple[CallbackConfig, ...], control: RunControl)
     kept: list[tf.keras.callbacks.Callback] = []
     for i, spec in enumerate(specs):
         callback = construct(spec, i)
+        if isinstance(callback, ReduceLROnPlateau) and spec.ranks == "chief":
+            raise ConfigError(
+                f"callbacks[{i}].ranks: ReduceLROnPlateau changes every worker's learning rate, "
+                "so it runs on every rank; remove ranks: chief"
+            )
         if runs_here(spec, callback):
             kept += [callback, _Watch(stop, i, control)]
     return UserCallbacks([*kept, stop], stop)
@@ -91,6 +97,14 @@ def _resolve(spec: str, i: int) -> type:
         raise ConfigError(
             f"{where}: {module_name} {found} {name!r}; name a subclass of "
             "tf.keras.callbacks.Callback as 'module:Name' (or a tf.keras.callbacks name)"
+        )
+    if cls is tf.keras.callbacks.ReduceLROnPlateau:
+        return ReduceLROnPlateau  # ours: scales the schedule instead of setting optimizer.lr
+    if issubclass(cls, tf.keras.callbacks.ReduceLROnPlateau):
+        raise ConfigError(
+            f"{where}: {cls.__name__} is a subclass of Keras' ReduceLROnPlateau, which sets "
+            "optimizer.lr, and our rate is a schedule; use ReduceLROnPlateau itself (hvd_train "
+            "runs its own version, which scales the schedule)"
         )
     for refused, why in REFUSED_CALLBACKS.items():
         if issubclass(cls, getattr(tf.keras.callbacks, refused)):
@@ -159,3 +173,42 @@ class AgreedStop(tf.keras.callbacks.Callback):
             by = self.names[next(i for i, n in enumerate(agreed) if n)]
             self.stopped_early = {"epoch": epoch + 1, "by": by}
             distributed.log(f"{by} stopped the run after epoch {epoch + 1}")
+
+
+class ReduceLROnPlateau(tf.keras.callbacks.ReduceLROnPlateau):
+    """Keras' ReduceLROnPlateau for a rate that is a schedule: what `ReduceLROnPlateau` in
+    `callbacks:` runs, with Keras' arguments and decisions.
+
+    Keras' version sets `optimizer.lr`, which a LearningRateSchedule does not allow. This one
+    multiplies the schedule's multiplier instead (schedules.WarmupScaled), so the warm-up and
+    the decay go on, times the factor; checkpoints keep the multiplier (state.json). It runs on
+    every rank: each worker's optimizer has its own rate, and all see the same averaged metrics.
+    """
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        current = (logs or {}).get(self.monitor)
+        if current is None:
+            distributed.log(f"ReduceLROnPlateau: no {self.monitor!r} in this epoch's metrics")
+            return
+        if self.in_cooldown():
+            self.cooldown_counter -= 1
+            self.wait = 0
+        if self.monitor_op(current, self.best):
+            self.best, self.wait = current, 0
+        elif not self.in_cooldown():
+            self.wait += 1
+            if self.wait >= self.patience:
+                self._reduce(epoch)
+
+    def _reduce(self, epoch: int) -> None:
+        multiplier = lr_multiplier(self.model.optimizer)
+        rate = float(self.model.optimizer.learning_rate)  # the rate the last step used
+        if multiplier is None or rate <= self.min_lr:
+            return
+        new = max(rate * self.factor, self.min_lr)
+        multiplier.assign(float(multiplier.numpy()) * new / rate)
+        self.cooldown_counter, self.wait = self.cooldown, 0
+        distributed.log(
+            f"ReduceLROnPlateau: learning rate {rate:g} -> {new:g} after epoch {epoch + 1} "
+            f"(the schedule x {float(multiplier.numpy()):g} from here on)"
+        )

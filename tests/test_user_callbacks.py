@@ -3,18 +3,22 @@ the right ranks, and a stop one rank asks for ends the job on every rank, record
 
 from __future__ import annotations
 
+import csv
 import json
 import pathlib
 import types
 
+import numpy as np
 import pytest
 from harness import PYTHON, QUICKSTART, WORKERS, check, horovodrun, run
 
+from hvd_train import config as config_module
 from hvd_train.checkpoint import read_state
 from hvd_train.config import CallbackConfig, dump_yaml, load_config
 from hvd_train.errors import ConfigError
+from hvd_train.schedules import WarmupScaled, rates
 from hvd_train.trainer import _results
-from hvd_train.user_callbacks import construct
+from hvd_train.user_callbacks import ReduceLROnPlateau, construct
 
 PROBES = WORKERS / "probe_callbacks.py"
 
@@ -53,6 +57,7 @@ def test_callbacks_given_as_a_mapping_are_refused() -> None:
         ("no_such_module_xyz:Foo", {}, "callbacks[3].class: cannot import module 'no_such_module_xyz' (No module named 'no_such_module_xyz'); it must be importable from the working directory or PYTHONPATH, or be given as path/to/file.py"),
         ("EarlyStoping", {}, "callbacks[3].class: tf.keras.callbacks has no 'EarlyStoping'; name a subclass of tf.keras.callbacks.Callback as 'module:Name' (or a tf.keras.callbacks name)"),
         ("tensorflow.keras.layers:Dense", {}, "callbacks[3].class: tensorflow.keras.layers has no Keras callback class 'Dense'; name a subclass of tf.keras.callbacks.Callback as 'module:Name' (or a tf.keras.callbacks name)"),
+        (f"{PROBES}:MyPlateau", {}, "callbacks[3].class: MyPlateau is a subclass of Keras' ReduceLROnPlateau, which sets optimizer.lr, and our rate is a schedule; use ReduceLROnPlateau itself (hvd_train runs its own version, which scales the schedule)"),
         (f"{PROBES}:MyBackup", {}, "callbacks[3].class: MyBackup is a BackupAndRestore: hvd_train already checkpoints and resumes exactly (checkpoint.*, train.resume); remove it"),
         ("EarlyStopping", {"patiense": 2}, "callbacks[3].args: EarlyStopping rejected ['patiense']: EarlyStopping.__init__() got an unexpected keyword argument 'patiense'; its arguments are: monitor, min_delta, patience, verbose, mode, baseline, restore_best_weights, start_from_epoch"),
     ],
@@ -68,6 +73,28 @@ def test_a_users_callback_is_built_with_its_args() -> None:
     assert (type(callback).__name__, callback.rank, callback.epoch, callback.step) == (
         "StopOnOneRank", 1, 2, 5
     )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "name", ["ReduceLROnPlateau", "tensorflow.keras.callbacks:ReduceLROnPlateau"]
+)
+def test_keras_reduce_lr_on_plateau_becomes_ours_with_its_args(name) -> None:
+    callback = construct(CallbackConfig(name, (("factor", 0.5), ("patience", 3))), 0)
+    assert (type(callback), callback.factor, callback.patience) == (ReduceLROnPlateau, 0.5, 3)
+
+
+def test_the_schedule_multiplier_scales_warm_up_and_decay_alike() -> None:
+    s = WarmupScaled(0.1, 0.4, warmup_steps=10, decay="cosine", total_steps=110)
+    before = rates(s, 110)
+    s.multiplier.assign(0.25)
+    assert rates(s, 110) == [r * np.float32(0.25) for r in before]
+
+
+def test_reduce_lr_on_plateau_is_refused_with_elastic() -> None:
+    cfg = load_config(None, [callbacks_set([{"class": "ReduceLROnPlateau"}]),
+                             "elastic.enabled=true", "elastic.discovery_script=/bin/true"])  # fmt: skip
+    with pytest.raises(ConfigError, match="^callbacks: ReduceLROnPlateau's factor is not part"):
+        config_module.check(cfg, world_size=2)
 
 
 def _control(stopped_at=None, signum=0) -> types.SimpleNamespace:
@@ -169,3 +196,28 @@ def test_early_stopping_ends_the_job_on_every_rank_and_the_record_says_so(tmp_pa
     assert pathlib.Path(s["model_path"]).is_file(), s
     assert read_state(s["last_checkpoint"])["epoch"] == 2
     assert len((tmp_path / "run" / "metrics.csv").read_text().splitlines()) == 1 + 2
+
+
+def _rates_in_csv(run_dir: pathlib.Path) -> list[float]:
+    with open(run_dir / "metrics.csv") as f:
+        return [float(row["learning_rate"]) for row in csv.DictReader(f)]
+
+
+@pytest.mark.multiworker
+def test_reduce_lr_on_plateau_scales_the_schedule_and_a_resume_keeps_the_factor(tmp_path) -> None:
+    """ReduceLROnPlateau with a min_delta no epoch reaches and patience 0 halves the rate after
+    epochs 2 and 3 (the first sets the best). No warm-up: the quickstart's rate is then
+    0.001 x 2 workers throughout. metrics.csv gives each epoch's rate (6 significant digits:
+    the tolerance). The same command with train.epochs=4 resumes with the factor 0.25 kept
+    (its fresh ReduceLROnPlateau takes epoch 4 as its best: no reduction there)."""
+    items = [{"class": "ReduceLROnPlateau",
+              "args": {"monitor": "val_accuracy", "mode": "max", "min_delta": 1.0,
+                       "patience": 0, "factor": 0.5}}]  # fmt: skip
+    s = _job(tmp_path, items, "train.epochs=3", "optimizer.warmup_epochs=0")
+    assert s["status"] == "completed" and "stopped_early" not in s, s
+    assert read_state(s["last_checkpoint"])["lr_multiplier"] == 0.25
+    assert _rates_in_csv(tmp_path / "run") == pytest.approx([0.002, 0.002, 0.001], rel=1e-5)
+    s = _job(tmp_path, items, "train.epochs=4", "optimizer.warmup_epochs=0")
+    assert s["resumed_from"] and s["epochs_completed"] == 4, s
+    assert _rates_in_csv(tmp_path / "run") == pytest.approx([0.002, 0.002, 0.001, 0.0005], rel=1e-5)
+    assert read_state(s["last_checkpoint"])["lr_multiplier"] == 0.25

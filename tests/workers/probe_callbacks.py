@@ -56,3 +56,7 @@ class RankedCSVLogger(tf.keras.callbacks.CSVLogger):
 
 class MyBackup(tf.keras.callbacks.BackupAndRestore):
     """A BackupAndRestore by another name: refused all the same."""
+
+
+class MyPlateau(tf.keras.callbacks.ReduceLROnPlateau):
+    """A subclass of Keras' ReduceLROnPlateau: it would set optimizer.lr, so it is refused."""
