@@ -487,7 +487,7 @@ def _build(cls: type, tree: Any, prefix: str, default_source: str) -> Any:
 
 _CALLBACK_KEYS = ("class", "args", "ranks")
 # Keras callbacks that cannot work here, and what to use instead (refused at load and, for
-# subclasses, when built).
+# subclasses, when built). ReduceLROnPlateau is replaced, not refused: see user_callbacks.py.
 REFUSED_CALLBACKS = {
     "BackupAndRestore": (
         "hvd_train already checkpoints and resumes exactly (checkpoint.*, train.resume); "
