@@ -23,6 +23,7 @@ from hvd_train.checkpoint import (
 from hvd_train.config import Config, Derived
 from hvd_train.control import RunControl
 from hvd_train.evaluation import Evaluator
+from hvd_train.schedules import lr_multiplier
 
 METRICS_COLUMNS = [
     "epoch", "loss", "accuracy", "val_loss", "val_accuracy",
@@ -151,6 +152,7 @@ class Checkpointer(tf.keras.callbacks.Callback):
             (k.every_epochs and (epoch + 1) % k.every_epochs == 0)
             or epoch + 1 == self.cfg.train.epochs
             or c.stopping
+            or self.model.stop_training  # the users' callbacks stopped early (agreed)
             or every_steps_due(self.cfg, c.position_step)
         )
         metrics = {key: float(v) for key, v in (logs or {}).items() if _is_number(v)}
@@ -175,6 +177,7 @@ class Checkpointer(tf.keras.callbacks.Callback):
             "seed": self.cfg.runtime.seed,
             "reason": reason,
             "metrics": metrics or {},
+            "lr_multiplier": float(lr_multiplier(self.model.optimizer) or 1.0),  # ReduceLROnPlateau
             "time": time.time(),
         }
         self.last = self.store.save(self.model, state)  # CheckpointError ends the run
@@ -331,12 +334,14 @@ def build_callbacks(
     control: RunControl,
     keep_epochs: int,
     broadcast: bool = True,
+    user: list[tf.keras.callbacks.Callback] | None = None,
 ) -> tuple[list[tf.keras.callbacks.Callback], Checkpointer | None]:
     """The callbacks in the order they must run, and rank 0's Checkpointer (else None).
 
     Keras runs callbacks in list order at each event, all on the same `logs` dict, so later
     callbacks see what earlier ones wrote. `keep_epochs`: the epochs a resumed run keeps in
     metrics.csv. `broadcast=False` under Horovod Elastic, whose state sync does that job.
+    `user`: this rank's `callbacks:` from the config (user_callbacks.build_user_callbacks).
     """
     callbacks = [
         # Horovod: rank 0's weights and optimizer state to every rank (already broadcast once
@@ -356,6 +361,10 @@ def build_callbacks(
         perf.StepTimer(d),
         # Validation sums and counts all-reduced: exact, and identical on every rank.
         ExactValidation(evaluator, control),
+        # The users' callbacks after the averaging and the exact validation: every rank's
+        # EarlyStopping sees the same numbers. They end with AgreedStop (one all-reduce), so
+        # their stops are every rank's, before the checkpoint below sees `stop_training`.
+        *(user or []),
         # The learning-rate warm-up is not a callback: it lives in the optimizer's schedule
         # (schedules.WarmupScaled), scaled by the worker count and stepped per batch.
     ]

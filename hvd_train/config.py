@@ -9,6 +9,7 @@ they are merged; rules that span fields run once after the merge (`check`); deri
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import math
@@ -226,6 +227,29 @@ class AugmentConfig:
 
 
 @dataclass(frozen=True)
+class CallbackConfig:
+    """One item of `callbacks:`: a Keras callback the trainer builds at training start.
+
+    `cls` is the YAML key `class`: "module:Name", or a bare name from tf.keras.callbacks.
+    `args` are its constructor's keyword arguments (kept as pairs: the tree is frozen).
+    `ranks`: all or chief; None picks by class (see user_callbacks.py).
+    """
+
+    cls: str
+    args: tuple[tuple[str, Any], ...] = ()
+    ranks: Literal["all", "chief"] | None = None
+
+    def kwargs(self) -> dict[str, Any]:
+        """`args` as a fresh dict, so a callback that changes its arguments changes no config."""
+        return copy.deepcopy(dict(self.args))
+
+    def as_dict(self) -> dict[str, Any]:
+        """The item as it is written in YAML."""
+        ranks = {"ranks": self.ranks} if self.ranks else {}
+        return {"class": self.cls, "args": self.kwargs(), **ranks}
+
+
+@dataclass(frozen=True)
 class Config:
     run: RunConfig = field(default_factory=RunConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -239,6 +263,8 @@ class Config:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     elastic: ElasticConfig = field(default_factory=ElasticConfig)
     augment: AugmentConfig = field(default_factory=AugmentConfig)
+    # Your own Keras callbacks, in order: [{class: "module:Name", args: {...}, ranks: ...}].
+    callbacks: tuple[CallbackConfig, ...] = ()
 
 
 # --------------------------------------------------------------------------- loading
@@ -451,7 +477,9 @@ def _build(cls: type, tree: Any, prefix: str, default_source: str) -> Any:
     kwargs = {}
     for name, value in tree.items():
         path = f"{prefix}{name}"
-        if dataclasses.is_dataclass(hints[name]):
+        if hints[name] == tuple[CallbackConfig, ...]:
+            kwargs[name] = _callbacks(value, default_source)
+        elif dataclasses.is_dataclass(hints[name]):
             kwargs[name] = _build(hints[name], value, f"{path}.", default_source)
         else:
             if isinstance(value, dict):
@@ -461,6 +489,81 @@ def _build(cls: type, tree: Any, prefix: str, default_source: str) -> Any:
                 )
             kwargs[name] = _coerce(value.value, hints[name], fields[name], path, value.source)
     return cls(**kwargs)
+
+
+_CALLBACK_KEYS = ("class", "args", "ranks")
+# Keras callbacks that cannot work here, and what to use instead (refused at load and, for
+# subclasses, when built). ReduceLROnPlateau is replaced, not refused: see user_callbacks.py.
+REFUSED_CALLBACKS = {
+    "BackupAndRestore": (
+        "hvd_train already checkpoints and resumes exactly (checkpoint.*, train.resume); "
+        "remove it"
+    ),
+}
+
+
+def _callbacks(tree: Any, default_source: str) -> tuple[CallbackConfig, ...]:
+    """`callbacks:`, a list of {class, args, ranks} mappings, checked item by item."""
+    if isinstance(tree, dict):  # `callbacks: {...}` or `--set callbacks.x=...`
+        raise ConfigError(
+            f"{_first_source(tree, default_source)}: callbacks: expected a list of "
+            "{class: 'module:Name', args: {...}} mappings, got a mapping"
+        )
+    items, source = tree.value, tree.source
+    if items is None:
+        return ()
+    if not isinstance(items, list):
+        raise ConfigError(
+            f"{source}: callbacks: expected a list of {{class: 'module:Name', args: {{...}}}} "
+            f"mappings, got {_got(items)}"
+        )
+    return tuple(_callback(item, f"callbacks[{i}]", source) for i, item in enumerate(items))
+
+
+def _callback(item: Any, path: str, source: str) -> CallbackConfig:
+    if not isinstance(item, dict):
+        raise ConfigError(
+            f"{source}: {path}: expected a mapping with class (and optional args, ranks), "
+            f"got {_got(item)}"
+        )
+    for key in item:
+        if key not in _CALLBACK_KEYS:
+            tagged = {k: _Sourced(v, source) for k, v in item.items()}
+            known = dict.fromkeys(_CALLBACK_KEYS)
+            raise ConfigError(_unknown_key(tagged, key, f"{path}.", known, source))
+    if "class" not in item:
+        raise ConfigError(
+            f"{source}: {path}.class: required: the callback, as 'module:Name' or a "
+            "tf.keras.callbacks name such as EarlyStopping"
+        )
+    cls = item["class"]
+    if not isinstance(cls, str) or len(cls) > MAX_STRING:
+        raise ConfigError(f"{source}: {path}.class: expected 'module:Name', got {_got(cls)}")
+    _check_spec(cls, f"{source}: {path}.class", "Name", bare_ok=True)
+    name = cls.rpartition(":")[2]
+    if name in REFUSED_CALLBACKS:
+        raise ConfigError(f"{source}: {path}.class: {name}: {REFUSED_CALLBACKS[name]}")
+    args = {} if item.get("args") is None else item["args"]
+    if not isinstance(args, dict) or not all(isinstance(k, str) for k in args):
+        raise ConfigError(
+            f"{source}: {path}.args: expected a mapping of the constructor's keyword "
+            f"arguments, got {_got(args)}"
+        )
+    ranks = item.get("ranks")
+    if ranks not in (None, "all", "chief"):
+        raise ConfigError(
+            f"{source}: {path}.ranks: expected 'all' or 'chief' (rank 0 only), got {_got(ranks)}"
+        )
+    return CallbackConfig(cls, tuple(args.items()), ranks)
+
+
+def _check_spec(spec: str, where: str, what: str, bare_ok: bool = False) -> None:
+    """`module:Name` (or, with `bare_ok`, a bare Name): what `model.factory` and `callbacks`
+    import. The module may be `path/to/file.py`."""
+    module, sep, name = spec.rpartition(":")
+    if (sep and module and name.isidentifier()) or (bare_ok and not sep and name.isidentifier()):
+        return
+    raise ConfigError(f"{where}: expected 'module:{what}', got {_REPR.repr(spec)}")
 
 
 def _first_source(tree: dict[str, Any], default: str) -> str:
@@ -614,10 +717,8 @@ def check(cfg: Config, world_size: int) -> None:
             f"train.batch_size: a global batch of {t.batch_size} does not divide evenly by "
             f"{world_size} workers; use a multiple of {world_size}, or batch_size_mode: per_worker"
         )
-    if cfg.model.factory and ":" not in cfg.model.factory:
-        raise ConfigError(
-            f"model.factory: expected 'module:function', got {_REPR.repr(cfg.model.factory)}"
-        )
+    if cfg.model.factory:
+        _check_spec(cfg.model.factory, "model.factory", "function")
     h = cfg.horovod
     if h.stall_shutdown_s and h.stall_shutdown_s <= h.stall_warning_s:
         raise ConfigError(
@@ -625,6 +726,11 @@ def check(cfg: Config, world_size: int) -> None:
             f"horovod.stall_warning_s ({h.stall_warning_s}), or be 0 to never shut down"
         )
     e = cfg.elastic
+    if e.enabled and any(c.cls.rpartition(":")[2] == "ReduceLROnPlateau" for c in cfg.callbacks):
+        raise ConfigError(
+            "callbacks: ReduceLROnPlateau's factor is not part of Horovod Elastic's state (a "
+            "worker that joins would start at 1); use optimizer.schedule with elastic.enabled"
+        )
     if e.enabled and not e.discovery_script:
         raise ConfigError("elastic.discovery_script: required when elastic.enabled is true")
     if e.max_workers is not None and e.max_workers < e.min_workers:
@@ -803,7 +909,9 @@ def to_dict(cfg: Config) -> dict[str, Any]:
             return {k: plain(x) for k, x in v.items()}
         return v
 
-    return plain(dataclasses.asdict(cfg))
+    out = plain(dataclasses.asdict(cfg))
+    out["callbacks"] = [c.as_dict() for c in cfg.callbacks]  # `class`, as the YAML spells it
+    return out
 
 
 def dump_yaml(cfg: Config) -> str:

@@ -136,7 +136,7 @@ def _from_factory(cfg: Config, input_shape: tuple[int, ...], num_classes: int) -
     """Calls the user's `fn(cfg)`, or `fn(cfg, input_shape, num_classes)` if it takes them."""
     spec = cfg.model.factory
     module_name, _, fn_name = spec.rpartition(":")
-    module = _import_factory_module(module_name)
+    module = import_user_module(module_name)
     fn = getattr(module, fn_name, None)
     if not callable(fn):
         raise ConfigError(f"model.factory: {module_name!r} has no function {fn_name!r}")
@@ -150,12 +150,14 @@ def _from_factory(cfg: Config, input_shape: tuple[int, ...], num_classes: int) -
     return model
 
 
-def _import_factory_module(name: str):
-    """`package.module` from the working directory or PYTHONPATH, or a `path/to/file.py`."""
+def import_user_module(name: str, key: str = "model.factory"):
+    """`package.module` from the working directory or PYTHONPATH, or a `path/to/file.py`: the
+    one way a config imports the user's code (`model.factory`, `callbacks[i].class`). Errors
+    name `key`."""
     if name.endswith(".py"):
         if not os.path.isfile(name):
             raise ConfigError(
-                f"model.factory: file {name!r} not found (paths are relative to the working "
+                f"{key}: file {name!r} not found (paths are relative to the working "
                 f"directory, {os.getcwd()})"
             )
         spec = importlib.util.spec_from_file_location(
@@ -170,7 +172,7 @@ def _import_factory_module(name: str):
         return importlib.import_module(name)
     except ImportError as e:
         raise ConfigError(
-            f"model.factory: cannot import module {name!r} ({e}); it must be importable "
+            f"{key}: cannot import module {name!r} ({e}); it must be importable "
             "from the working directory or PYTHONPATH, or be given as path/to/file.py"
         ) from None
 

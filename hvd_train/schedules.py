@@ -71,9 +71,16 @@ class WarmupScaled(tf.keras.optimizers.schedules.LearningRateSchedule):
         self.decay_rate = float(decay_rate)
         self.decay_steps = float(decay_steps)
         self.min_fraction = float(min_fraction)
+        # Scales the whole schedule (warm-up and decay alike): ReduceLROnPlateau's lever (see
+        # user_callbacks.py), kept in each checkpoint's state.json. Not in get_config: a fresh
+        # schedule starts at 1, and x 1.0 leaves every rate bit for bit as it was.
+        self.multiplier = tf.Variable(1.0, trainable=False, dtype=tf.float32, name="lr_multiplier")
 
     def __call__(self, step: tf.Tensor) -> tf.Tensor:
         """The rate at `step` (a scalar or a vector of steps)."""
+        return self._unscaled(step) * self.multiplier
+
+    def _unscaled(self, step: tf.Tensor) -> tf.Tensor:
         step = tf.cast(step, tf.float32)
         after = self._decayed(step)
         if self.warmup_steps <= 0:
@@ -112,6 +119,13 @@ class WarmupScaled(tf.keras.optimizers.schedules.LearningRateSchedule):
             "decay_steps": self.decay_steps,
             "min_fraction": self.min_fraction,
         }
+
+
+def lr_multiplier(optimizer: tf.keras.optimizers.Optimizer) -> tf.Variable | None:
+    """The multiplier of the optimizer's WarmupScaled schedule; None for another rate."""
+    inner = getattr(optimizer, "inner_optimizer", optimizer)  # under mixed_float16's loss scale
+    schedule = getattr(inner, "_learning_rate", None)
+    return schedule.multiplier if isinstance(schedule, WarmupScaled) else None
 
 
 def learning_rate_schedule(cfg: Config, d: Derived) -> WarmupScaled:

@@ -41,7 +41,8 @@ from hvd_train.fitting import fit_from
 from hvd_train.input_diagnostics import InputWait, advice_for, data_summary
 from hvd_train.models import build_model, weights_note
 from hvd_train.record import RecordError, RunRecord
-from hvd_train.schedules import learning_rate_schedule
+from hvd_train.schedules import learning_rate_schedule, lr_multiplier
+from hvd_train.user_callbacks import AgreedStop, build_user_callbacks
 
 
 def train(cfg: Config, config_path: str | None = None) -> tuple[tf.keras.Model, dict[str, Any]]:
@@ -128,9 +129,11 @@ def _train(
                 first_step_in_epoch=first_step,
             )
             made["d"] = d
+            made["user"] = build_user_callbacks(cfg.callbacks, made["control"])
             callbacks, made["checkpointer"] = build_callbacks(
-                cfg, d, evaluator, made["control"], epoch, broadcast=not cfg.elastic.enabled
-            )
+                cfg, d, evaluator, made["control"], epoch, broadcast=not cfg.elastic.enabled,
+                user=made["user"].callbacks,
+            )  # fmt: skip
             # Input wait first: its epoch end is a collective, its value must reach the files.
             made["input_wait"] = InputWait(cfg.data.input_wait_warning, advice_for(cfg.data.source))
             made["timer"] = next(c for c in callbacks if isinstance(c, perf.StepTimer))
@@ -159,7 +162,7 @@ def _train(
         _fail(record, started, made.get("checkpointer"), e)
         raise
     control, checkpointer = made["control"], made["checkpointer"]
-    summary = _results(history, cfg, control)
+    summary = _results(history, cfg, control, made["user"].stop)
     summary.update(data_summary(history, source.skipped_files))
     summary.update(perf.throughput_summary(made["timer"], cfg))
     perf.log_throughput(summary)
@@ -328,6 +331,10 @@ def _resume(cfg: Config, model: tf.keras.Model, d: Derived) -> Start:
     if not found:
         return Start()
     state = found["state"]
+    # ReduceLROnPlateau's factor so far (state.json, broadcast above), on every rank.
+    multiplier = lr_multiplier(model.optimizer)
+    if multiplier is not None:
+        multiplier.assign(state.get("lr_multiplier", 1.0))
     epoch, step = state["epoch"], state["step"]
     if step and state["global_batch"] != d.global_batch:
         # The epoch's order does not depend on the worker count: continue after the examples
@@ -505,12 +512,16 @@ def _batches(d: Derived) -> dict[str, Any]:
     }
 
 
-def _results(history: dict[str, list[float]], cfg: Config, control: RunControl) -> dict[str, Any]:
-    times, examples = history.get("epoch_time_s", []), history.get("epoch_examples", [])
-    skip = 1 if len(times) > 1 else 0  # a process's first epoch is warm-up (tracing)
-    rate = sum(examples[skip:]) / sum(times[skip:]) if times else 0.0
-    final = {k: float(v[-1]) for k, v in history.items() if v and k != "epoch_examples"}
+def _results(
+    history: dict[str, list[float]], cfg: Config, control: RunControl, user: AgreedStop | None
+) -> dict[str, Any]:
     epoch, step = control.stopped_at or (cfg.train.epochs, 0)
+    early = user.stopped_early if user and not control.stopping else None
+    if early and early["epoch"] < cfg.train.epochs:
+        # The users' callbacks ended it, as they were asked to: completed, and said so.
+        epoch = early["epoch"]
+        return {"status": "completed", "epochs_completed": epoch, "stopped_at": None,
+                "stopped_early": early, **_rate_and_final(history)}  # fmt: skip
     finished = epoch >= cfg.train.epochs and step == 0  # a stop after the last step finished
     return {
         "status": "completed" if finished else "interrupted",
@@ -518,9 +529,16 @@ def _results(history: dict[str, list[float]], cfg: Config, control: RunControl) 
         # 1-based, as in the log: in epoch `epoch`, `step` steps were done (0: not begun).
         "stopped_at": None if finished else {"epoch": epoch + 1, "step": step},
         **({} if finished else {"stopped_by": signal.Signals(control.stop_signal).name}),
-        "train_examples_per_sec": rate,
-        "final_metrics": final,
+        **_rate_and_final(history),
     }
+
+
+def _rate_and_final(history: dict[str, list[float]]) -> dict[str, Any]:
+    times, examples = history.get("epoch_time_s", []), history.get("epoch_examples", [])
+    skip = 1 if len(times) > 1 else 0  # a process's first epoch is warm-up (tracing)
+    rate = sum(examples[skip:]) / sum(times[skip:]) if times else 0.0
+    final = {k: float(v[-1]) for k, v in history.items() if v and k != "epoch_examples"}
+    return {"train_examples_per_sec": rate, "final_metrics": final}
 
 
 def _end_record(

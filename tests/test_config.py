@@ -58,7 +58,10 @@ def test_invalid_config_gives_its_exact_message(path: pathlib.Path) -> None:
 
 def test_defaults_give_a_value_for_every_field() -> None:
     cfg = load_config(None)
+    assert cfg.callbacks == ()  # the one top-level key that is a list, not a section
     for section in dataclasses.fields(cfg):
+        if section.name == "callbacks":
+            continue
         for f in dataclasses.fields(getattr(cfg, section.name)):
             assert f.default is not dataclasses.MISSING, f"{section.name}.{f.name} has no default"
 
