@@ -13,6 +13,7 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from hvd_train import inference
 from hvd_train.errors import Interrupted, TrainingError, UserError
 
 if TYPE_CHECKING:
@@ -186,6 +187,8 @@ COMMANDS: dict[str, Callable[[list[str], str], int]] = {
     "lr-plot": _cmd_lr_plot,
     "compare": _cmd_compare,
     "sweep": _cmd_sweep,
+    "evaluate": inference.evaluate_main,
+    "predict": inference.predict_main,
 }
 
 
