@@ -54,9 +54,9 @@ def evaluate_main(argv: list[str], prog: str) -> int:
     """`hvd-train evaluate`: loss and accuracy of a saved model, exact at any worker count."""
     p = _parser(
         prog,
-        "Evaluate a saved model exactly: every example counted once, sums all-reduced, the "
-        "same metrics at any worker count. Run alone or under `horovodrun -np N`. Rank 0 "
-        "prints one line and writes JSON.",
+        "Evaluate a saved model exactly: every example counted once, in float64 sums added "
+        "in one order, so the metrics are the same to the last bit at any worker count. Run "
+        "alone or under `horovodrun -np N`. Rank 0 prints one line and writes JSON.",
     )
     p.add_argument(
         "--data", default="", metavar="PATH",
@@ -150,46 +150,55 @@ def _validation_source(cfg: Config):
 
 def _folder_source(cfg: Config, path: str, classes: tuple[str, ...], shape: tuple):
     """Every example of an image folder or a TFRecord folder, labelled by training's classes."""
-    from hvd_train import distributed, images, tfrecords
     from hvd_train.data import Source
 
-    on_corrupt = cfg.data.on_corrupt
     size, channels = _image_size(shape)
-    if _is_record_folder(path):
-        records = tfrecords.read_folder(path, "--data")
-        per_class = _by_name(
-            [np.flatnonzero(records.labels == c).tolist() for c in range(len(records.class_names))],
-            records.class_names, classes, path,
-        )  # fmt: skip
-        check = (lambda i: images.image_problem(records.encoded[i]), lambda i: records.names[i])
-        chosen = distributed.chief_computes(
-            lambda: _checked(per_class, classes, check, on_corrupt), "eval_records"
-        )
-        x = records.encoded[np.asarray(chosen[0], np.int64)] if chosen[0] else np.zeros(0, object)
-        skipped = tuple(records.names[i] for i in chosen[2])
+    read = _record_examples if _is_record_folder(path) else _folder_examples
+    x, labels, skipped, decode = read(path, classes, cfg.data.on_corrupt, size, channels)
+    return Source(x[:0], np.zeros(0, np.int32), x, np.asarray(labels, np.int32), len(classes),
+                  decode, (*size, channels), tuple(skipped))  # fmt: skip
 
-        def decode(data):
-            return images.decode_image(data, size, channels)
 
-    else:
+def _folder_examples(path: str, classes: tuple[str, ...], on_corrupt: str, size, channels):
+    """(paths, labels, skipped paths, decode) of an image folder; listed and checked on rank 0."""
+    from hvd_train import distributed, images
 
-        def listing():
-            folders = images.list_class_folders(path, "--data")
-            per_class = _by_name(folders.files, folders.class_names, classes, path)
-            return _checked(per_class, classes, (images.file_problem, str), on_corrupt)
+    def listing():
+        folders = images.list_class_folders(path, "--data")
+        per_class = _by_name(folders.files, folders.class_names, classes, path)
+        return _checked(per_class, classes, (images.file_problem, str), on_corrupt)
 
-        chosen = distributed.chief_computes(listing, "eval_folder")
-        x, skipped = np.array(chosen[0], dtype=str), tuple(chosen[2])
+    files, labels, skipped = distributed.chief_computes(listing, "eval_folder")
 
-        def decode(file):
-            import tensorflow as tf
+    def decode(file):
+        import tensorflow as tf
 
-            return images.decode_image(tf.io.read_file(file), size, channels)
+        return images.decode_image(tf.io.read_file(file), size, channels)
 
-    y = np.asarray(chosen[1], np.int32)
-    empty = np.zeros((0,), x.dtype)
-    return Source(empty, np.zeros(0, np.int32), x, y, len(classes), decode,
-                  (*size, channels), skipped)  # fmt: skip
+    return np.array(files, dtype=str), labels, skipped, decode
+
+
+def _record_examples(path: str, classes: tuple[str, ...], on_corrupt: str, size, channels):
+    """(encoded images, labels, skipped records, decode) of a TFRecord folder, read by every
+    worker (as training reads one) and checked on rank 0."""
+    from hvd_train import distributed, images, tfrecords
+
+    records = tfrecords.read_folder(path, "--data")
+    found = range(len(records.class_names))
+    per_class = _by_name(
+        [np.flatnonzero(records.labels == c).tolist() for c in found],
+        records.class_names, classes, path,
+    )  # fmt: skip
+    check = (lambda i: images.image_problem(records.encoded[i]), lambda i: records.names[i])
+    kept, labels, bad = distributed.chief_computes(
+        lambda: _checked(per_class, classes, check, on_corrupt), "eval_records"
+    )
+    x = records.encoded[np.asarray(kept, np.int64)] if kept else np.zeros(0, object)
+
+    def decode(data):
+        return images.decode_image(data, size, channels)
+
+    return x, labels, [records.names[i] for i in bad], decode
 
 
 def _is_record_folder(path: str) -> bool:
@@ -395,9 +404,10 @@ def _image_size(shape: tuple) -> tuple[tuple[int, int], int]:
     """(height, width) and channels of a model input shape, for decoding images to it."""
     if len(shape) == 3 and shape[-1] in (1, 3):
         return (int(shape[0]), int(shape[1])), int(shape[2])
-    if len(shape) == 2:  # a grey image given as height x width (convnet7 takes it)
-        raise DataError(f"the model takes inputs of shape {list(shape)}, not images")
-    raise DataError(f"the model takes inputs of shape {list(shape)}, not images of 1 or 3 channels")
+    raise DataError(
+        f"the model takes inputs of shape {list(shape)}, not images of height x width x 1 or 3 "
+        "channels, so it cannot read image files"
+    )
 
 
 # --------------------------------------------------------------------------- training's view
