@@ -13,6 +13,7 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from hvd_train import inference
 from hvd_train.errors import Interrupted, TrainingError, UserError
 
 if TYPE_CHECKING:
@@ -182,6 +183,11 @@ Command = Callable[[list[str], str], int]  # (arguments after the command's name
 # name -> (function, the one line `hvd-train --help` shows). A new command is one row here.
 COMMANDS: dict[str, tuple[Command, str]] = {
     "train": (_cmd_train, "train a model (the default command)"),
+    "evaluate": (
+        inference.evaluate_main,
+        "exact metrics of a saved model or checkpoint on a dataset",
+    ),
+    "predict": (inference.predict_main, "write each image's predicted class and probability (CSV)"),
     "config": (_cmd_config, "print the resolved config, or single keys with --get"),
     "launch": (_cmd_launch, "start horovodrun for a config and restart it after a failure"),
     "doctor": (_cmd_doctor, "check this machine: TensorFlow, Horovod, controllers, GPUs"),

@@ -201,3 +201,25 @@ def val_shard(source: Source, batch: int, rank: int, world: int) -> tuple[tf.dat
         ds = ds.map(lambda s, y, w: (source.decode(s), y, w), tf.data.AUTOTUNE)
     ds = ds.batch(batch).map(lambda x, y, w: (model_input(x), y, w))
     return ds.prefetch(tf.data.AUTOTUNE), batches
+
+
+def batch_shard(
+    source: Source, batch: int, rank: int, world: int
+) -> tuple[tf.data.Dataset, np.ndarray]:
+    """This worker's whole batches of the validation examples: (dataset, their batch numbers).
+
+    The examples are cut into batches of `batch` in index order; worker r takes batches r,
+    r + world, ... The last batch is filled up with weight-0 copies of example 0. So every
+    example sits in the same place of the same batch at any worker count, and a worker may
+    get no batch at all. The dataset yields `(x, y, weight)`.
+    """
+    n = len(source.x_val)
+    mine = np.arange(rank, -(-n // batch), world)
+    idx = (mine[:, None] * batch + np.arange(batch)).reshape(-1)
+    weight = (idx < n).astype(np.float32)
+    idx = np.where(idx < n, idx, 0)
+    ds = tf.data.Dataset.from_tensor_slices((source.x_val[idx], source.y_val[idx], weight))
+    if source.decode:
+        ds = ds.map(lambda s, y, w: (source.decode(s), y, w), tf.data.AUTOTUNE)
+    ds = ds.batch(batch).map(lambda x, y, w: (model_input(x), y, w))
+    return ds.prefetch(tf.data.AUTOTUNE), mine

@@ -71,6 +71,12 @@ def list_class_folders(root: str, key: str) -> ClassFolders:
     return ClassFolders(root, tuple(classes), tuple(files), ignored)
 
 
+def images_under(folder: str) -> tuple[list[str], int]:
+    """Every .jpg/.jpeg/.png under `folder`, recursively (hidden folders left out), sorted,
+    and how many other files it holds."""
+    return _images_under(folder)
+
+
 def _images_under(folder: str) -> tuple[list[str], int]:
     found, ignored = [], 0
     for dirpath, dirnames, filenames in os.walk(folder):
@@ -227,6 +233,12 @@ def file_problem(path: str) -> str | None:
     if not data:
         return "empty file"
     return image_problem(data)
+
+
+def file_problems(paths: Sequence[str]) -> list[str | None]:
+    """`file_problem` of each path, checked in parallel, in the order of `paths`."""
+    with ThreadPoolExecutor(_CHECK_THREADS) as pool:
+        return list(pool.map(file_problem, paths))
 
 
 # --------------------------------------------------------------------------- decoding

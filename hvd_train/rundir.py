@@ -35,6 +35,7 @@ RUN_FILES = frozenset(
     {
         "summary.json", "metrics.csv", "config.yaml", "checkpoints", "model.keras", "model",
         "best.keras", "best", "tensorboard", "timeline.json", "logs", "log.txt", LOCK_NAME,
+        "evaluation.json",  # hvd-train evaluate's default --out
         ".hvd_train.reserve",  # record.RESERVE: room kept for the final summary.json
     }
 )  # fmt: skip

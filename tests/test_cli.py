@@ -8,7 +8,7 @@ import pytest
 from hvd_train.cli import COMMANDS, main
 
 # Every command the product ships; a command added to COMMANDS belongs here too.
-SHIPPED = ["train", "config", "launch", "doctor", "convert-tfrecord", "data-bench", "lr-plot",
+SHIPPED = ["train", "evaluate", "predict", "config", "launch", "doctor", "convert-tfrecord", "data-bench", "lr-plot",
            "compare", "sweep"]  # fmt: skip
 
 
