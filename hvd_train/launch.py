@@ -11,6 +11,10 @@ newest checkpoint. It does not restart after a bad config, bad input or a run.di
 holds (exit code 2), a non-finite loss (the same data would fail again), or a SIGTERM/SIGINT
 sent to the supervisor itself (passed on to horovodrun, whose workers stop at a step boundary
 and checkpoint).
+
+The console shows rank 0's lines as they are and the others' marked `[rank N]` (their full
+output is in run.dir/logs/rank-N.log, see logs.py), without horovodrun's own traceback: each
+failed attempt ends in one verdict line naming the rank, its host, its log and what to do.
 """
 
 from __future__ import annotations

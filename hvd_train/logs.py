@@ -19,7 +19,6 @@ was. Standard library only.
 
 from __future__ import annotations
 
-import io
 import os
 import socket
 import sys
@@ -191,8 +190,9 @@ def _forgive_std() -> None:
             setattr(sys, name, _Forgiving(stream))
 
 
-class _Forgiving(io.TextIOBase):
-    """A text stream whose failed writes are dropped: a full disk must not end training."""
+class _Forgiving:
+    """A text stream whose failed writes are dropped: a full disk must not end training.
+    Everything else is the wrapped stream's (encoding, buffer, ...)."""
 
     def __init__(self, stream: Any) -> None:
         self._stream = stream
