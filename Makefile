@@ -11,8 +11,8 @@ install:
 	@bash scripts/install.sh
 
 demo: install
-	horovodrun -np $(NP) -H localhost:$(NP) --gloo $(PY) -m hvd_train --config configs/quickstart.yaml
-	@echo "Results: runs/quickstart (summary.json, metrics.csv, config.yaml, model.keras, tensorboard/)"
+	$(VENV)/bin/hvd-train launch --np $(NP) --gloo --config configs/quickstart.yaml
+	@echo "Results: runs/quickstart (summary.json, metrics.csv, config.yaml, model.keras, tensorboard/, logs/)"
 
 # The multi-node launch tests start private ssh servers: the install adds openssh-server.
 test: export HVD_TRAIN_WITH_SSHD = 1

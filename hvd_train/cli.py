@@ -37,6 +37,9 @@ def _cmd_train(argv: list[str], prog: str) -> int:
     from hvd_train.config import load_config
 
     cfg = load_config(args.config, args.overrides)  # before TensorFlow loads: fast to fail
+    from hvd_train import logs
+
+    logs.hold()  # a launcher's worker: its output waits for its log in run.dir (logs.py)
     from hvd_train.trainer import train
 
     train(cfg, config_path=args.config)
@@ -228,14 +231,40 @@ def main(argv: list[str] | None = None, prog: str = "hvd-train") -> int:
     try:
         return command(argv, prog)
     except UserError as e:
-        print(f"hvd_train: error: {e}", file=sys.stderr, flush=True)
-        return 2
+        return _error(str(e), 2)
     except TrainingError as e:
-        print(f"hvd_train: error: {e}", file=sys.stderr, flush=True)
-        return 1
+        return _error(str(e), 1)
     except Interrupted as e:
-        print(f"hvd_train: {e}", file=sys.stderr, flush=True)
+        from hvd_train import logs
+
+        logs.say(f"hvd_train: {e}", console=logs.on_console())
         return 128 + e.signum
+    except Exception as e:
+        return _bug(e)
+
+
+def _error(message: str, code: int) -> int:
+    """A one-line error: on the console, or, once a rank has its log, its failure line."""
+    from hvd_train import logs
+
+    if logs.attached():
+        logs.failed(message)  # once: the trainer may have said it already
+    else:
+        logs.release(replay=False)
+        print(f"hvd_train: error: {message}", file=sys.stderr, flush=True)
+    return code
+
+
+def _bug(e: Exception) -> int:
+    """An unexpected error: its traceback in the rank's log and one line pointing there, exit
+    code 1; without a log yet, the traceback on the console."""
+    from hvd_train import logs
+
+    if not logs.attached():
+        logs.release(replay=True)
+        raise
+    logs.failed(f"{type(e).__name__}: {' '.join(str(e).split())} (a bug? traceback in the log)", e)
+    return 1
 
 
 def _help(argv: list[str], prog: str) -> int:

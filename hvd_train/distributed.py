@@ -18,6 +18,7 @@ import horovod.tensorflow.keras as hvd
 import numpy as np
 import tensorflow as tf
 
+from hvd_train import logs
 from hvd_train.config import HorovodConfig
 from hvd_train.errors import UserError
 
@@ -175,6 +176,7 @@ def rank_zero_only(fn: F) -> F:
 def log(message: str, *, all_ranks: bool = False) -> None:
     """Prints on rank 0; with `all_ranks=True` every rank prints, prefixed `[rank N]`.
 
+    Rank 0's lines also go to its log file (logs.py); other ranks' stderr is their log file.
     A log nobody reads any more (the launcher that held the pipe died) does not stop the run:
     its stop or its failure still has to be recorded.
     """
@@ -183,7 +185,8 @@ def log(message: str, *, all_ranks: bool = False) -> None:
             print(f"[rank {rank()}] {message}", file=sys.stderr, flush=True)
         elif is_chief():
             print(f"[hvd_train] {message}", flush=True)
-    except BrokenPipeError:
+            logs.copy(f"[hvd_train] {message}")
+    except OSError:  # a pipe nobody reads
         pass
 
 

@@ -14,7 +14,12 @@ class DataError(UserError):
 
 
 # What a rank reports when another rank's failure took Horovod down under it.
-KNOCK_ON = ("Horovod has been shut down", "HorovodInternalError", "Connection closed by peer")
+KNOCK_ON = (
+    "Horovod has been shut down",
+    "HorovodInternalError",
+    "Connection closed by peer",
+    "Connection reset by peer",  # Gloo's read from a peer that was killed mid-collective
+)
 # How rank 0 and its keeper say that they do not know the first cause (the launcher may).
 ANOTHER_FIRST = "another worker ended first"
 NO_STATUS = "ended without writing its status"

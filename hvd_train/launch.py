@@ -11,6 +11,10 @@ newest checkpoint. It does not restart after a bad config, bad input or a run.di
 holds (exit code 2), a non-finite loss (the same data would fail again), or a SIGTERM/SIGINT
 sent to the supervisor itself (passed on to horovodrun, whose workers stop at a step boundary
 and checkpoint).
+
+The console shows rank 0's lines as they are and the others' marked `[rank N]` (their full
+output is in run.dir/logs/rank-N.log, see logs.py), without horovodrun's own traceback: each
+failed attempt ends in one verdict line naming the rank, its host, its log and what to do.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import sys
 import time
 from typing import Any
 
-from hvd_train import rundir
+from hvd_train import logs, rundir
 from hvd_train.config import Config, add_config_arguments, load_config
 from hvd_train.errors import ANOTHER_FIRST, KNOCK_ON, NO_STATUS, ConfigError
 from hvd_train.record import read_json, write_json
@@ -35,7 +39,11 @@ GLOO_FIRST = re.compile(r"Terminating remaining workers after failure of Process
 GLOO_NAMED = re.compile(r"Process name: (\d+)\s+Exit code: (-?\d+)")
 GLOO_EXIT = re.compile(r"Process (\d+) exit with status code (-?\d+)")
 MPI_NAMED = re.compile(r"Process name:\s+\[\[\d+,\d+\],(\d+)\]\s+Exit code:\s+(-?\d+)")
-RANK_FAILED = re.compile(r"\[rank (\d+)\] failed: (.*)")
+# A rank's failure line (logs.failed); the path of its log after `; full log: ` is left out.
+RANK_FAILED = re.compile(r"\[rank (\d+)\] failed: (.*?)(?:; full log: .*)?$", re.MULTILINE)
+# horovodrun's prefix of a worker's line: `[1]<stderr>:` (Gloo), `[1,0]<stderr>:` (MPI's
+# --tag-output, job id first).
+WORKER_PREFIX = re.compile(r"\[(?:\d+,)?(\d+)\]<(?:stdout|stderr)>:")
 
 
 def parser(prog: str) -> argparse.ArgumentParser:
@@ -60,13 +68,16 @@ def main(argv: list[str], prog: str) -> int:
     summary_path = os.path.join(cfg.run.dir, "summary.json")
     history: list[dict[str, Any]] = []
     supervisor = Supervisor()  # SIGTERM/SIGINT to the launcher reach the workers
+    env = dict(os.environ)
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # horovodrun imports TensorFlow too
     ours = False  # whether an attempt claimed run.dir: its summary.json is then this job's
     for attempt in range(args.max_restarts + 1):
         overrides = list(args.overrides) + (["train.resume=auto"] if attempt else [])
         cmd = horovodrun_command(cfg, args, np_, overrides)
-        _say(f"attempt {attempt + 1} of {args.max_restarts + 1}: {shlex.join(cmd)}")
+        _say(f"attempt {attempt + 1} of {args.max_restarts + 1}: {_short(cmd)}")
         held = rundir.read_lock(cfg.run.dir)  # the supervisor never takes the lock: rank 0 does
-        code, output = supervisor.run(cmd)
+        env[logs.ATTEMPT] = str(attempt + 1)
+        code, output = supervisor.run(cmd, env=env, tidy=Tidy)
         if code == 0:
             _record(summary_path, history, attempt)
             _say(f"job completed after {attempt} restart(s)")
@@ -75,13 +86,12 @@ def main(argv: list[str], prog: str) -> int:
         failure = first_failure(output)
         failure.update(attempt=attempt + 1, exit_code=code, time=time.time())
         history.append(failure)
-        if supervisor.stop_signal:  # the workers' exit codes only echo the stop
-            _say(f"attempt {attempt + 1} stopped by {_SIGNALS[supervisor.stop_signal]}")
-        else:
-            _say(f"attempt {attempt + 1} failed: {describe(failure)}")
         if ours:
             _mark_ended(summary_path, failure, supervisor.stop_signal)
         reason = _no_restart_reason(failure, summary_path, supervisor.stop_signal)
+        last = attempt == args.max_restarts or bool(reason)
+        hosts = None if cfg.elastic.enabled else args.hosts or f"localhost:{np_}"
+        _say_ending(failure, supervisor.stop_signal, cfg.run.dir, hosts, last and not reason)
         if reason:
             _say(f"not restarting: {reason}")
             break
@@ -89,7 +99,13 @@ def main(argv: list[str], prog: str) -> int:
             _say(f"restarting ({attempt + 1} of {args.max_restarts}) from the newest checkpoint")
     if ours:
         _record(summary_path, history, len(history) - 1)
-    return history[-1]["exit_code"] if history else 1
+    return _exit_code(history[-1]) if history else 1
+
+
+def _exit_code(failure: dict[str, Any]) -> int:
+    """The launcher's exit code: 2 when the rank that failed first says the user's input is at
+    fault (as a worker alone does), else horovodrun's or mpirun's (1 for any failed worker)."""
+    return 2 if failure["rank_exit_code"] == 2 else failure["exit_code"]
 
 
 def horovodrun_command(
@@ -197,15 +213,22 @@ def first_failure(output: str) -> dict[str, Any]:
         rank, code = None, None
     killed = code is not None and (code > 128 or code < 0)
     for r, error in RANK_FAILED.findall(output):
-        if not killed and not any(c in error for c in KNOCK_ON):
-            return {"rank": int(r), "rank_exit_code": codes.get(int(r), code), "error": error}
+        if not killed and not any(c in error for c in (*KNOCK_ON, ANOTHER_FIRST)):
+            own = codes.get(int(r), code)
+            # Ended by the launcher after its report (SIGTERM): the first exit's code says more
+            # (every rank raised the same user error, exit code 2, and another exited first).
+            own = code if own is not None and (own > 128 or own < 0) else own
+            return {"rank": int(r), "rank_exit_code": own, "error": error}
     return {"rank": rank, "rank_exit_code": code, "error": None}
 
 
-def describe(failure: dict[str, Any]) -> str:
+def describe(failure: dict[str, Any], host: str | None = None) -> str:
+    """`rank R [on HOST] failed first: ERROR` or `... (exit code C, killed by SIG)`."""
     rank, code = failure["rank"], failure["rank_exit_code"]
     if rank is None:
         return f"horovodrun exited with code {failure['exit_code']} (no rank reported)"
+    if host:
+        rank = f"{rank} on {host}"
     if failure.get("error"):  # its own report; its exit code may be the launcher's SIGTERM
         return f"rank {rank} failed first: {failure['error']}"
     how = f"exit code {code}"
@@ -217,6 +240,74 @@ def describe(failure: dict[str, Any]) -> str:
 
 
 _SIGNALS = {s.value: s.name for s in signal.Signals}
+
+
+def _say_ending(
+    failure: dict[str, Any], stop_signal: int, run_dir: str, hosts: str | None, advise: bool
+) -> None:
+    """The attempt's verdict in one line: who failed first, where, its log, what to do."""
+    attempt = failure["attempt"]
+    if stop_signal:  # the workers' exit codes only echo the stop
+        _say(f"attempt {attempt} stopped by {_SIGNALS[stop_signal]}")
+        return
+    rank = failure["rank"]
+    host = rank_host(hosts, rank) if hosts and rank is not None else None
+    path = logs.path_for(run_dir, rank) if rank is not None else ""
+    if path and (not host or on_loopback(host)) and not os.path.exists(path):
+        path = ""  # it failed before run.dir was its job's: no log (or another job's)
+    where = f"; full log: {path}" if path else ""
+    advice = f"; {ADVICE}" if advise else ""
+    _say(f"attempt {attempt} failed: {describe(failure, host)}{where}{advice}")
+
+
+def rank_host(hosts: str, rank: int) -> str | None:
+    """The host of `rank` under `-H host:slots,...`: ranks fill each host's slots in order
+    (horovodrun's assignment, and mpirun's default mapping by slot)."""
+    first = 0
+    for item in hosts.split(","):
+        name, _, slots = item.strip().rpartition(":")
+        if not name or not slots.isdigit():
+            return None
+        if rank < first + int(slots):
+            return name
+        first += int(slots)
+    return None
+
+
+# What to do after the last attempt failed, for a failure a restart may get past.
+ADVICE = (
+    "to continue from the last checkpoint, run the same command with --set train.resume=auto "
+    "(or add --max-restarts N to restart by itself)"
+)
+
+
+class Tidy:
+    """The console's view of one of horovodrun's output streams: rank 0's lines as its
+    workers wrote them, other ranks' marked `[rank N]`, without horovodrun's own traceback and
+    exit notes (the launcher's one-line verdict says what they say). Call with each line:
+    returns the line to show, or None."""
+
+    def __init__(self) -> None:
+        self.traceback = False
+
+    def __call__(self, line: str) -> str | None:
+        m = WORKER_PREFIX.match(line)
+        if m:
+            rank, text = int(m.group(1)), line[m.end() :]
+            mark = f"[rank {rank}]"
+            return text if rank == 0 or text.startswith(mark) else f"{mark} {text}"
+        # horovodrun's traceback (its RuntimeError, with the process that exited first) ends
+        # its output: nothing of it is shown.
+        self.traceback = self.traceback or line.startswith("Traceback (most recent call last)")
+        if self.traceback or GLOO_EXIT.match(line) or GLOO_FIRST.match(line):
+            return None
+        return line
+
+
+def _short(cmd: list[str]) -> str:
+    """The command, its programs without their folders: one readable line."""
+    return shlex.join(os.path.basename(w) if os.path.isfile(w) and os.access(w, os.X_OK) else w
+                      for w in cmd)  # fmt: skip
 
 
 def _no_restart_reason(failure: dict[str, Any], summary_path: str, stop_signal: int) -> str:

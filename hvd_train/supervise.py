@@ -22,6 +22,7 @@ import subprocess
 import sys
 import threading
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import psutil
@@ -48,10 +49,23 @@ class Supervisor:
         for sig in STOP_SIGNALS:
             signal.signal(sig, self._handle)
 
-    def run(self, cmd: list[str], echo: bool = True) -> tuple[int, str]:
-        """Runs `cmd`, its output echoed as it comes; returns its exit code and output's tail."""
+    def run(
+        self,
+        cmd: list[str],
+        echo: bool = True,
+        env: dict[str, str] | None = None,
+        tidy: Callable[[], Callable[[str], str | None]] | None = None,
+    ) -> tuple[int, str]:
+        """Runs `cmd`, its output echoed as it comes; returns its exit code and output's tail.
+
+        Args:
+            env: the environment; defaults to this process's.
+            tidy: makes, for each of the two streams, a function that gives the echo of a line
+                (None: not echoed). The tail keeps every line as it came. Defaults to None
+                (lines echoed as they are).
+        """
         self._mpi = is_mpi(cmd)
-        env = dict(os.environ)
+        env = dict(os.environ if env is None else env)
         if self._mpi:
             env.setdefault("HVD_TRAIN_STOP_GRACE_S", str(MPI_STOP_GRACE_S))
         proc = subprocess.Popen(
@@ -63,8 +77,10 @@ class Supervisor:
             self._pass_on(self.stop_signal)
         tail: deque[str] = deque(maxlen=400)  # the failure report is at the end
         pumps = [
-            threading.Thread(target=_pump, args=(proc.stdout, sys.stdout, tail, echo), daemon=True),
-            threading.Thread(target=_pump, args=(proc.stderr, sys.stderr, tail, echo), daemon=True),
+            threading.Thread(
+                target=_pump, args=(src, dst, tail, echo, tidy() if tidy else None), daemon=True
+            )
+            for src, dst in ((proc.stdout, sys.stdout), (proc.stderr, sys.stderr))
         ]
         for t in pumps:
             t.start()
@@ -126,10 +142,13 @@ def _kill_tree(pid: int) -> None:
             pass
 
 
-def _pump(src: Any, dst: Any, tail: deque[str], echo: bool) -> None:
+def _pump(
+    src: Any, dst: Any, tail: deque[str], echo: bool, tidy: Callable[[str], str | None] | None
+) -> None:
     for line in src:
-        if echo:
-            dst.write(line)
+        shown = tidy(line) if tidy and echo else line
+        if echo and shown is not None:
+            dst.write(shown)
             dst.flush()
         tail.append(line)
 

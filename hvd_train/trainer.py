@@ -5,14 +5,13 @@ from __future__ import annotations
 import functools
 import os
 import signal
-import sys
 import time
 from dataclasses import dataclass
 from typing import Any
 
 import tensorflow as tf
 
-from hvd_train import distributed, perf, rundir, tuning
+from hvd_train import distributed, logs, perf, rundir, tuning
 from hvd_train.callbacks import Checkpointer, build_callbacks, every_steps_due
 from hvd_train.checkpoint import (
     PREFIX,
@@ -34,6 +33,7 @@ from hvd_train.errors import (
     CheckpointError,
     DataError,
     Interrupted,
+    TrainingError,
     UserError,
 )
 from hvd_train.evaluation import Evaluator
@@ -91,6 +91,8 @@ def _train(
     source = load_source(cfg)
     d = derive(cfg, distributed.size(), source.num_train)
     _prepare_run_dir(cfg, config_path, claims)
+    # run.dir is this job's now: this rank's output goes on in its log there.
+    logs.attach(cfg.run.dir, distributed.rank(), logs.attempt_description(cfg.train.resume))
     base = _summary_base(cfg, d, device)
     record = RunRecord(cfg.run.dir, base) if distributed.is_chief() else None
     if record:  # hooks first: a stop that comes while the record starts is recorded
@@ -232,12 +234,11 @@ def _abandon(
     name = signal.Signals(signum).name
     if record is None:
         if _rank_or_zero() == 0:
-            print(f"hvd_train: stopped by {name} during start-up; nothing was written",
-                  file=sys.stderr, flush=True)  # fmt: skip
+            logs.say(f"hvd_train: stopped by {name} during start-up; nothing was written")
         return
     if failed:
         _end_quietly(record, status="failed", error=reason)
-        print(f"hvd_train: error: {reason}", file=sys.stderr, flush=True)
+        logs.failed(f"{ANOTHER_FIRST}, or the job was stopped: {reason}")
         return
     fields: dict[str, Any] = {"status": "interrupted", "stopped_by": name, "stop_detail": reason}
     if not ran and start is not None:
@@ -245,8 +246,7 @@ def _abandon(
     _end_quietly(record, **fields)
     last = record.summary.get("last_checkpoint")
     resume = f"resumes from {last}" if last else "starts afresh"
-    print(f"hvd_train: stopped by {name} {reason}; the same command {resume}",
-          file=sys.stderr, flush=True)  # fmt: skip
+    logs.say(f"hvd_train: stopped by {name} {reason}; the same command {resume}")
 
 
 def _end_quietly(record: RunRecord, **fields: Any) -> None:
@@ -254,7 +254,7 @@ def _end_quietly(record: RunRecord, **fields: Any) -> None:
     try:
         record.end(**fields, wall_time_s=time.time() - record.summary["started_at"])
     except RecordError as e:
-        print(f"hvd_train: error: {e}", file=sys.stderr, flush=True)
+        logs.say(f"hvd_train: error: {e}")
     record.close()
 
 
@@ -269,13 +269,15 @@ def _rank_or_zero() -> int:
 def _fail(
     record: RunRecord | None, started: float, checkpointer: Checkpointer | None, e: BaseException
 ) -> None:
-    """Every rank says why it stopped (the launcher names the rank whose error came first and
-    was not a consequence of another rank's failure); rank 0 records it."""
-    distributed.log(f"failed: {_one_line(e)}", all_ranks=True)
+    """Every rank says why it stopped, in one line (the launcher names the rank whose error
+    came first and was not a consequence of another rank's failure); rank 0 records it. A
+    traceback goes to the rank's log only, and not for the errors that are one line by design."""
+    one_line = isinstance(e, (UserError, TrainingError))
+    logs.failed(_console_cause(e), None if one_line else e)
     try:
         _end_record(record, started, checkpointer, status="failed", error=_cause(e))
     except RecordError as e2:
-        distributed.log(f"error: {e2}", all_ranks=True)
+        logs.say(f"hvd_train: error: {e2}")
 
 
 def _cause(e: BaseException) -> str:
@@ -284,6 +286,16 @@ def _cause(e: BaseException) -> str:
     if any(c in text for c in KNOCK_ON):
         return f"{ANOTHER_FIRST}; rank 0 then saw: {text}"
     return text
+
+
+def _console_cause(e: BaseException) -> str:
+    """This rank's failure line: its error, or, for Horovod shut down under it, that another
+    rank failed first and the short form of what this one then saw (the rest is in its log)."""
+    text = _one_line(e)
+    seen = next((c for c in KNOCK_ON if c in text), None)
+    if seen is None:
+        return text
+    return f"{ANOTHER_FIRST}; this rank then saw {type(e).__name__}: {seen}"
 
 
 def _barrier_if_alive(name: str) -> None:

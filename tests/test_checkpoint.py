@@ -46,7 +46,13 @@ def checkpoints(run_dir: pathlib.Path) -> list[str]:
 def errors(proc: subprocess.CompletedProcess) -> list[str]:
     """The CLI's one-line errors; asserts that no Python traceback came with them."""
     assert "Traceback" not in proc.stderr, proc.stderr[-6000:]
-    return [ln for ln in proc.stderr.splitlines() if ln.startswith("hvd_train: error:")]
+    starts = ("hvd_train: error:", "[rank 0] failed:")
+    return [ln for ln in proc.stderr.splitlines() if ln.startswith(starts)]
+
+
+def failed(run_dir: pathlib.Path, message: str) -> str:
+    """Rank 0's failure line once run.dir is its job's (logs.failed)."""
+    return f"[rank 0] failed: {message}; full log: {run_dir / 'logs' / 'rank-0.log'}"
 
 
 def assert_readable(checkpoint: pathlib.Path) -> None:
@@ -98,7 +104,7 @@ def assert_write_failed(result, d: pathlib.Path, message: str) -> dict:
     """Exit code 1, `message` as the one error line and the record's error, nothing half-written
     left; returns the summary."""
     assert result.returncode == 1, result.stderr[-6000:]
-    assert errors(result) == [f"hvd_train: error: {message}"]
+    assert errors(result) == [failed(d, f"CheckpointError: {message}")]
     s = summary(d)
     assert s["status"] == "failed" and s["error"] == f"CheckpointError: {message}", s
     no_temporaries(d)
@@ -136,9 +142,12 @@ def test_a_disk_filling_mid_run_keeps_the_earlier_checkpoint_and_a_rerun_complet
     assert first.returncode == 1, first.stderr[-6000:]
     ckpts = d / "checkpoints"
     assert errors(first) == [
-        f"hvd_train: error: cannot write checkpoint {ckpts / 'ckpt-00000088'}: {NO_SPACE}; free "
-        f"space in {ckpts}; the newest checkpoint, {ckpts / 'ckpt-00000044'}, is intact and "
-        "train.resume=auto resumes from it"
+        failed(
+            d,
+            f"CheckpointError: cannot write checkpoint {ckpts / 'ckpt-00000088'}: {NO_SPACE}; "
+            f"free space in {ckpts}; the newest checkpoint, {ckpts / 'ckpt-00000044'}, is intact "
+            "and train.resume=auto resumes from it",
+        )
     ]
     assert summary(d)["status"] == "failed"
     assert checkpoints(d) == ["ckpt-00000044"]
@@ -200,7 +209,10 @@ def test_a_disk_filled_by_someone_else_still_gets_the_final_summary(tmp_path, tm
     result = finish(proc, 300)
     assert result.returncode == 1, result.stderr[-6000:]
     (line,) = errors(result)
-    assert line.startswith("hvd_train: error: cannot write ") and f": {NO_SPACE};" in line
+    assert (
+        line.startswith("[rank 0] failed: CheckpointError: cannot write ")
+        and f": {NO_SPACE};" in line
+    )
     s = summary(d)
     assert s["status"] == "failed" and s["error"].startswith("CheckpointError"), s
     no_temporaries(d)
@@ -286,9 +298,12 @@ def test_resume_auto_fails_in_one_line_when_no_checkpoint_loads(tmp_path, two_ep
     proc = run(train_cmd(d), tmp_path)
     assert proc.returncode == 2
     assert errors(proc) == [
-        f"hvd_train: error: train.resume: auto: none of the 2 checkpoint(s) in "
-        f"{d / 'checkpoints'} can be loaded (the newest, {newest}: {why}); resume from a good "
-        "copy with train.resume=PATH, or start afresh with another run.dir or train.resume=never"
+        failed(
+            d,
+            f"train.resume: auto: none of the 2 checkpoint(s) in {d / 'checkpoints'} can be "
+            f"loaded (the newest, {newest}: {why}); resume from a good copy with "
+            "train.resume=PATH, or start afresh with another run.dir or train.resume=never",
+        )
     ]
     warned = [ln for ln in proc.stdout.splitlines() if "warning: cannot resume" in ln]
     assert len(warned) == 2 and warned[1].endswith("; no older one"), warned
@@ -303,8 +318,11 @@ def test_resume_from_a_named_damaged_checkpoint_is_a_one_line_error(tmp_path, tw
     proc = run(train_cmd(d, f"train.resume={newest}"), tmp_path)
     assert proc.returncode == 2
     assert errors(proc) == [
-        f"hvd_train: error: train.resume: cannot resume from {newest}: {why}; name another "
-        "checkpoint, or use train.resume=auto for the newest that loads"
+        failed(
+            d,
+            f"train.resume: cannot resume from {newest}: {why}; name another checkpoint, or use "
+            "train.resume=auto for the newest that loads",
+        )
     ]
 
 
@@ -336,7 +354,9 @@ def test_rank_0s_failed_checkpoint_ends_the_2_worker_job_with_its_error(tmp_path
     proc = horovodrun(2, train_cmd(d, "train.epochs=3"), tmp_path, timeout=300)
     assert proc.returncode == 1, proc.stderr[-6000:]
     ckpt = d / "checkpoints" / "ckpt-00000022"  # 22 steps/epoch at 2 workers
-    assert f"hvd_train: error: cannot write checkpoint {ckpt}: {NO_SPACE}" in proc.stderr
+    assert f"[rank 0] failed: CheckpointError: cannot write checkpoint {ckpt}: {NO_SPACE}" in (
+        proc.stderr
+    )
     s = summary(d)
     assert s["status"] == "failed", s
     assert s["error"].startswith(f"CheckpointError: cannot write checkpoint {ckpt}: {NO_SPACE}")

@@ -176,7 +176,7 @@ def test_exception_in_one_rank_ends_the_job_and_the_launcher_names_it(tmp_path) 
     assert proc.returncode != 0
     reports = [ln for ln in proc.stderr.splitlines() if "attempt 1 failed:" in ln]
     assert len(reports) == 1, proc.stderr[-3000:]
-    assert "attempt 1 failed: rank 1 failed first: InvalidArgumentError" in reports[0], reports
+    assert "attempt 1 failed: rank 1 on localhost failed first: InvalidArgumentError" in reports[0]
     assert "planted failure on rank 1" in reports[0]
     s = summary(d)
     assert s["status"] == "failed" and s["failed_rank"] == 1, s
@@ -195,7 +195,8 @@ def test_nan_loss_stops_every_worker_with_exit_1_and_keeps_the_last_checkpoint(t
     assert "exit with status code 1." in proc.stdout, proc.stdout[-3000:]  # a rank's own code
     # Every rank decided at the same step; whichever exits first ends the job (the other may be
     # terminated before it prints), each printing one line and no traceback.
-    lines = [ln for ln in proc.stderr.splitlines() if "hvd_train: error:" in ln]
+    lines = [ln for ln in proc.stderr.splitlines()
+             if "] failed: " in ln and "another worker ended first" not in ln]  # fmt: skip
     assert lines, proc.stderr[-3000:]
     assert all("loss became NaN or infinite at epoch 2, step 9;" in ln for ln in lines), lines
     assert "]<stderr>:Traceback" not in proc.stderr  # (horovodrun prints its own)
@@ -223,8 +224,9 @@ def test_failing_checkpoint_write_ends_the_run_and_keeps_the_previous_one(tmp_pa
     resource.prlimit(proc.pid, resource.RLIMIT_FSIZE, (16 << 10, 16 << 10))
     result = finish(proc, 240)
     assert result.returncode == 1, result.stderr[-3000:]
-    errors = [ln for ln in result.stderr.splitlines() if ln.startswith("hvd_train: error:")]
+    errors = [ln for ln in result.stderr.splitlines() if ln.startswith("[rank 0] failed:")]
     assert len(errors) == 1 and "File too large" in errors[0], result.stderr[-3000:]
+    assert errors[0].endswith(f"; full log: {d / 'logs' / 'rank-0.log'}"), errors
     s = summary(d)
     assert s["status"] == "failed", s
     assert s["error"].startswith("CheckpointError: cannot write") and "File too large" in s["error"]
@@ -243,7 +245,8 @@ def test_launcher_restarts_after_a_killed_worker_and_completes(tmp_path) -> None
     os.kill(workers(str(d))[1], signal.SIGKILL)
     result = check(finish(proc, 400))
     assert (
-        "attempt 1 failed: rank 1 failed first (exit code 137, killed by SIGKILL)" in result.stderr
+        "attempt 1 failed: rank 1 on localhost failed first (exit code 137, killed by SIGKILL)"
+        in result.stderr
     )
     assert "restarting (1 of 2) from the newest checkpoint" in result.stderr
     s = summary(d)
@@ -257,8 +260,9 @@ def test_resume_from_a_missing_checkpoint_is_a_one_line_error(tmp_path) -> None:
     proc = run(train_cmd(f"run.dir={tmp_path}", f"train.resume={tmp_path}/nope"), tmp_path)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1] == (
-        f"hvd_train: error: train.resume: {tmp_path}/nope is not a checkpoint folder (expected "
-        f"state.json and ckpt.index in it, as in {tmp_path}/checkpoints/ckpt-*)"
+        f"[rank 0] failed: train.resume: {tmp_path}/nope is not a checkpoint folder (expected "
+        f"state.json and ckpt.index in it, as in {tmp_path}/checkpoints/ckpt-*); full log: "
+        f"{tmp_path}/logs/rank-0.log"
     )
 
 
