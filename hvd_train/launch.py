@@ -80,7 +80,7 @@ def main(argv: list[str], prog: str) -> int:
         code, output = supervisor.run(cmd, env=env, tidy=Tidy)
         if code == 0:
             _record(summary_path, history, attempt)
-            _say(f"job completed after {attempt} restart(s)")
+            _say(f"job completed after {attempt} restart(s)" if attempt else "job completed")
             return 0
         ours = ours or not _held_by_another_job(cfg.run.dir, held)
         failure = first_failure(output)
@@ -91,7 +91,8 @@ def main(argv: list[str], prog: str) -> int:
         reason = _no_restart_reason(failure, summary_path, supervisor.stop_signal)
         last = attempt == args.max_restarts or bool(reason)
         hosts = None if cfg.elastic.enabled else args.hosts or f"localhost:{np_}"
-        _say_ending(failure, supervisor.stop_signal, cfg.run.dir, hosts, last and not reason)
+        advice = _advice(cfg.train.resume) if last and not reason else ""
+        _say_ending(failure, supervisor.stop_signal, cfg.run.dir, hosts, advice)
         if reason:
             _say(f"not restarting: {reason}")
             break
@@ -243,7 +244,7 @@ _SIGNALS = {s.value: s.name for s in signal.Signals}
 
 
 def _say_ending(
-    failure: dict[str, Any], stop_signal: int, run_dir: str, hosts: str | None, advise: bool
+    failure: dict[str, Any], stop_signal: int, run_dir: str, hosts: str | None, advice: str
 ) -> None:
     """The attempt's verdict in one line: who failed first, where, its log, what to do."""
     attempt = failure["attempt"]
@@ -256,7 +257,7 @@ def _say_ending(
     if path and (not host or on_loopback(host)) and not os.path.exists(path):
         path = ""  # it failed before run.dir was its job's: no log (or another job's)
     where = f"; full log: {path}" if path else ""
-    advice = f"; {ADVICE}" if advise else ""
+    advice = f"; {advice}" if advice else ""
     _say(f"attempt {attempt} failed: {describe(failure, host)}{where}{advice}")
 
 
@@ -274,11 +275,10 @@ def rank_host(hosts: str, rank: int) -> str | None:
     return None
 
 
-# What to do after the last attempt failed, for a failure a restart may get past.
-ADVICE = (
-    "to continue from the last checkpoint, run the same command with --set train.resume=auto "
-    "(or add --max-restarts N to restart by itself)"
-)
+def _advice(resume: str) -> str:
+    """What to do after the last attempt failed, for a failure a restart may get past."""
+    again = "run the same command" + ("" if resume == "auto" else " with --set train.resume=auto")
+    return f"to continue from the last checkpoint, {again} (or add --max-restarts N to restart by itself)"
 
 
 class Tidy:
