@@ -223,10 +223,10 @@ def _checked(per_class: list, classes: tuple[str, ...], check, on_corrupt: str) 
     """(items, labels, skipped items) of every readable example, class by class (rank 0)."""
     from hvd_train import images
 
-    chosen = images.choose_checked(
-        per_class, classes, None, check[0], on_corrupt, check[1], "--data",
-        "set data.on_corrupt=skip",
-    )  # fmt: skip
+    chosen = images.choose_checked(per_class, None, check[0])
+    if chosen.bad and on_corrupt == "error":  # all of them, in one error
+        bad = [("--data", check[1](x), why) for x, why in chosen.bad]
+        raise images.corrupt_error(bad, "set data.on_corrupt=skip")
     items = [x for c in chosen.per_class for x in sorted(c)]
     labels = [i for i, c in enumerate(chosen.per_class) for _ in c]
     return items, labels, [x for x, _ in chosen.bad]
