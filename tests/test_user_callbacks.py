@@ -128,11 +128,12 @@ def test_bad_callback_args_end_the_run_in_one_line_with_exit_code_2(tmp_path) ->
                 "--set", f"run.dir={tmp_path / 'run'}"], tmp_path)  # fmt: skip
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    assert (
-        proc.stderr.strip()
-        .splitlines()[-1]
-        .startswith("hvd_train: error: callbacks[0].args: EarlyStopping rejected ['patiense']")
+    # Found after run.dir was claimed: the rank's one failure line, which points to its log.
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith(
+        "[rank 0] failed: callbacks[0].args: EarlyStopping rejected ['patiense']"
     ), proc.stderr[-3000:]
+    assert last.endswith(f"; full log: {tmp_path / 'run' / 'logs' / 'rank-0.log'}"), last
 
 
 def _job(tmp_path: pathlib.Path, items: list[dict], *sets: str) -> dict:
