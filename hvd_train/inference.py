@@ -179,9 +179,9 @@ def _folder_examples(path: str, classes: tuple[str, ...], on_corrupt: str, size,
 
 
 def _record_examples(path: str, classes: tuple[str, ...], on_corrupt: str, size, channels):
-    """(encoded images, labels, skipped records, decode) of a TFRecord folder, read by every
-    worker (as training reads one) and checked on rank 0."""
-    from hvd_train import distributed, images, tfrecords
+    """(record numbers, labels, skipped records, decode) of a TFRecord folder, indexed by every
+    worker (as training does) and checked on rank 0."""
+    from hvd_train import distributed, tfrecords
 
     records = tfrecords.read_folder(path, "--data")
     found = range(len(records.class_names))
@@ -189,16 +189,12 @@ def _record_examples(path: str, classes: tuple[str, ...], on_corrupt: str, size,
         [np.flatnonzero(records.labels == c).tolist() for c in found],
         records.class_names, classes, path,
     )  # fmt: skip
-    check = (lambda i: images.image_problem(records.encoded[i]), lambda i: records.names[i])
+    check = (records.problem, records.name)
     kept, labels, bad = distributed.chief_computes(
         lambda: _checked(per_class, classes, check, on_corrupt), "eval_records"
     )
-    x = records.encoded[np.asarray(kept, np.int64)] if kept else np.zeros(0, object)
-
-    def decode(data):
-        return images.decode_image(data, size, channels)
-
-    return x, labels, [records.names[i] for i in bad], decode
+    x = np.asarray(kept, np.int64)  # record numbers: each worker reads its own records
+    return x, labels, [records.name(i) for i in bad], records.decode_fn(size, channels)
 
 
 def _is_record_folder(path: str) -> bool:

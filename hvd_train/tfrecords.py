@@ -31,6 +31,7 @@ datasets whose encoded bytes fit in memory, which is the scale this trainer targ
 from __future__ import annotations
 
 import os
+import struct
 import sys
 import threading
 import time
@@ -104,6 +105,7 @@ def _write_shard(name, paths, labels, ids, root, done: _Counter) -> None:
         return tf.train.Feature(int64_list=tf.train.Int64List(value=[int(value)]))
 
     tmp = name + ".tmp"
+    sizes = []
     with tf.io.TFRecordWriter(tmp) as writer:
         for path, label, example_id in zip(paths, labels, ids, strict=True):
             with open(path, "rb") as f:
@@ -121,9 +123,18 @@ def _write_shard(name, paths, labels, ids, root, done: _Counter) -> None:
                     }
                 )
             )
-            writer.write(example.SerializeToString())
+            data = example.SerializeToString()
+            writer.write(data)
+            sizes.append(_HEADER + len(data) + 4)
             done.add(1)
     os.replace(tmp, name)  # a shard is either complete or absent
+    # Its index: every image was checked before writing (convert), so all are marked checked.
+    sizes_arr = np.asarray(sizes, np.int64)
+    offsets = np.concatenate([[0], np.cumsum(sizes_arr)[:-1]]).astype(np.int64)
+    n = len(sizes)
+    _write_index(
+        name, offsets[:n], sizes_arr, np.asarray(labels), np.asarray(ids), np.ones(n, bool)
+    )
 
 
 class _Counter:
@@ -157,67 +168,293 @@ def _progress(futures, done: _Counter, total: int, label: str) -> None:
 # --------------------------------------------------------------------------- reading
 
 
+INDEX_SUFFIX = ".idx"  # NAME.tfrecord.idx: "offset size" a record, as DALI's tfrecord2idx
+LABELS_SUFFIX = ".labels"  # NAME.tfrecord.labels: "label id checked" a record (ours)
+_HEADER = 12  # uint64 length, uint32 masked CRC of the length; then data, uint32 CRC of data
+
+
 @dataclass(frozen=True)
 class Records:
-    """One split's records, in memory, ordered by `image/id`."""
+    """One split's records, addressed by index (ordered by `image/id`): where each record is
+    and its small fields, never the images. About 30 bytes per record."""
 
-    encoded: np.ndarray  # object array of bytes
+    files: tuple[str, ...]
+    file_of: np.ndarray  # int32: which of `files`
+    offsets: np.ndarray  # int64: where the record's framing starts
+    sizes: np.ndarray  # int32: framing + data
     labels: np.ndarray  # int32
-    names: tuple[str, ...]  # "FILE record #k (image/filename)", for messages
+    checked: np.ndarray  # bool: the image passed `images.image_problem` when indexed
     class_names: tuple[str, ...]
     ids: np.ndarray  # int64, increasing: places in the source folder's listing
     left_out: tuple[tuple[int, int], ...] = ()  # (id, label) of files convert-tfrecord skipped
 
+    def read(self, i: int) -> bytes:
+        """Record i's serialized `tf.train.Example` (one positioned read of its file)."""
+        path = self.files[self.file_of[i]]
+        raw = _pread(path, int(self.offsets[i]), int(self.sizes[i]))
+        (length,) = struct.unpack("<Q", raw[:8])
+        if len(raw) != int(self.sizes[i]) or length + _HEADER + 4 != len(raw):
+            raise DataError(
+                f"{path}: record at byte {self.offsets[i]} does not match its index "
+                f"{path}{INDEX_SUFFIX}; delete the index to rebuild it"
+            )
+        return raw[_HEADER : _HEADER + length]
 
-def read_folder(folder: str, key: str) -> Records:
-    """Reads every `*.tfrecord` in `folder` into memory (see the module docstring for why).
+    def encoded(self, i: int) -> bytes:
+        """Record i's image bytes."""
+        return _example(self.read(i)).features.feature["image/encoded"].bytes_list.value[0]
+
+    def name(self, i: int) -> str:
+        """`FILE record #k (image/filename)`, for messages."""
+        path = self.files[self.file_of[i]]
+        k = int(np.searchsorted(self._file_offsets(path, i), self.offsets[i]))
+        filename = _example(self.read(i)).features.feature["image/filename"].bytes_list.value
+        return f"{path} record #{k}" + (f" ({filename[0].decode()})" if filename else "")
+
+    def _file_offsets(self, path: str, i: int) -> np.ndarray:
+        return np.sort(self.offsets[self.file_of == self.file_of[i]])
+
+    def problem(self, i: int) -> str | None:
+        """Why record i's image cannot be decoded, or None (indexed images were checked)."""
+        return None if self.checked[i] else images.image_problem(self.encoded(i))
+
+    def decode_fn(self, size: Sequence[int], channels: int):
+        """A TensorFlow function: record index (int64 scalar) -> uint8 image.
+
+        The read is a `numpy_function` (a positioned read, which releases the GIL, so a parallel
+        `map` reads in parallel); parsing and decoding are TensorFlow ops.
+        """
+        import tensorflow as tf
+
+        feature = {"image/encoded": tf.io.FixedLenFeature([], tf.string)}
+
+        def decode(i):
+            data = tf.numpy_function(self.read, [i], tf.string, stateful=False)
+            data = tf.ensure_shape(data, [])
+            encoded = tf.io.parse_single_example(data, feature)["image/encoded"]
+            return images.decode_image(encoded, size, channels)
+
+        return decode
+
+
+def join(a: Records, b: Records) -> Records:
+    """One table of `a`'s records then `b`'s (record `len(a) + i` is `b`'s record i)."""
+    return Records(
+        a.files + b.files,
+        np.concatenate([a.file_of, b.file_of + len(a.files)]).astype(np.int32),
+        np.concatenate([a.offsets, b.offsets]),
+        np.concatenate([a.sizes, b.sizes]),
+        np.concatenate([a.labels, b.labels]),
+        np.concatenate([a.checked, b.checked]),
+        a.class_names,
+        np.concatenate([a.ids, b.ids]),
+    )
+
+
+def _example(data: bytes):
+    import tensorflow as tf
+
+    return tf.train.Example.FromString(data)
+
+
+_handles: dict[str, object] = {}
+_handles_lock = threading.Lock()
+_remote = threading.local()
+
+
+def _pread(path: str, offset: int, size: int) -> bytes:
+    """`size` bytes at `offset`: os.pread on one shared descriptor for local files (thread
+    safe, no seek), else a `tf.io.gfile.GFile` per thread and file (gs://, s3://)."""
+    if "://" not in path:
+        fd = _handles.get(path)
+        if fd is None:
+            with _handles_lock:
+                fd = _handles.get(path)
+                if fd is None:
+                    fd = _handles[path] = os.open(path, os.O_RDONLY)
+        return os.pread(fd, size, offset)
+    import tensorflow as tf
+
+    files = _remote.__dict__.setdefault("files", {})
+    if path not in files:
+        files[path] = tf.io.gfile.GFile(path, "rb")
+    f = files[path]
+    f.seek(offset)
+    return f.read(size)
+
+
+def record_files(folder: str, key: str) -> list[str]:
+    """The folder's `*.tfrecord` files, sorted (through tf.io.gfile: local or gs://, s3://).
 
     Raises:
-        DataError: the folder is missing or has no records, a file is corrupt, or a record
-            lacks `image/encoded` or `image/class/label`.
+        DataError: the folder is missing or has no records.
     """
-    if not os.path.isdir(folder):
+    import tensorflow as tf
+
+    if not tf.io.gfile.isdir(folder):
         raise DataError(f"{key}: folder {folder} does not exist")
-    files = sorted(os.path.join(folder, f) for f in os.listdir(folder) if f.endswith(SUFFIX))
+    files = sorted(
+        _join(folder, f) for f in tf.io.gfile.listdir(folder) if f.rstrip("/").endswith(SUFFIX)
+    )
     if not files:
         raise DataError(
             f"{key}: folder {folder} has no {SUFFIX} files; write them with "
             "hvd-train convert-tfrecord SRC_IMAGE_FOLDER DST"
         )
-    encoded, labels, ids, names = [], [], [], []
-    for path in files:
-        for k, (data, label, example_id, filename) in enumerate(_parse_file(path, key)):
-            encoded.append(data)
-            labels.append(label)
-            ids.append(example_id if example_id >= 0 else len(ids))
-            names.append(f"{path} record #{k}" + (f" ({filename.decode()})" if filename else ""))
-    if not encoded:
+    return files
+
+
+def _join(folder: str, name: str) -> str:
+    return folder.rstrip("/") + "/" + name if "://" in folder else os.path.join(folder, name)
+
+
+def read_folder(folder: str, key: str) -> Records:
+    """The index of every `*.tfrecord` in `folder`: offsets, labels and ids, no images.
+
+    Each file's index is read from `FILE.idx` and `FILE.labels` beside it (written by
+    convert-tfrecord); a file without them, or whose index does not end at its size, is read
+    once to build them (and its images checked), and they are written beside it when the
+    folder is writable. Call it on one rank and share the result (`distributed.chief_computes`).
+
+    Raises:
+        DataError: the folder is missing or has no records, a file is corrupt, or a record
+            lacks `image/encoded` or `image/class/label`.
+    """
+    files = record_files(folder, key)
+    parts = [_file_index(path, key) for path in files]
+    offsets = np.concatenate([p[0] for p in parts])
+    if not len(offsets):
         raise DataError(f"{key}: the {SUFFIX} files in {folder} hold no records")
-    order = np.argsort(np.asarray(ids), kind="stable")
-    classes = _class_names(folder, max(labels) + 1)
-    labels_arr = np.asarray(labels, np.int32)[order]
-    if labels_arr.min() < 0 or labels_arr.max() >= len(classes):
+    file_of = np.concatenate([np.full(len(p[0]), k, np.int32) for k, p in enumerate(parts)])
+    sizes, labels, ids, checked = (np.concatenate([p[j] for p in parts]) for j in (1, 2, 3, 4))
+    ids = np.where(ids >= 0, ids, np.arange(len(ids)))  # records without image/id: file order
+    order = np.argsort(ids, kind="stable")
+    labels = labels[order].astype(np.int32)
+    classes = _class_names(folder, int(labels.max()) + 1)
+    if labels.min() < 0 or labels.max() >= len(classes):
         raise DataError(
-            f"{key}: {folder}: labels range {labels_arr.min()}..{labels_arr.max()}, but "
+            f"{key}: {folder}: labels range {labels.min()}..{labels.max()}, but "
             f"{CLASSES_FILE} names {len(classes)} classes"
         )
     return Records(
-        np.asarray(encoded, dtype=object)[order],
-        labels_arr,
-        tuple(names[i] for i in order),
-        classes,
-        np.asarray(ids, np.int64)[order],
-        _left_out(folder, key),
+        tuple(files), file_of[order], offsets[order], sizes[order].astype(np.int32), labels,
+        checked[order], classes, ids[order].astype(np.int64), _left_out(folder, key),
+    )  # fmt: skip
+
+
+def _file_index(path: str, key: str) -> tuple[np.ndarray, ...]:
+    """(offsets, sizes, labels, ids, checked) of one file, from its index or by reading it."""
+    import tensorflow as tf
+
+    found = _load_index(path, tf.io.gfile.stat(path).length)
+    if found is not None:
+        return found
+    built = _build_index(path, key)
+    try:
+        _write_index(path, *built)
+    except (OSError, tf.errors.OpError):  # a read-only folder: rebuilt at every start
+        pass
+    return built
+
+
+def _load_index(path: str, file_size: int) -> tuple[np.ndarray, ...] | None:
+    """The index beside `path`, or None when missing or not ending at `file_size` (stale)."""
+    import tensorflow as tf
+
+    try:
+        with tf.io.gfile.GFile(path + INDEX_SUFFIX, "rb") as f:
+            idx = np.array(f.read().split(), np.int64).reshape(-1, 2)
+        with tf.io.gfile.GFile(path + LABELS_SUFFIX, "rb") as f:
+            meta = np.array(f.read().split(), np.int64).reshape(-1, 3)
+    except (tf.errors.NotFoundError, ValueError):
+        return None
+    end = int(idx[-1, 0] + idx[-1, 1]) if len(idx) else 0
+    if end != file_size or len(idx) != len(meta):
+        return None
+    return idx[:, 0], idx[:, 1], meta[:, 0], meta[:, 1], meta[:, 2].astype(bool)
+
+
+def _write_index(path, offsets, sizes, labels, ids, checked) -> None:
+    """Writes `path.idx` and `path.labels` (each atomically: a temporary file, then rename)."""
+    import tensorflow as tf
+
+    for suffix, rows in (
+        (INDEX_SUFFIX, zip(offsets, sizes, strict=True)),
+        (LABELS_SUFFIX, zip(labels, ids, checked.astype(int), strict=True)),
+    ):
+        tmp = path + suffix + ".tmp"
+        with tf.io.gfile.GFile(tmp, "w") as f:
+            f.write("".join(" ".join(str(int(v)) for v in row) + "\n" for row in rows))
+        tf.io.gfile.rename(tmp, path + suffix, overwrite=True)
+
+
+def _build_index(path: str, key: str) -> tuple[np.ndarray, ...]:
+    """Reads `path` once, a record at a time, keeping offsets, labels and ids; checks images."""
+    import tensorflow as tf
+
+    offsets, sizes, labels, ids, checked, pending = [], [], [], [], [], []
+    with ThreadPoolExecutor(images.CHECK_THREADS) as pool, tf.io.gfile.GFile(path, "rb") as f:
+        offset = 0
+        while True:
+            header = f.read(_HEADER)
+            if not header:
+                break
+            (length,) = struct.unpack("<Q", header[:8]) if len(header) == _HEADER else (-1,)
+            data = f.read(length + 4) if length >= 0 else b""
+            if len(data) != length + 4:
+                raise DataError(
+                    f"{key}: {path}: not a readable TFRecord file of images (truncated record "
+                    f"at byte {offset})"
+                )
+            label, example_id, encoded = _small_fields(data[:length], path, offset, key)
+            offsets.append(offset)
+            sizes.append(_HEADER + length + 4)
+            labels.append(label)
+            ids.append(example_id)
+            pending.append(pool.submit(images.image_problem, encoded))
+            offset += _HEADER + length + 4
+            if len(pending) >= 256:  # bounded: a window of images in memory at a time
+                checked += [p.result() is None for p in pending]
+                pending = []
+        checked += [p.result() is None for p in pending]
+    as_arrays = (np.asarray(offsets, np.int64), np.asarray(sizes, np.int64))
+    return (*as_arrays, np.asarray(labels, np.int64), np.asarray(ids, np.int64),
+            np.asarray(checked, bool))  # fmt: skip
+
+
+def _small_fields(data: bytes, path: str, offset: int, key: str) -> tuple[int, int, bytes]:
+    try:
+        feature = _example(data).features.feature
+    except Exception:  # protobuf's DecodeError
+        raise DataError(
+            f"{key}: {path}: not a readable TFRecord file of images (record at byte {offset} "
+            "is not a tf.train.Example)"
+        ) from None
+    if (
+        not feature["image/encoded"].bytes_list.value
+        or not feature["image/class/label"].int64_list.value
+    ):
+        raise DataError(
+            f"{key}: {path}: record at byte {offset} lacks image/encoded or image/class/label "
+            "(layout: docs/data.md)"
+        )
+    example_id = feature["image/id"].int64_list.value
+    return (
+        int(feature["image/class/label"].int64_list.value[0]),
+        int(example_id[0]) if example_id else -1,
+        feature["image/encoded"].bytes_list.value[0],
     )
 
 
 def _left_out(folder: str, key: str) -> tuple[tuple[int, int], ...]:
     """(id, label) of each line of `skipped.txt`, if convert-tfrecord wrote one."""
-    path = os.path.join(folder, SKIPPED_FILE)
-    if not os.path.exists(path):
+    import tensorflow as tf
+
+    path = _join(folder, SKIPPED_FILE)
+    if not tf.io.gfile.exists(path):
         return ()
-    with open(path, encoding="utf-8") as f:
-        rows = [line.split("\t") for line in f if line.strip()]
+    with tf.io.gfile.GFile(path, "r") as f:
+        rows = [line.split("\t") for line in f.read().splitlines() if line.strip()]
     try:
         return tuple((int(r[0]), int(r[1])) for r in rows)
     except (ValueError, IndexError):
@@ -227,35 +464,14 @@ def _left_out(folder: str, key: str) -> tuple[tuple[int, int], ...]:
         ) from None
 
 
-def _parse_file(path: str, key: str):
+def _class_names(folder: str, at_least: int) -> tuple[str, ...]:
     import tensorflow as tf
 
-    ds = tf.data.TFRecordDataset(path).map(
-        lambda r: tf.io.parse_single_example(r, _features()),
-        num_parallel_calls=tf.data.AUTOTUNE,
-    )
-    try:
-        for batch in ds.batch(1024).as_numpy_iterator():
-            yield from zip(
-                batch["image/encoded"],
-                batch["image/class/label"],
-                batch["image/id"],
-                batch["image/filename"],
-                strict=True,
-            )
-    except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as e:
-        reason = e.message.splitlines()[0] if e.message else type(e).__name__
-        raise DataError(
-            f"{key}: {path}: not a readable TFRecord file of images ({reason})"
-        ) from None
-
-
-def _class_names(folder: str, at_least: int) -> tuple[str, ...]:
-    path = os.path.join(folder, CLASSES_FILE)
-    if not os.path.exists(path):
+    path = _join(folder, CLASSES_FILE)
+    if not tf.io.gfile.exists(path):
         return tuple(str(i) for i in range(at_least))
-    with open(path) as f:
-        return tuple(line.strip() for line in f if line.strip())
+    with tf.io.gfile.GFile(path, "r") as f:
+        return tuple(line.strip() for line in f.read().splitlines() if line.strip())
 
 
 # --------------------------------------------------------------------------- converting
