@@ -6,92 +6,24 @@ batch. So in every epoch each example goes to exactly one worker, every worker r
 number of full steps, and N workers at batch B see exactly the global batches that one worker
 sees at batch N x B (synchronous data parallelism is large-batch training).
 
-Image sources (`image_folder`, `tfrecord`) hold one string per example (a file path, or the
-encoded bytes) instead of the input itself: a worker decodes only the examples its slice names,
-in parallel (autotuned), into uint8 images that become float32 in [0, 1] a batch at a time.
-`data.cache: memory` decodes every image once before training instead.
+Image sources (`image_folder`, `tfrecord`; see `sources`) hold a reference per example (an
+index into a table of paths or of record offsets) instead of the input itself: a worker reads
+and decodes only the examples its slice names, in parallel (autotuned), into uint8 images that
+become float32 in [0, 1] a batch at a time; only the prefetch window is ever decoded.
+`data.cache: memory` decodes every image once before training instead. `Source` and
+`load_source` live in `sources` (imported here for the callers of this module).
 """
 
 from __future__ import annotations
-
-from collections.abc import Callable
-from dataclasses import dataclass, replace
 
 import numpy as np
 import tensorflow as tf
 
 from hvd_train.augment import augment_batch_fn
 from hvd_train.config import Config, Derived
-from hvd_train.errors import DataError
+from hvd_train.sources import Source, load_source
 
-
-@dataclass(frozen=True)
-class Source:
-    """A dataset addressed by example index (labels int32).
-
-    In-memory sources hold the inputs in `x_train`/`x_val` (float32, or uint8 images) and no
-    `decode`. Image sources hold one string per example there (a file path or encoded bytes)
-    and `decode`, which turns one string into a uint8 image of `image_shape`.
-    """
-
-    x_train: np.ndarray
-    y_train: np.ndarray
-    x_val: np.ndarray
-    y_val: np.ndarray
-    num_classes: int
-    decode: Callable | None = None
-    image_shape: tuple[int, ...] = ()
-    skipped_files: tuple[str, ...] = ()  # corrupt files left out (data.on_corrupt: skip)
-    description: str = ""  # one line for the log: where the data came from
-
-    @property
-    def input_shape(self) -> tuple[int, ...]:
-        return self.image_shape if self.decode else tuple(self.x_train.shape[1:])
-
-    @property
-    def num_train(self) -> int:
-        return len(self.x_train)
-
-
-def load_source(cfg: Config) -> Source:
-    """Builds the configured source; identical on every rank (it depends only on the config)."""
-    if cfg.data.source == "synthetic":
-        return _synthetic(cfg)
-    if cfg.data.source == "digits":
-        return _digits(cfg)
-    if cfg.data.source in ("image_folder", "tfrecord"):
-        from hvd_train.image_sources import load_image_source
-
-        source = load_image_source(cfg)
-        return cache_in_memory(source) if cfg.data.cache == "memory" else source
-    raise DataError(f"data.source: unknown source {cfg.data.source!r}")  # config rejects first
-
-
-def _synthetic(cfg: Config) -> Source:
-    """Random inputs with labels a fixed random linear map can learn, made once in memory."""
-    d = cfg.data
-    rng = np.random.default_rng(cfg.runtime.seed)
-    shape = tuple(d.image_size) + ((d.channels,) if len(d.image_size) == 2 else ())
-    n = d.train_examples + d.val_examples
-    x = rng.random((n, *shape), dtype=np.float32)
-    # Labels from a random projection of the centred inputs: learnable, so loss can fall.
-    proj = rng.standard_normal((int(np.prod(shape)), d.num_classes)).astype(np.float32)
-    y = np.argmax((x.reshape(n, -1) - 0.5) @ proj, axis=1).astype(np.int32)
-    t = d.train_examples
-    return Source(x[:t], y[:t], x[t:], y[t:], d.num_classes)
-
-
-def _digits(cfg: Config) -> Source:
-    """scikit-learn's 1,797 8x8 handwritten digits (shipped in the package), split by seed."""
-    from sklearn.datasets import load_digits
-
-    digits = load_digits()
-    x = (digits.images.astype(np.float32) / 16.0)[..., None]
-    y = digits.target.astype(np.int32)
-    order = np.random.default_rng(cfg.runtime.seed).permutation(len(x))
-    n_val = int(round(len(x) * cfg.data.validation_fraction))
-    val, train = order[:n_val], order[n_val:]
-    return Source(x[train], y[train], x[val], y[val], 10)
+__all__ = ["Source", "load_source", "train_dataset", "val_shard", "batch_shard", "model_input"]
 
 
 def epoch_batches(n: int, d: Derived, rank: int, epoch: tf.Tensor, seed: int, shuffle: bool):
@@ -119,7 +51,10 @@ def train_dataset(
             idx = tf.reshape(idx, [-1])
         return tf.data.Dataset.from_tensor_slices(idx)
 
-    ds = tf.data.Dataset.range(first_epoch, cfg.train.epochs).flat_map(one_epoch)
+    if cfg.data.read == "stream" and source.decode:
+        ds = stream_indices(source, cfg, d, rank, first_epoch)
+    else:
+        ds = tf.data.Dataset.range(first_epoch, cfg.train.epochs).flat_map(one_epoch)
     if source.decode:
         # Sharded before decoding: this worker reads and decodes only its own examples. Every
         # epoch holds steps x batch of them, so batches never straddle two epochs.
@@ -149,34 +84,66 @@ def train_dataset(
     return ds
 
 
+def stream_indices(
+    source: Source, cfg: Config, d: Derived, rank: int, first_epoch: int
+) -> tf.data.Dataset:
+    """`data.read: stream`: this worker's training examples, file by file, never ending.
+
+    Files (`source.groups`; without groups, each example is its own file) go to workers
+    balanced by example count; a worker interleaves its files, each read in order, repeats them
+    (reshuffling the file order every pass) and shuffles within `data.shuffle_buffer`. It takes
+    exactly the examples of `steps_per_epoch` full batches per remaining epoch, so every worker
+    runs the same number of steps whatever its files hold.
+    """
+    mine = assign_files(source, d.world_size, cfg.runtime.seed)[rank]
+    seed = cfg.runtime.seed * 1009 + rank * 7919 + first_epoch  # a resume streams anew
+    ends = tf.constant(np.cumsum([len(f) for f in mine]), tf.int64)
+    starts = tf.concat([[0], ends[:-1]], axis=0)
+    flat = tf.constant(np.concatenate(mine).astype(np.int64))
+    ds = (
+        tf.data.Dataset.range(len(mine))
+        .shuffle(len(mine), seed=seed, reshuffle_each_iteration=True)
+        .repeat()
+        .interleave(
+            lambda k: tf.data.Dataset.range(starts[k], ends[k]),
+            cycle_length=min(len(mine), 8),
+        )
+        .map(lambda j: tf.gather(flat, j))
+    )
+    if cfg.data.shuffle:
+        ds = ds.shuffle(cfg.data.shuffle_buffer, seed=seed)
+    epochs = cfg.train.epochs - first_epoch
+    return ds.take(epochs * d.steps_per_epoch * d.per_worker_batch)
+
+
+def assign_files(source: Source, world: int, seed: int) -> list[list[np.ndarray]]:
+    """Each worker's files, as arrays of training-example positions (in file order).
+
+    Largest file first to the worker holding the fewest examples so far, so workers differ by
+    at most one file's examples. With fewer files than workers, a worker without a file shares
+    one (round robin): every worker must have examples to stream.
+    """
+    n = source.num_train
+    if source.groups is None:  # each example a file of its own: a seeded deal
+        order = np.random.default_rng(seed).permutation(n)
+        return [[np.sort(order[r::world])] for r in range(world)]
+    by_file = np.argsort(source.groups, kind="stable")  # positions, grouped, in order
+    _, first, counts = np.unique(source.groups[by_file], return_index=True, return_counts=True)
+    files = [by_file[f : f + c] for f, c in zip(first, counts, strict=True)]
+    load, out = np.zeros(world, np.int64), [[] for _ in range(world)]
+    for k in sorted(range(len(files)), key=lambda k: (-len(files[k]), k)):
+        r = int(np.argmin(load))
+        out[r].append(files[k])
+        load[r] += len(files[k])
+    for r in range(world):
+        if not out[r]:
+            out[r].append(files[r % len(files)])
+    return out
+
+
 def model_input(x: tf.Tensor) -> tf.Tensor:
     """uint8 images to float32 in [0, 1]; float inputs unchanged."""
     return tf.cast(x, tf.float32) / 255.0 if x.dtype == tf.uint8 else x
-
-
-def cache_in_memory(source: Source) -> Source:
-    """`data.cache: memory`: every image decoded once, now, and kept as uint8 arrays.
-
-    The whole training set is kept on every worker, because each epoch's permutation gives a
-    worker different examples (5,000 images at 64x64x3 take 61 MB).
-    """
-    x_train, x_val = _decode_all(source.x_train, source), _decode_all(source.x_val, source)
-    size = (x_train.nbytes + x_val.nbytes) / 2**20
-    note = f"; data.cache: memory, {size:.0f} MB of decoded images on every worker"
-    return replace(
-        source, x_train=x_train, x_val=x_val, decode=None, description=source.description + note
-    )
-
-
-def _decode_all(strings: np.ndarray, source: Source) -> np.ndarray:
-    out = np.zeros((len(strings), *source.image_shape), np.uint8)
-    if len(strings):
-        ds = tf.data.Dataset.from_tensor_slices(strings).map(source.decode, tf.data.AUTOTUNE)
-        start = 0
-        for batch in ds.batch(512).as_numpy_iterator():
-            out[start : start + len(batch)] = batch
-            start += len(batch)
-    return out
 
 
 def val_shard(source: Source, batch: int, rank: int, world: int) -> tuple[tf.data.Dataset, int]:
