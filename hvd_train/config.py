@@ -112,6 +112,10 @@ class DataConfig:
     # A file that is not a readable JPEG/PNG: error (exit 2, naming it) or skip (count, report).
     on_corrupt: Literal["error", "skip"] = "error"
     prefetch_to_device: bool = False  # GPU only: batches copied to the GPU ahead (untested)
+    # image sources: exact (each example once per epoch, global shuffle; default) or stream
+    # (each worker reads its own files, shuffled in a buffer: about once per epoch; docs/data.md)
+    read: Literal["exact", "stream"] = "exact"
+    shuffle_buffer: int = _positive(10000)  # read: stream: examples in each worker's buffer
     # Rank 0 warns when an epoch waits longer than this share of its step time for input
     # (not for synthetic and digits: in memory, nothing to act on; see input_diagnostics).
     input_wait_warning: float = field(default=0.1, metadata={"min": 0.0, "max": 1.0})
@@ -743,6 +747,11 @@ def check(cfg: Config, world_size: int) -> None:
         )
     if cfg.data.source in ("image_folder", "tfrecord"):
         _check_image_source(cfg.data)
+    elif cfg.data.read == "stream":
+        raise ConfigError(
+            f"data.read: stream reads files, but data.source {cfg.data.source} is made in "
+            "memory; use data.read: exact, or data.source image_folder or tfrecord"
+        )
     _check_schedule(cfg)
     _check_model(cfg)
     steps = list(cfg.logging.profile_steps)
@@ -782,6 +791,11 @@ def _check_image_source(d: DataConfig) -> None:
         raise ConfigError(
             f"data.channels: expected 1 (grey) or 3 (RGB) for data.source {d.source}, "
             f"got {d.channels}"
+        )
+    if d.read == "stream" and d.cache == "memory":
+        raise ConfigError(
+            "data.read: stream reads each worker's files from disk, but data.cache: memory "
+            "decodes everything into memory first; choose one (data.read: exact with the cache)"
         )
 
 
