@@ -2,7 +2,7 @@
 the up-front check of every chosen file, and decoding to a fixed size and channel count.
 
 Listing and checking happen once, before training (on rank 0, shared by broadcast: see
-`data.load_source`), so every worker trains on the same list of files known to be readable. A
+`sources.load_source`), so every worker trains on the same list of files known to be readable. A
 corrupt file is found there, never mid-epoch on one rank, where it would kill that rank while
 the others wait for it in an all-reduce; every chosen file is checked before the run stops, so
 one error names all the unreadable ones.

@@ -14,18 +14,18 @@ TensorFlow models' ImageNet records, plus an id):
 A folder of records holds `*.tfrecord` files and `classes.txt` (one class name a line); when
 `convert-tfrecord --on-corrupt skip` left unreadable files out, also `skipped.txt`, a line per
 file: `id<TAB>label<TAB>path<TAB>problem`. Reading uses the ids and labels there to split and
-cap exactly as the source folder would (see `image_sources`).
+cap exactly as the source folder would (see `sources`).
 
-Reading keeps global example indices: every worker reads all the records of a split into memory
-once (the encoded bytes: a few KB per image, some 30 MB for 5,000 small JPEGs) and orders them
-by `image/id`; the epoch's seeded permutation of those indices is then cut into global batches
-exactly as for every other source, and only the indices a worker takes are decoded, by that
-worker. So in every epoch each example goes to exactly one worker, every worker runs the same
-number of full steps, and N workers at batch B see the global batches one worker sees at N x B,
-whatever the number of files, and whether or not they divide by the workers. Streaming shards
-by file (each worker reading only its own files) cannot keep those guarantees with a fresh
-global shuffle every epoch and unequal files; its only gain, reading less, does not matter for
-datasets whose encoded bytes fit in memory, which is the scale this trainer targets.
+Reading keeps global example indices without holding the images: each file has an index beside
+it, `FILE.tfrecord.idx` (DALI's tfrecord2idx format, `offset size` a record) and
+`FILE.tfrecord.labels` (`label id checked` a record), written by convert-tfrecord, or built on
+first use by one pass over the file and written beside it when the folder is writable. The
+index gives each record a number (ordered by `image/id`); the epoch's seeded permutation of
+those numbers is cut into global batches exactly as for every other source, and a worker reads
+only the records its slice names (one positioned read each) and decodes them. So in every epoch
+each example goes to exactly one worker, every worker runs the same number of full steps, and N
+workers at batch B see the global batches one worker sees at N x B, whatever the number of
+files, while a worker's memory holds about 30 bytes per record, not the records.
 """
 
 from __future__ import annotations
