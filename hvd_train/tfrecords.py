@@ -382,7 +382,7 @@ def _write_index(path, offsets, sizes, labels, ids, checked) -> None:
         (INDEX_SUFFIX, zip(offsets, sizes, strict=True)),
         (LABELS_SUFFIX, zip(labels, ids, checked.astype(int), strict=True)),
     ):
-        tmp = path + suffix + ".tmp"
+        tmp = f"{path}{suffix}.{os.getpid()}.tmp"  # unique: workers may index at once
         with tf.io.gfile.GFile(tmp, "w") as f:
             f.write("".join(" ".join(str(int(v)) for v in row) + "\n" for row in rows))
         tf.io.gfile.rename(tmp, path + suffix, overwrite=True)
