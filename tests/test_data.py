@@ -91,6 +91,8 @@ def data(tmp_path_factory) -> dict[str, pathlib.Path]:
     }
     paths["convert_digits"] = check(convert(paths["digits"], root / "digits_tfr", 3, root))
     paths["convert_ids"] = check(convert(paths["ids"], root / "ids_tfr", 1, root))
+    # Fewer files than workers, and an empty one (its index is built on first use).
+    (root / "ids_tfr" / "train" / "zz-empty.tfrecord").write_bytes(b"")
     return paths
 
 
@@ -171,12 +173,24 @@ def exactness_runs(data, tfrecord_run) -> dict[int, str]:
 
 @pytest.mark.parametrize("workers", [1, 2, 3])
 def test_each_example_goes_to_one_worker_with_equal_steps(exactness_runs, workers) -> None:
-    """Checked on rank 0 of the job (data_exactness.py asserts, and prints only on success)."""
+    """Checked on rank 0 of the job (data_exactness.py asserts, and prints only on success):
+    ids counted per epoch on 97 images (no multiple of any global batch), from an image folder
+    and from 1 TFRecord file plus an empty one (fewer files than workers); a resume in the
+    middle of an epoch continues the same order."""
     checked = re.findall(r"exact (\S+) at (\d) workers: \d+ steps/epoch", exactness_runs[workers])
     assert sorted(checked) == [
         (f"{source}/{remainder}", str(workers))
         for source in ("image_folder", "tfrecord")
         for remainder in ("drop", "pad_by_repeat")
+    ], exactness_runs[workers]
+
+
+@pytest.mark.parametrize("workers", [1, 2, 3])
+def test_stream_gives_every_worker_the_same_full_steps(exactness_runs, workers) -> None:
+    """data.read: stream, on 1 file of records plus an empty one (fewer than the workers)."""
+    checked = re.findall(r"stream (\S+) at (\d) workers: \d+ steps/epoch", exactness_runs[workers])
+    assert sorted(checked) == [
+        (f"{source}/stream", str(workers)) for source in ("image_folder", "tfrecord")
     ], exactness_runs[workers]
 
 
@@ -360,3 +374,10 @@ def test_image_source_config_rules(overrides: list[str], message: str) -> None:
     with pytest.raises(ConfigError) as info:
         check(load_config(None, overrides), world_size=2)
     assert str(info.value) == message
+
+
+def test_file_urls_go_through_gfile_and_read_what_local_paths_read(data) -> None:
+    """`file://` takes the code for gs:// and s3:// (tf.io.gfile listing, GFile reads)."""
+    proc = check(run([PYTHON, str(WORKERS / "gfile_paths.py"), str(data["ids"]),
+                      str(data["root"] / "ids_tfr" / "train")], data["root"]))  # fmt: skip
+    assert "gfile image_folder:" in proc.stdout and "gfile tfrecord:" in proc.stdout, proc.stdout

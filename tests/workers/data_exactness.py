@@ -46,9 +46,13 @@ def check_source(source_name: str, folder: str, remainder: str) -> None:
         assert x.shape[0] == d.per_worker_batch, f"rank {rank}: short batch {x.shape}"
         epochs[step // d.steps_per_epoch].extend(ids_of(x))
         batches += 1
+    # A resume in the middle of epoch 1 (the trainer skips the steps done) continues the order.
+    done = d.steps_per_epoch // 2
+    resumed = [i for x, _ in train_dataset(source, cfg, d, rank, 1).skip(done) for i in ids_of(x)]
+    mine_resumed = resumed == epochs[1][done * d.per_worker_batch :]
     val, _ = val_shard(source, d.per_worker_batch, rank, world)
     val_ids = [i for x, _, w in val for i, wi in zip(ids_of(x), w.numpy(), strict=True) if wi > 0]
-    mine = {"batches": batches, "epochs": epochs, "val": val_ids}
+    mine = {"batches": batches, "epochs": epochs, "val": val_ids, "resumed": mine_resumed}
     everyone = distributed.allgather_object(mine, name=f"ids_{source_name}_{remainder}")
     if rank != 0:
         return
@@ -70,15 +74,48 @@ def check_source(source_name: str, folder: str, remainder: str) -> None:
     first = [i for r in everyone for i in r["epochs"][0]]
     second = [i for r in everyone for i in r["epochs"][1]]
     assert first != second, f"{what}: the epochs were not reshuffled"
+    assert all(r["resumed"] for r in everyone), f"{what}: a resume changed the order"
     print(
         f"exact {what}: {d.steps_per_epoch} steps/epoch on every rank, "
         f"{len(set(first))} distinct of {source.num_train} training, {len(val_all)} validation"
     )
 
 
+def check_stream(source_name: str, folder: str) -> None:
+    """data.read: stream: the same full steps on every rank, training examples only."""
+    cfg = load_config(None, [
+        f"data.source={source_name}", f"data.train_dir={folder}", "data.image_size=[6,6]",
+        "data.read=stream", "data.shuffle_buffer=16", "train.batch_size=8",
+        f"train.epochs={EPOCHS}", "data.validation_fraction=0.25",
+    ])  # fmt: skip
+    source = load_source(cfg)
+    d = derive(cfg, world, source.num_train)
+    seen, batches = [], 0
+    for x, _ in train_dataset(source, cfg, d, rank):
+        assert x.shape[0] == d.per_worker_batch, f"rank {rank}: short batch {x.shape}"
+        seen.extend(ids_of(x))
+        batches += 1
+    val, _ = val_shard(source, d.per_worker_batch, rank, world)
+    val_ids = [i for x, _, w in val for i, wi in zip(ids_of(x), w.numpy(), strict=True) if wi > 0]
+    everyone = distributed.allgather_object(
+        {"batches": batches, "seen": seen, "val": val_ids}, name=f"stream_{source_name}"
+    )
+    if rank != 0:
+        return
+    what = f"{source_name}/stream at {world} workers"
+    counts = {r["batches"] for r in everyone}
+    assert counts == {d.steps_per_epoch * EPOCHS}, f"{what}: unequal step counts {counts}"
+    val_all = {i for r in everyone for i in r["val"]}
+    used = {i for r in everyone for i in r["seen"]}
+    assert not used & val_all, f"{what}: trained on validation ids {used & val_all}"
+    print(f"stream {what}: {d.steps_per_epoch} steps/epoch on every rank, {len(used)} distinct")
+
+
 for remainder in ("drop", "pad_by_repeat"):
     check_source("image_folder", ids_folder, remainder)
     check_source("tfrecord", ids_records, remainder)
+check_stream("image_folder", ids_folder)
+check_stream("tfrecord", ids_records)
 
 cfg = load_config(None, [
     "data.source=image_folder", f"data.train_dir={digits_folder}", "data.image_size=[16,16]",
