@@ -52,8 +52,8 @@ def variant_sets(name: str, data: pathlib.Path) -> list[str]:
     return sets
 
 
-def ensure_tfrecords(data: pathlib.Path, code: pathlib.Path) -> None:
-    for scale in ("1x", "4x"):
+def ensure_tfrecords(data: pathlib.Path, code: pathlib.Path, variants: list[str]) -> None:
+    for scale in sorted({v.split("-")[1] for v in variants if "tfrecord" in v}):
         dst = data / f"tfr{scale}"
         if not (dst / "train" / "classes.txt").exists():
             subprocess.run([sys.executable, "-m", "hvd_train", "convert-tfrecord",
@@ -62,7 +62,7 @@ def ensure_tfrecords(data: pathlib.Path, code: pathlib.Path) -> None:
 
 
 def train_once(name, sets, code, work, epochs, steps) -> dict:
-    run_dir = pathlib.Path(tempfile.mkdtemp(prefix=f"{name}_", dir=work))
+    run_dir = pathlib.Path(tempfile.mkdtemp(prefix=f"{name.replace('/', '_')}_", dir=work))
     overrides = [*COMMON, *sets, f"train.epochs={epochs}", f"train.steps_per_epoch={steps}",
                  f"run.dir={run_dir}"]  # fmt: skip
     cmd = [str(BIN / "horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo",
@@ -123,7 +123,7 @@ def main() -> None:
     )
     args = p.parse_args()
     data = pathlib.Path(args.data)
-    ensure_tfrecords(data, ROOT)
+    ensure_tfrecords(data, ROOT, args.variants.split(","))
     work = data / "runs"
     work.mkdir(exist_ok=True)
     for r in range(args.repeats):

@@ -15,7 +15,7 @@ import hashlib
 import io
 import json
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypeVar
@@ -263,13 +263,23 @@ def choose_checked(
                 pos[c] += len(take)
             if not batch:
                 break
-            for (c, x), why in zip(batch, pool.map(lambda cx: problem(cx[1]), batch), strict=True):
+            for (c, x), why in zip(batch, _checked(pool, problem, batch), strict=True):
                 if why is None:
                     chosen[c].append(x)
                 else:  # the class's next example takes its place in the next round
                     bad.append((x, why))
     short = [(c, len(ch)) for c, ch in enumerate(chosen) if cap is not None and len(ch) < cap]
     return Chosen(chosen, bad, short)
+
+
+def _checked(pool: ThreadPoolExecutor, problem: Callable, batch: list) -> Iterator:
+    """`problem` of each (class, item) in order, a chunk of futures at a time: `pool.map` over
+    a million items would hold a million futures (a kilobyte each) at once."""
+    for start in range(0, len(batch), _CHECK_CHUNK):
+        yield from pool.map(lambda cx: problem(cx[1]), batch[start : start + _CHECK_CHUNK])
+
+
+_CHECK_CHUNK = 4096
 
 
 def require_each_class(chosen: Chosen, had: Sequence[int], names: Sequence[str], key: str) -> None:
