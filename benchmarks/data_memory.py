@@ -92,7 +92,12 @@ def data_bench_once(name, sets, code, batches: int) -> dict:
            str(ROOT / "benchmarks" / "pin_to_core.sh"), sys.executable, "-m", "hvd_train",
            "data-bench", "--config", str(ROOT / "configs" / "quickstart.yaml"),
            "--batches", str(batches), *[a for s in overrides for a in ("--set", s)]]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(code), "TF_CPP_MIN_LOG_LEVEL": "2"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(code),
+        "TF_CPP_MIN_LOG_LEVEL": "2",
+        "HOROVOD_GLOO_TIMEOUT_SECONDS": "900",
+    }  # the old code loads everything first
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3600)
     found = re.search(r"input pipeline (\d+) examples/s per worker", proc.stdout)
     if proc.returncode != 0 or not found:
