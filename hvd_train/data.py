@@ -26,40 +26,40 @@ from hvd_train.sources import Source, load_source
 __all__ = ["Source", "load_source", "train_dataset", "val_shard", "batch_shard", "model_input"]
 
 
-def epoch_batches(n: int, d: Derived, rank: int, epoch: tf.Tensor, seed: int, shuffle: bool):
+def epoch_batches(n: int, plan: Derived, rank: int, epoch: tf.Tensor, seed: int, shuffle: bool):
     """The `[steps_per_epoch, per_worker_batch]` example indices of one worker in one epoch."""
     idx = tf.range(n, dtype=tf.int64)
     if shuffle:
         idx = tf.random.experimental.stateless_shuffle(idx, seed=tf.stack([seed, epoch]))
-    need = d.steps_per_epoch * d.global_batch
+    need = plan.steps_per_epoch * plan.global_batch
     if need > n:  # pad_by_repeat: the short last batch is filled from the epoch's first examples
         idx = tf.concat([idx, idx[: need - n]], axis=0)
-    idx = tf.reshape(idx[:need], [d.steps_per_epoch, d.world_size, d.per_worker_batch])
+    idx = tf.reshape(idx[:need], [plan.steps_per_epoch, plan.world_size, plan.per_worker_batch])
     return idx[:, rank, :]
 
 
 def train_dataset(
-    source: Source, cfg: Config, d: Derived, rank: int, first_epoch: int = 0
+    source: Source, cfg: Config, plan: Derived, rank: int, first_epoch: int = 0
 ) -> tf.data.Dataset:
     """Full batches for epochs `first_epoch .. train.epochs-1`, exactly `steps_per_epoch` each."""
     x, y = tf.constant(source.x_train), tf.constant(source.y_train)
     n, seed, shuffle = source.num_train, cfg.runtime.seed, cfg.data.shuffle
 
     def one_epoch(epoch: tf.Tensor) -> tf.data.Dataset:
-        idx = epoch_batches(n, d, rank, epoch, seed, shuffle)
+        idx = epoch_batches(n, plan, rank, epoch, seed, shuffle)
         if source.decode:  # one index at a time, so that decoding runs in parallel
             idx = tf.reshape(idx, [-1])
         return tf.data.Dataset.from_tensor_slices(idx)
 
     if cfg.data.read == "stream" and source.decode:
-        ds = stream_indices(source, cfg, d, rank, first_epoch)
+        ds = stream_indices(source, cfg, plan, rank, first_epoch)
     else:
         ds = tf.data.Dataset.range(first_epoch, cfg.train.epochs).flat_map(one_epoch)
     if source.decode:
         # Sharded before decoding: this worker reads and decodes only its own examples. Every
         # epoch holds steps x batch of them, so batches never straddle two epochs.
         ds = ds.map(lambda i: (source.decode(tf.gather(x, i)), tf.gather(y, i)), tf.data.AUTOTUNE)
-        ds = ds.batch(d.per_worker_batch).map(lambda xb, yb: (model_input(xb), yb))
+        ds = ds.batch(plan.per_worker_batch).map(lambda xb, yb: (model_input(xb), yb))
     else:
         ds = ds.map(
             lambda i: (model_input(tf.gather(x, i)), tf.gather(y, i)),
@@ -69,7 +69,7 @@ def train_dataset(
     if augment is not None:
         # Seeded by (seed, rank, global step): the same augmentation whatever the order of the
         # parallel calls, and again after a resume (the trainer skips batches after this point).
-        ds = ds.enumerate(start=first_epoch * d.steps_per_epoch).map(
+        ds = ds.enumerate(start=first_epoch * plan.steps_per_epoch).map(
             lambda step, batch: augment(
                 *batch, seed=tf.stack([tf.cast(seed * 1009 + rank, tf.int64), step])
             ),
@@ -85,7 +85,7 @@ def train_dataset(
 
 
 def stream_indices(
-    source: Source, cfg: Config, d: Derived, rank: int, first_epoch: int
+    source: Source, cfg: Config, plan: Derived, rank: int, first_epoch: int
 ) -> tf.data.Dataset:
     """`data.read: stream`: this worker's training examples, file by file, never ending.
 
@@ -95,7 +95,7 @@ def stream_indices(
     exactly the examples of `steps_per_epoch` full batches per remaining epoch, so every worker
     runs the same number of steps whatever its files hold.
     """
-    mine = assign_files(source, d.world_size, cfg.runtime.seed)[rank]
+    mine = assign_files(source, plan.world_size, cfg.runtime.seed)[rank]
     seed = cfg.runtime.seed * 1009 + rank * 7919 + first_epoch  # a resume streams anew
     ends = tf.constant(np.cumsum([len(f) for f in mine]), tf.int64)
     starts = tf.concat([[0], ends[:-1]], axis=0)
@@ -113,7 +113,7 @@ def stream_indices(
     if cfg.data.shuffle:
         ds = ds.shuffle(cfg.data.shuffle_buffer, seed=seed)
     epochs = cfg.train.epochs - first_epoch
-    return ds.take(epochs * d.steps_per_epoch * d.per_worker_batch)
+    return ds.take(epochs * plan.steps_per_epoch * plan.per_worker_batch)
 
 
 def assign_files(source: Source, world: int, seed: int) -> list[list[np.ndarray]]:
