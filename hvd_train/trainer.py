@@ -39,9 +39,10 @@ from hvd_train.errors import (
 from hvd_train.evaluation import Evaluator
 from hvd_train.fitting import fit_from
 from hvd_train.input_diagnostics import InputWait, advice_for, data_summary
-from hvd_train.models import build_model, weights_note
+from hvd_train.models import weights_note
 from hvd_train.record import RecordError, RunRecord
-from hvd_train.schedules import learning_rate_schedule, lr_multiplier
+from hvd_train.schedules import lr_multiplier
+from hvd_train.training_step import build_compiled_model
 from hvd_train.user_callbacks import AgreedStop, build_user_callbacks
 
 
@@ -84,7 +85,6 @@ def _train(
     device = distributed.configure_devices(
         cfg.runtime.intra_op_threads, cfg.runtime.inter_op_threads
     )
-    tuning.apply_precision(cfg)  # before the model is built
     # Same seed on every rank: identical initial weights, so the broadcast below is a no-op for
     # built-in models and a guarantee for user factories that draw from other generators.
     tf.keras.utils.set_random_seed(cfg.runtime.seed)
@@ -103,17 +103,9 @@ def _train(
     try:
         _log_plan(cfg, d, source, device)
         tuning.log_knobs(cfg, d)
-        model = build_model(cfg, source.input_shape, source.num_classes)
+        model = build_compiled_model(cfg, d, source.input_shape, source.num_classes, device)
         if note := weights_note(cfg):
             distributed.log(note)  # rank 0; a resume below then restores the checkpoint
-        model.compile(
-            # Horovod: average gradients across workers with ring-allreduce (compression,
-            # accumulation and loss scaling as configured: see tuning.distributed_optimizer).
-            optimizer=tuning.distributed_optimizer(make_optimizer(cfg, d), cfg),
-            loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=cfg.model.from_logits),
-            metrics=["accuracy"],
-            jit_compile=tuning.jit_compile(cfg, device),
-        )
         start = _resume(cfg, model, d)
         signals.abandon = functools.partial(_abandon, record, start)
         if record:
@@ -429,18 +421,6 @@ def _one_line(e: BaseException) -> str:
         text = lines[-1] if lines else text
     text = " ".join(text.split()) or type(e).__name__
     return text if isinstance(e, UserError) else f"{type(e).__name__}: {text}"
-
-
-def make_optimizer(cfg: Config, d: Derived) -> tf.keras.optimizers.Optimizer:
-    """The configured optimizer, its rate following `optimizer.schedule` after the warm-up."""
-    o, lr = cfg.optimizer, learning_rate_schedule(cfg, d)
-    if o.name == "sgd":
-        return tf.keras.optimizers.SGD(lr, momentum=o.momentum)
-    if o.name == "adam":
-        return tf.keras.optimizers.Adam(lr)
-    if o.name == "adamw":
-        return tf.keras.optimizers.AdamW(lr, weight_decay=o.weight_decay)
-    return tf.keras.optimizers.RMSprop(lr, momentum=o.momentum)
 
 
 def _prepare_run_dir(cfg: Config, config_path: str | None, claims: list[rundir.Claim]) -> None:
