@@ -15,7 +15,8 @@ Y = np.arange(16, dtype=np.int32)
 
 
 def fn_for(*overrides: str):
-    return augment_batch_fn(load_config(None, list(overrides)))
+    cfg = load_config(None, list(overrides))
+    return augment_batch_fn(cfg.augment, cfg.runtime.seed)
 
 
 def test_nothing_configured_gives_no_function() -> None:
@@ -94,7 +95,8 @@ def test_the_same_seed_gives_the_same_run() -> None:
     """Without explicit seeds, two functions built from the same config draw the same numbers
     (runtime.seed); another rank draws different ones."""
     cfg = load_config(None, ["augment.brightness=0.3"])
-    runs = [[augment_batch_fn(cfg, rank)(X, Y)[0].numpy() for _ in range(2)] for rank in (0, 0, 1)]
+    fns = [augment_batch_fn(cfg.augment, cfg.runtime.seed, rank) for rank in (0, 0, 1)]
+    runs = [[fn(X, Y)[0].numpy() for _ in range(2)] for fn in fns]
     np.testing.assert_array_equal(runs[0], runs[1])
     assert not np.array_equal(runs[0][0], runs[2][0])
 
