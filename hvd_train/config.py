@@ -767,21 +767,21 @@ def _check_run_dir(path: str) -> None:
         )
 
 
-def _check_image_source(d: DataConfig) -> None:
-    if not d.train_dir:
+def _check_image_source(data: DataConfig) -> None:
+    if not data.train_dir:
         raise ConfigError(
-            f"data.train_dir: data.source {d.source} needs the folder of training data; "
+            f"data.train_dir: data.source {data.source} needs the folder of training data; "
             "set data.train_dir"
         )
-    if len(d.image_size) != 2:
+    if len(data.image_size) != 2:
         raise ConfigError(
-            f"data.image_size: expected [height, width] for data.source {d.source}, "
-            f"got {list(d.image_size)}"
+            f"data.image_size: expected [height, width] for data.source {data.source}, "
+            f"got {list(data.image_size)}"
         )
-    if d.channels not in (1, 3):
+    if data.channels not in (1, 3):
         raise ConfigError(
-            f"data.channels: expected 1 (grey) or 3 (RGB) for data.source {d.source}, "
-            f"got {d.channels}"
+            f"data.channels: expected 1 (grey) or 3 (RGB) for data.source {data.source}, "
+            f"got {data.channels}"
         )
 
 

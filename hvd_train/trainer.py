@@ -334,7 +334,7 @@ class Start:
     checkpoint: str | None = None
 
 
-def _resume(cfg: Config, model: tf.keras.Model, d: Derived) -> Start:
+def _resume(cfg: Config, model: tf.keras.Model, plan: Derived) -> Start:
     """Rank 0 tidies run.dir, then picks and reads the checkpoint; weights, optimizer state and
     position are then broadcast, so other hosts need not see rank 0's disk. Every rank raises
     alike on error: DataError (exit 2) for a checkpoint that cannot be resumed from."""
@@ -367,11 +367,11 @@ def _resume(cfg: Config, model: tf.keras.Model, d: Derived) -> Start:
     if multiplier is not None:
         multiplier.assign(state.get("lr_multiplier", 1.0))
     epoch, step = state["epoch"], state["step"]
-    if step and state["global_batch"] != d.global_batch:
+    if step and state["global_batch"] != plan.global_batch:
         # The epoch's order does not depend on the worker count: continue after the examples
         # already seen, rounded down to a whole global batch (a few may be seen twice).
-        step = state["examples_in_epoch"] // d.global_batch
-    if step >= d.steps_per_epoch:
+        step = state["examples_in_epoch"] // plan.global_batch
+    if step >= plan.steps_per_epoch:
         epoch, step = epoch + 1, 0
     aside = ", ".join(found["set_aside"])
     aside = f"; set aside as unloadable: {aside}" if aside else ""
@@ -467,18 +467,18 @@ def _prepare_run_dir(cfg: Config, config_path: str | None, claims: list[rundir.C
     distributed.chief_computes(claim_and_write, "hvd_train.run_dir")
 
 
-def _log_plan(cfg: Config, d: Derived, source: Source, device: str) -> None:
-    used = d.examples_per_epoch
+def _log_plan(cfg: Config, plan: Derived, source: Source, device: str) -> None:
+    used = plan.examples_per_epoch
     n = source.num_train
     rest = f"{n - used} unused per epoch" if used <= n else f"{used - n} repeated per epoch"
     rest += f", data.remainder: {cfg.data.remainder}"
     if source.description:
         distributed.log(source.description)
-    warm = f", warm-up {cfg.optimizer.warmup_epochs:g} epochs" if d.warmup_steps else ""
+    warm = f", warm-up {cfg.optimizer.warmup_epochs:g} epochs" if plan.warmup_steps else ""
     distributed.log(
-        f"{_workers_label(d.world_size)}, {device} | batch {d.per_worker_batch}/worker, "
-        f"{d.global_batch} global | learning rate {d.base_lr:g} -> {d.scaled_lr:g} "
-        f"({_lr_label(cfg, d)}{warm}) | {d.steps_per_epoch} steps/epoch over {n} "
+        f"{_workers_label(plan.world_size)}, {device} | batch {plan.per_worker_batch}/worker, "
+        f"{plan.global_batch} global | learning rate {plan.base_lr:g} -> {plan.scaled_lr:g} "
+        f"({_lr_label(cfg, plan)}{warm}) | {plan.steps_per_epoch} steps/epoch over {n} "
         f"training examples ({rest}) | {len(source.x_val)} validation examples"
     )
 
@@ -489,28 +489,28 @@ def _workers_label(world_size: int) -> str:
     return "1 worker (no launcher)" if c == "none" else f"{world_size} worker(s), {c}"
 
 
-def _lr_label(cfg: Config, d: Derived) -> str:
+def _lr_label(cfg: Config, plan: Derived) -> str:
     """How `derive` scaled the learning rate: 'linear x2 for 2 workers', or why it did not."""
-    if d.lr_factor == 1.0:
+    if plan.lr_factor == 1.0:
         if cfg.optimizer.lr_scaling == "none":
             return "not scaled: optimizer.lr_scaling none"
-        if cfg.train.batch_size_mode == "global" and d.accumulation_steps == 1:
+        if cfg.train.batch_size_mode == "global" and plan.accumulation_steps == 1:
             return "not scaled: the global batch is fixed"
         return "not scaled: one worker"
-    why = [f"{d.world_size} workers"] if cfg.train.batch_size_mode == "per_worker" else []
-    if d.accumulation_steps > 1:
-        why.append(f"{d.accumulation_steps} accumulated batches")
-    return f"{cfg.optimizer.lr_scaling} x{d.lr_factor:.3g} for {' x '.join(why)}"
+    why = [f"{plan.world_size} workers"] if cfg.train.batch_size_mode == "per_worker" else []
+    if plan.accumulation_steps > 1:
+        why.append(f"{plan.accumulation_steps} accumulated batches")
+    return f"{cfg.optimizer.lr_scaling} x{plan.lr_factor:.3g} for {' x '.join(why)}"
 
 
-def _summary_base(cfg: Config, d: Derived, device: str) -> dict[str, Any]:
+def _summary_base(cfg: Config, plan: Derived, device: str) -> dict[str, Any]:
     return {
         "status": "running",
         "started_at": time.time(),
-        "world_size": d.world_size,
+        "world_size": plan.world_size,
         "controller": distributed.controller(),
         "device": device,
-        **_batches(d),
+        **_batches(plan),
         "batch_size_mode": cfg.train.batch_size_mode,
         "epochs": cfg.train.epochs,
         "epochs_completed": 0,
@@ -521,13 +521,13 @@ def _summary_base(cfg: Config, d: Derived, device: str) -> dict[str, Any]:
     }
 
 
-def _batches(d: Derived) -> dict[str, Any]:
+def _batches(plan: Derived) -> dict[str, Any]:
     return {
-        "per_worker_batch_size": d.per_worker_batch,
-        "global_batch_size": d.global_batch,
-        "steps_per_epoch": d.steps_per_epoch,
-        "base_learning_rate": d.base_lr,
-        "scaled_learning_rate": d.scaled_lr,
+        "per_worker_batch_size": plan.per_worker_batch,
+        "global_batch_size": plan.global_batch,
+        "steps_per_epoch": plan.steps_per_epoch,
+        "base_learning_rate": plan.base_lr,
+        "scaled_learning_rate": plan.scaled_lr,
     }
 
 

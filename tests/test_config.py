@@ -150,10 +150,10 @@ def test_global_batch_must_divide_by_workers() -> None:
 def test_derived_batches_and_learning_rate(mode, scaling, world, per_worker, global_batch, lr):
     cfg = load_config(None, [f"train.batch_size_mode={mode}", "train.batch_size=32",
                              "optimizer.learning_rate=0.1", f"optimizer.lr_scaling={scaling}"])  # fmt: skip
-    d = derive(cfg, world, num_train=1000)
-    assert (d.per_worker_batch, d.global_batch) == (per_worker, global_batch)
-    assert d.scaled_lr == pytest.approx(lr)
-    assert d.steps_per_epoch == 1000 // global_batch
+    plan = derive(cfg, world, num_train=1000)
+    assert (plan.per_worker_batch, plan.global_batch) == (per_worker, global_batch)
+    assert plan.scaled_lr == pytest.approx(lr)
+    assert plan.steps_per_epoch == 1000 // global_batch
 
 
 def test_steps_per_epoch_follow_remainder_and_cap() -> None:
