@@ -119,13 +119,16 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    name: Literal["convnet7", "mlp", "mobilenet_v2", "resnet50", "efficientnet_b0"] = "convnet7"
+    # convnet7 is convnet's old name, still accepted (its depth follows filters and dense_units).
+    name: Literal["convnet", "mlp", "mobilenet_v2", "resnet50", "efficientnet_b0"] = field(
+        default="convnet", metadata={"aliases": {"convnet7": "convnet"}}
+    )
     # "module:function": called with the config, returns an uncompiled Keras model. Wins over name.
     # Imports and runs your code in every worker (elastic.discovery_script is the other place).
     factory: str = ""
     from_logits: bool = False  # True when the model's last layer has no softmax
-    filters: tuple[int, ...] = (32, 32, 64, 64)  # convnet7
-    dense_units: tuple[int, ...] = (256,)  # convnet7 and mlp hidden layers
+    filters: tuple[int, ...] = (32, 32, 64, 64)  # convnet
+    dense_units: tuple[int, ...] = (256,)  # convnet and mlp hidden layers
     dropout: float = field(default=0.25, metadata={"min": 0.0, "max": 0.95})
     # Keras Applications models (mobilenet_v2, resnet50, efficientnet_b0): the base without
     # its ImageNet classifier, then this head: pooling, dense_units, dropout, the classes.
@@ -602,6 +605,8 @@ def _coerce(value: Any, tp: Any, fld: dataclasses.Field, path: str, source: str)
         tp = next(a for a in args if a is not type(None))
         origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin is Literal:
+        if isinstance(value, str) and value in fld.metadata.get("aliases", {}):
+            value = fld.metadata["aliases"][value]  # an old name, kept working
         if isinstance(value, bool) and fld.metadata.get("bool_as_int"):
             value = int(value)  # an older config's true/false for a field that became a level
         # By type too: `True in (0, 1)` and `1.0 in (0, 1)` hold in Python.

@@ -114,6 +114,14 @@ def test_verbose_is_a_level_and_old_booleans_still_load(given: str, level: int) 
     assert verbose == level and type(verbose) is int  # dumped as 0/1, not false/true
 
 
+def test_convnet7_still_loads_as_convnet(tmp_path: pathlib.Path) -> None:
+    """convnet7, convnet's old name, keeps old configs working; the resolved config says
+    convnet."""
+    (tmp_path / "old.yaml").write_text("model:\n  name: convnet7\n")
+    assert load_config(tmp_path / "old.yaml").model.name == "convnet"
+    assert load_config(None, ["model.name=convnet7"]).model.name == "convnet"
+
+
 def test_override_key_nested_past_the_depth_bound_is_refused() -> None:
     item = ".".join(["train"] * 65) + "=1"  # a deeper key would only be a mapping nobody reads
     with pytest.raises(ConfigError) as info:
