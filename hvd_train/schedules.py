@@ -25,9 +25,10 @@ from collections.abc import Sequence
 
 import tensorflow as tf
 
-from hvd_train.config import Config, Derived
+from hvd_train.config import Config, Derived, OptimizerConfig
+from hvd_train.typed_yaml import choices
 
-DECAYS = ("constant", "step", "cosine", "exponential", "warmup_decay")
+DECAYS = choices(OptimizerConfig, "schedule")  # constant, step, cosine, ...
 
 
 @tf.keras.utils.register_keras_serializable(package="hvd_train")

@@ -12,16 +12,9 @@ import sys
 import pytest
 import yaml
 
-from hvd_train.config import (
-    MAX_CONFIG_BYTES,
-    MAX_OVERRIDE_BYTES,
-    Config,
-    check,
-    derive,
-    dump_yaml,
-    load_config,
-)
+from hvd_train.config import Config, check, derive, dump_yaml, load_config
 from hvd_train.errors import ConfigError, DataError
+from hvd_train.typed_yaml import MAX_CONFIG_BYTES, MAX_OVERRIDE_BYTES
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 QUICKSTART = ROOT / "configs" / "quickstart.yaml"
