@@ -496,7 +496,8 @@ def _check_model(cfg: Config) -> None:
 
 @dataclass(frozen=True)
 class Derived:
-    """Values computed from the config and the job; the only place they are computed."""
+    """The run's plan: values computed from the config and the job (the only place they are
+    computed), passed around as `plan`."""
 
     world_size: int
     per_worker_batch: int
