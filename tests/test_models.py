@@ -260,3 +260,11 @@ def test_factory_accepts_a_file_path_and_names_a_missing_one(tmp_path, monkeypat
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ConfigError, match=r"model.factory: file 'examples/my_model.py' not found"):
         build_model(cfg, (8, 8, 1), 10)
+
+
+def test_every_applications_name_has_its_base_and_preprocessing() -> None:
+    """model.name's Applications choices (config.ApplicationName) are the bases models.py
+    builds and preprocesses: a name added to one list and not the others fails here."""
+    from hvd_train import config, models
+
+    assert set(models._BASES) == set(config.APPLICATIONS) == set(models._PREPROCESS)
