@@ -13,6 +13,7 @@ and per-thread CPU accounting (threadstat.py) over the measured steps.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import resource
@@ -224,8 +225,8 @@ def run_hvd_train(args: argparse.Namespace) -> dict:
     timing = timing_callback(tf, window, warmup_epochs=1)
 
     def build_with_timing(*a, **k):
-        callbacks, checkpointer = build(*a, **k)
-        return [*callbacks, timing], checkpointer
+        built = build(*a, **k)
+        return dataclasses.replace(built, all=(*built.all, timing))
 
     trainer.build_callbacks = build_with_timing
     model, summary = trainer.train(cfg)

@@ -1,6 +1,6 @@
 """Random augmentation of training batches, configured by the `augment` section.
 
-`augment_batch_fn(cfg)` returns a function for `dataset.map(fn, num_parallel_calls=AUTOTUNE)`
+`augment_batch_fn(cfg.augment, cfg.runtime.seed)` returns a function for `dataset.map(fn, num_parallel_calls=AUTOTUNE)`
 over batches `(x, y)` of float images in [0, 1], shaped `[batch, height, width, channels]`, so
 the work runs on each worker's input threads, in parallel with training. Each example draws
 its own crop offset, flips, brightness and contrast. All random numbers come from stateless
@@ -16,23 +16,24 @@ from collections.abc import Callable
 
 import tensorflow as tf
 
-from hvd_train.config import AugmentConfig, Config
+from hvd_train.config import AugmentConfig
 from hvd_train.errors import DataError
 
 BatchFn = Callable[..., tuple[tf.Tensor, tf.Tensor]]
 
 
-def augment_batch_fn(cfg: Config, rank: int = 0) -> BatchFn | None:
-    """`fn(x, y, seed=None) -> (x, y)` applying `cfg.augment`, or None when it does nothing.
+def augment_batch_fn(a: AugmentConfig, seed: int, rank: int = 0) -> BatchFn | None:
+    """`fn(x, y, seed=None) -> (x, y)` applying the `augment` section, or None when it does
+    nothing.
 
     Args:
-        cfg: the config; `augment` says what to do, `runtime.seed` seeds it.
+        a: the `augment` section: what to do.
+        seed: `runtime.seed`, which seeds it.
         rank: this worker's rank, so that workers draw different numbers. Defaults to 0.
     """
-    a = cfg.augment
     if not _enabled(a):
         return None
-    generator = tf.random.Generator.from_seed(cfg.runtime.seed).split(rank + 1)[rank]
+    generator = tf.random.Generator.from_seed(seed).split(rank + 1)[rank]
 
     def fn(x: tf.Tensor, y: tf.Tensor, seed: tf.Tensor | None = None):
         x = tf.convert_to_tensor(x, tf.float32)

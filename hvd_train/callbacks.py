@@ -8,6 +8,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import horovod.tensorflow.keras as hvd
 import tensorflow as tf
@@ -20,10 +21,14 @@ from hvd_train.checkpoint import (
     read_state,
     write_error,
 )
-from hvd_train.config import Config, Derived
-from hvd_train.control import RunControl
+from hvd_train.config import CheckpointConfig, Config, Derived
+from hvd_train.control import RunControl, StopSignals
+from hvd_train.data import Source
 from hvd_train.evaluation import Evaluator
+from hvd_train.input_diagnostics import InputWait, advice_for
+from hvd_train.record import RunRecord
 from hvd_train.schedules import lr_multiplier
+from hvd_train.user_callbacks import AgreedStop, build_user_callbacks
 
 METRICS_COLUMNS = [
     "epoch", "loss", "accuracy", "val_loss", "val_accuracy",
@@ -56,9 +61,9 @@ class EpochStats(tf.keras.callbacks.Callback):
     """Adds `epoch_time_s` (training only), `examples_per_sec` (all workers) and
     `learning_rate` (the rate the epoch's last step used) to the epoch's logs."""
 
-    def __init__(self, d: Derived):
+    def __init__(self, global_batch: int):
         super().__init__()
-        self.global_batch = d.global_batch
+        self.global_batch = global_batch
         self._start = 0.0
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
@@ -94,15 +99,24 @@ class MetricsCSV(tf.keras.callbacks.Callback):
     """Appends one row per completed epoch to metrics.csv, flushed at once (rank 0 only).
 
     A fresh run starts the file; a resumed run keeps the rows of the epochs it resumes after
-    and drops any later ones (written after the checkpoint it resumed from).
+    and drops any later ones (written after the checkpoint it resumed from). The file is
+    started when training begins (as Keras' CSVLogger opens its file), once: a resumed epoch
+    and the epochs after it are two `fit` calls with the same callbacks.
     """
 
     def __init__(self, path: str, control: RunControl, keep_epochs: int = 0):
         super().__init__()
         self.path = path
         self.control = control
-        kept = _read_rows(path)[:keep_epochs] if keep_epochs else []
-        with open(path, "w", newline="") as f:
+        self.keep_epochs = keep_epochs
+        self._started = False
+
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        if self._started:
+            return
+        self._started = True
+        kept = _read_rows(self.path)[: self.keep_epochs] if self.keep_epochs else []
+        with open(self.path, "w", newline="") as f:
             w = csv.writer(f)
             w.writerow(METRICS_COLUMNS)
             w.writerows([row.get(c, "") for c in METRICS_COLUMNS] for row in kept)
@@ -118,42 +132,61 @@ class MetricsCSV(tf.keras.callbacks.Callback):
 class Checkpointer(tf.keras.callbacks.Callback):
     """Writes resumable checkpoints where the workers agreed it is safe (rank 0 only).
 
-    Every `checkpoint.every_epochs` epochs, the last epoch, every `checkpoint.every_steps`
-    steps, and where a signal stopped the run. RunControl, earlier in the callback list, has
+    Every `checkpoint.every_epochs` epochs, the last epoch (`epochs`), every
+    `checkpoint.every_steps` steps, and where a signal stopped the run. RunControl, earlier in the callback list, has
     already checked on every worker that loss and weights are finite at those points. The best
     epoch by `checkpoint.monitor` is also exported as the plain model `best.keras`.
 
     A write that fails (disk full, no permission) raises `CheckpointError` and ends the run:
     the previous checkpoints stay as they were, and summary.json says `failed` (record.py keeps
     room for it). The other ranks then fail in their next collective.
+
+    Args:
+        store: run.dir's checkpoints.
+        control: the run's RunControl, earlier in the list: the position, and the stops.
+        plan: the derived sizes the checkpoints record (steps per epoch, batches, workers).
+        checkpoint: the `checkpoint` section: when to write, and the metric for the best.
+        epochs: the run's epochs (`train.epochs`).
+        seed: `runtime.seed`, recorded in every checkpoint's state.
+        best_path: where the best epoch's plain model goes (run.dir/best.keras).
     """
 
-    def __init__(self, store: CheckpointStore, control: RunControl, cfg: Config, d: Derived):
+    def __init__(
+        self,
+        store: CheckpointStore,
+        control: RunControl,
+        plan: Derived,
+        checkpoint: CheckpointConfig,
+        epochs: int,
+        seed: int,
+        best_path: str,
+    ):
         super().__init__()
-        self.store, self.control, self.cfg, self.d = store, control, cfg, d
+        self.store, self.control, self.plan, self.k = store, control, plan, checkpoint
+        self.epochs, self.seed, self.best_path = epochs, seed, best_path
         self.last: str | None = store.newest()
         best = store.best()
-        self.best_value = read_state(best)["metrics"][cfg.checkpoint.monitor] if best else None
+        self.best_value = read_state(best)["metrics"][checkpoint.monitor] if best else None
         self.best_model: str | None = None
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
         c = self.control
-        if c.stopping or c.step_in_epoch == self.d.steps_per_epoch:
+        if c.stopping or c.step_in_epoch == self.plan.steps_per_epoch:
             return  # written at the epoch's end
-        if every_steps_due(self.cfg, c.position_step):
+        if every_steps_due(self.k.every_steps, c.position_step):
             self._save(c.epoch, c.step_in_epoch, "every_steps")
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
-        c, k = self.control, self.cfg.checkpoint
+        c, k = self.control, self.k
         if c.stopped_mid_epoch():
             self._save(*c.stopped_at, "stopped")
             return
         due = (
             (k.every_epochs and (epoch + 1) % k.every_epochs == 0)
-            or epoch + 1 == self.cfg.train.epochs
+            or epoch + 1 == self.epochs
             or c.stopping
             or self.model.stop_training  # the users' callbacks stopped early (agreed)
-            or every_steps_due(self.cfg, c.position_step)
+            or every_steps_due(k.every_steps, c.position_step)
         )
         metrics = {key: float(v) for key, v in (logs or {}).items() if _is_number(v)}
         # best.keras before the checkpoint: if its write fails, a rerun resumes before this
@@ -163,18 +196,18 @@ class Checkpointer(tf.keras.callbacks.Callback):
             self._save(epoch + 1, 0, "stopped" if c.stopping else "epoch_end", metrics)
 
     def _save(self, epoch: int, step: int, reason: str, metrics: dict | None = None) -> None:
-        d = self.d
+        plan = self.plan
         state = {
             "global_step": int(self.model.optimizer.iterations.numpy()),
             "epoch": epoch,  # the epoch to continue (0-based); `step` of its steps are done
             "step": step,
-            "examples_in_epoch": step * d.global_batch,
-            "epochs": self.cfg.train.epochs,
-            "steps_per_epoch": d.steps_per_epoch,
-            "world_size": d.world_size,
-            "per_worker_batch": d.per_worker_batch,
-            "global_batch": d.global_batch,
-            "seed": self.cfg.runtime.seed,
+            "examples_in_epoch": step * plan.global_batch,
+            "epochs": self.epochs,
+            "steps_per_epoch": plan.steps_per_epoch,
+            "world_size": plan.world_size,
+            "per_worker_batch": plan.per_worker_batch,
+            "global_batch": plan.global_batch,
+            "seed": self.seed,
             "reason": reason,
             "metrics": metrics or {},
             "lr_multiplier": float(lr_multiplier(self.model.optimizer) or 1.0),  # ReduceLROnPlateau
@@ -183,20 +216,19 @@ class Checkpointer(tf.keras.callbacks.Callback):
         self.last = self.store.save(self.model, state)  # CheckpointError ends the run
 
     def _export_if_best(self, metrics: dict[str, float]) -> None:
-        value = metrics.get(self.cfg.checkpoint.monitor)
+        value = metrics.get(self.k.monitor)
         if value is None or not math.isfinite(value):
             return
-        better = max if monitor_mode(self.cfg.checkpoint) == "max" else min
+        better = max if monitor_mode(self.k) == "max" else min
         if self.best_value is not None and better(value, self.best_value) != value:
             return
         if value == self.best_value and self.best_model:
             return
         self.best_value = value
-        path = os.path.join(self.cfg.run.dir, "best.keras")
         try:
-            self.best_model = export_plain_model(self.model, path)
+            self.best_model = export_plain_model(self.model, self.best_path)
         except (OSError, tf.errors.OpError) as e:
-            raise write_error(path, e, self.last) from e
+            raise write_error(self.best_path, e, self.last) from e
 
 
 class EpochLines(tf.keras.callbacks.Callback):
@@ -205,7 +237,7 @@ class EpochLines(tf.keras.callbacks.Callback):
 
     Args:
         epochs: the run's epochs (`train.epochs`).
-        d: the run's derived sizes (steps per epoch, global batch).
+        plan: the run's derived sizes (steps per epoch, global batch).
         control: the run's RunControl, run before this: the step in the epoch (counting the
             steps before a resume) and whether a stop cut the epoch short.
         every_s: seconds between progress lines inside an epoch; 0: none.
@@ -216,14 +248,14 @@ class EpochLines(tf.keras.callbacks.Callback):
     def __init__(
         self,
         epochs: int,
-        d: Derived,
+        plan: Derived,
         control: RunControl,
         every_s: float,
         log: Callable[[str], None] = distributed.log,
         clock: Callable[[], float] = time.monotonic,
     ):
         super().__init__()
-        self.epochs, self.d, self.control, self.every_s = epochs, d, control, every_s
+        self.epochs, self.plan, self.control, self.every_s = epochs, plan, control, every_s
         self._log, self._clock = log, clock
         self._supports_tf_logs = True  # batch logs are read only when a line is due
         self._start = self._next = 0.0
@@ -240,16 +272,16 @@ class EpochLines(tf.keras.callbacks.Callback):
             return
         self._next = now + self.every_s
         c = self.control
-        rate = (c.step_in_epoch - self._first_step) * self.d.global_batch / (now - self._start)
+        rate = (c.step_in_epoch - self._first_step) * self.plan.global_batch / (now - self._start)
         self._log(
-            f"epoch {c.epoch + 1}/{self.epochs}, step {c.step_in_epoch}/{self.d.steps_per_epoch}"
+            f"epoch {c.epoch + 1}/{self.epochs}, step {c.step_in_epoch}/{self.plan.steps_per_epoch}"
             f": {_metrics(logs)} (rank 0, so far), {rate:.0f} examples/s"
         )
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         logs = logs or {}
         if self.control.stopped_mid_epoch():
-            steps = f"{self.control.step_in_epoch}/{self.d.steps_per_epoch}"
+            steps = f"{self.control.step_in_epoch}/{self.plan.steps_per_epoch}"
             self._log(f"epoch {epoch + 1}/{self.epochs} stopped after step {steps}: "
                       f"{_metrics(logs)}")  # fmt: skip
             return
@@ -321,69 +353,151 @@ def _fmt(v: object) -> object:
     return f"{v:.6g}" if isinstance(v, float) else v
 
 
-def every_steps_due(cfg: Config, position_step: int) -> bool:
-    """Whether `checkpoint.every_steps` asks for a checkpoint after this step."""
-    every = cfg.checkpoint.every_steps
-    return bool(every) and position_step % every == 0
+def every_steps_due(every_steps: int | None, position_step: int) -> bool:
+    """Whether `checkpoint.every_steps` (`every_steps`) asks for a checkpoint after this step."""
+    return bool(every_steps) and position_step % every_steps == 0
+
+
+class RecordProgress(tf.keras.callbacks.Callback):
+    """Keeps summary.json's epochs_completed and last_checkpoint current (rank 0), so a record
+    ended by the stop watcher or the keeper says how far the run got."""
+
+    def __init__(self, record: RunRecord, control: RunControl, checkpointer: Checkpointer | None):
+        super().__init__()
+        self.record, self.control, self.checkpointer = record, control, checkpointer
+        self._last = checkpointer.last if checkpointer else None
+
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        if self.checkpointer and self.checkpointer.last != self._last:  # a mid-epoch one
+            self._last = self.checkpointer.last
+            self.record.update(last_checkpoint=self._last)
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        if self.control.stopped_mid_epoch():
+            return
+        self._last = self.checkpointer.last if self.checkpointer else None
+        self.record.update(epochs_completed=epoch + 1, last_checkpoint=self._last)
+
+
+@dataclass(frozen=True)
+class RunCallbacks:
+    """The callbacks of one `fit` (of one membership, under Horovod Elastic): `all` in the
+    order Keras runs them, and the ones the trainer talks to."""
+
+    all: tuple[tf.keras.callbacks.Callback, ...]
+    plan: Derived  # the sizes they were built for
+    control: RunControl  # the agreed stop: where and why the run stopped
+    input_wait: InputWait  # `fit` takes the dataset its `attach` returns
+    timer: perf.StepTimer  # the step times for summary.json
+    user_stop: AgreedStop | None  # whether the users' callbacks ended the run early
+    checkpointer: Checkpointer | None  # rank 0's; None elsewhere
 
 
 def build_callbacks(
     cfg: Config,
-    d: Derived,
-    evaluator: Evaluator,
-    control: RunControl,
-    keep_epochs: int,
-    broadcast: bool = True,
-    user: list[tf.keras.callbacks.Callback] | None = None,
-) -> tuple[list[tf.keras.callbacks.Callback], Checkpointer | None]:
-    """The callbacks in the order they must run, and rank 0's Checkpointer (else None).
+    plan: Derived,
+    model: tf.keras.Model,
+    source: Source,
+    signals: StopSignals,
+    epoch: int,
+    first_step: int,
+    record: RunRecord | None = None,
+    leading: tuple[tf.keras.callbacks.Callback, ...] = (),
+) -> RunCallbacks:
+    """Every callback of the run, built and placed in the one order that works (see below).
 
-    Keras runs callbacks in list order at each event, all on the same `logs` dict, so later
-    callbacks see what earlier ones wrote. `keep_epochs`: the epochs a resumed run keeps in
-    metrics.csv. `broadcast=False` under Horovod Elastic, whose state sync does that job.
-    `user`: this rank's `callbacks:` from the config (user_callbacks.build_user_callbacks).
+    Args:
+        cfg: the config.
+        plan: the derived sizes for this worker count.
+        model: the compiled model (for the exact validation).
+        source: the data (its validation split).
+        signals: the process's StopSignals, which RunControl turns into agreed stops.
+        epoch: the epoch training starts at (0-based); metrics.csv keeps the rows before it.
+        first_step: the steps of that epoch already done (a resume part-way).
+        record: rank 0's summary.json, kept current after each epoch; None elsewhere (and on
+            a survivor that became rank 0 under Horovod Elastic). Defaults to None.
+        leading: callbacks that run before all of these: Horovod Elastic's state commit and
+            position tracking. Defaults to none.
+
+    Raises:
+        ConfigError: a `callbacks:` item that cannot be built (user_callbacks).
     """
+    control = RunControl(
+        signals,
+        cfg.checkpoint.check_every_steps,
+        plan.steps_per_epoch,
+        lambda step: every_steps_due(cfg.checkpoint.every_steps, step),
+        first_step_in_epoch=first_step,
+    )
+    user = build_user_callbacks(cfg.callbacks, control)
+    input_wait = InputWait(cfg.data.input_wait_warning, advice_for(cfg.data.source))
+    timer = perf.StepTimer(plan)
+    evaluator = Evaluator(model, source, plan.per_worker_batch, cfg.model.from_logits)
+    checkpointer = None
+    if distributed.is_chief():
+        store = CheckpointStore(cfg.run.dir, cfg.checkpoint)
+        best_path = os.path.join(cfg.run.dir, "best.keras")
+        checkpointer = Checkpointer(
+            store, control, plan, cfg.checkpoint, cfg.train.epochs, cfg.runtime.seed, best_path
+        )
+    # Keras runs callbacks in list order at each event, all on the same `logs` dict, so later
+    # callbacks see what earlier ones wrote. The order, and why:
     callbacks = [
+        # Horovod Elastic's commit and position tracking, when elastic (they see every step).
+        *leading,
+        # The input wait first: its epoch end is a collective, and its value must reach the
+        # files written below.
+        input_wait,
         # Horovod: rank 0's weights and optimizer state to every rank (already broadcast once
-        # before fit; this also covers anything created in the first step).
-        *([hvd.callbacks.BroadcastGlobalVariablesCallback(0)] if broadcast else []),
+        # before fit; this also covers anything created in the first step). Not under Horovod
+        # Elastic, whose state sync does that job.
+        *([] if cfg.elastic.enabled else [hvd.callbacks.BroadcastGlobalVariablesCallback(0)]),
         # Stop decisions (signals, NaN) agreed by all ranks at the same step, before anything
         # acts on the step: a rank that stopped alone would hang the others. Each epoch starts
         # on all ranks together here (a barrier), before any clock below starts.
         control,
         # Timing next, so validation time is not counted as training time.
-        EpochStats(d),
+        EpochStats(plan.global_batch),
         # Horovod: average the per-worker training metrics before anything reads them. All
         # workers run the same number of full batches, so the mean of means is exact here.
         hvd.callbacks.MetricAverageCallback(),
         # Step times and per-worker rate (see perf.py), after the averaging: it reads the
         # workers' mean epoch_time_s, the one metrics.csv records.
-        perf.StepTimer(d),
+        timer,
         # Validation sums and counts all-reduced: exact, and identical on every rank.
         ExactValidation(evaluator, control),
         # The users' callbacks after the averaging and the exact validation: every rank's
         # EarlyStopping sees the same numbers. They end with AgreedStop (one all-reduce), so
         # their stops are every rank's, before the checkpoint below sees `stop_training`.
-        *(user or []),
+        *user.callbacks,
         # The learning-rate warm-up is not a callback: it lives in the optimizer's schedule
         # (schedules.WarmupScaled), scaled by the worker count and stepped per batch.
+        # Side effects on rank 0 only (none is a collective): console, files, TensorBoard,
+        # checkpoints, the record.
+        *(_chief_callbacks(cfg, plan, control, epoch, checkpointer) if checkpointer else []),
+        # Last: the record follows what the callbacks before it wrote.
+        *([RecordProgress(record, control, checkpointer)] if record else []),
     ]
-    checkpointer = None
-    if distributed.is_chief():
-        # Side effects on rank 0 only: console, files, TensorBoard, checkpoints. None is a
-        # collective. The console after everything above has filled the logs: Keras' bar
-        # on a terminal when asked for (fit_from then turns it on), else one line per epoch.
-        if wants_progress_bar(cfg.train.verbose):
-            callbacks.append(ProgressBar())
-        elif cfg.train.verbose:
-            callbacks.append(EpochLines(cfg.train.epochs, d, control, cfg.train.log_every_s))
-        run_dir = cfg.run.dir
-        callbacks.append(MetricsCSV(os.path.join(run_dir, "metrics.csv"), control, keep_epochs))
-        if cfg.logging.tensorboard:
-            callbacks.append(TensorBoard(os.path.join(run_dir, "tensorboard"), profile_batch=0))
-        checkpointer = Checkpointer(CheckpointStore(run_dir, cfg.checkpoint), control, cfg, d)
-        callbacks.append(checkpointer)
-        if cfg.logging.profile_steps:
-            first, last = cfg.logging.profile_steps
-            callbacks.append(perf.ProfileSteps(first, last, os.path.join(run_dir, "tensorboard")))
-    return callbacks, checkpointer
+    return RunCallbacks(tuple(callbacks), plan, control, input_wait, timer, user.stop, checkpointer)
+
+
+def _chief_callbacks(
+    cfg: Config, plan: Derived, control: RunControl, epoch: int, checkpointer: Checkpointer
+) -> list[tf.keras.callbacks.Callback]:
+    """Rank 0's: the console after everything that fills the logs (Keras' bar on a terminal
+    when asked for, fit_from then turns it on; else one line per epoch), metrics.csv,
+    TensorBoard, the checkpoints, the profiler."""
+    run_dir = cfg.run.dir
+    callbacks: list[tf.keras.callbacks.Callback] = []
+    if wants_progress_bar(cfg.train.verbose):
+        callbacks.append(ProgressBar())
+    elif cfg.train.verbose:
+        callbacks.append(EpochLines(cfg.train.epochs, plan, control, cfg.train.log_every_s))
+    callbacks.append(MetricsCSV(os.path.join(run_dir, "metrics.csv"), control, epoch))
+    if cfg.logging.tensorboard:
+        callbacks.append(TensorBoard(os.path.join(run_dir, "tensorboard"), profile_batch=0))
+    callbacks.append(checkpointer)
+    if cfg.logging.profile_steps:
+        first, last = cfg.logging.profile_steps
+        callbacks.append(perf.ProfileSteps(first, last, os.path.join(run_dir, "tensorboard")))
+    return callbacks

@@ -1,30 +1,36 @@
-"""The one config loader: YAML file -> `--set` overrides -> checks -> a frozen, typed tree.
+"""The config: its schema, the rules that span keys, and the values derived from it.
 
 Shared by the trainer and every launch script (`python -m hvd_train.config`), so there is one
 parser and one set of rules. The order of precedence is: field defaults, then `--config FILE`,
 then each `--set a.b=value` in the order given. Values are checked against the field's type as
-they are merged; rules that span fields run once after the merge (`check`); derived values
-(per-worker and global batch, scaled learning rate, steps per epoch) are computed in `derive`.
+they are merged (typed_yaml.py, the generic YAML-to-dataclasses loader); rules that span fields
+run once after the merge (`check`); derived values (per-worker and global batch, scaled
+learning rate, steps per epoch) are computed in `derive`, the run's plan.
 """
 
 from __future__ import annotations
 
 import copy
-import dataclasses
-import difflib
 import math
 import os
-import re
-import reprlib
 import sys
-import types
 import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import yaml
 
+from hvd_train import typed_yaml
 from hvd_train.errors import ConfigError
+from hvd_train.typed_yaml import (
+    MAX_STRING,
+    SHORT_REPR,
+    Sourced,
+    first_source,
+    get,
+    got,
+    unknown_key,
+)
 
 
 def _positive(default: Any, **meta: Any) -> Any:
@@ -121,15 +127,22 @@ class DataConfig:
     input_wait_warning: float = field(default=0.1, metadata={"min": 0.0, "max": 1.0})
 
 
+# The Keras Applications bases, a part of model.name's choices.
+ApplicationName = Literal["mobilenet_v2", "resnet50", "efficientnet_b0"]
+
+
 @dataclass(frozen=True)
 class ModelConfig:
-    name: Literal["convnet7", "mlp", "mobilenet_v2", "resnet50", "efficientnet_b0"] = "convnet7"
+    # convnet7 is convnet's old name, still accepted (its depth follows filters and dense_units).
+    name: Literal["convnet", "mlp", ApplicationName] = field(
+        default="convnet", metadata={"aliases": {"convnet7": "convnet"}}
+    )
     # "module:function": called with the config, returns an uncompiled Keras model. Wins over name.
     # Imports and runs your code in every worker (elastic.discovery_script is the other place).
     factory: str = ""
     from_logits: bool = False  # True when the model's last layer has no softmax
-    filters: tuple[int, ...] = (32, 32, 64, 64)  # convnet7
-    dense_units: tuple[int, ...] = (256,)  # convnet7 and mlp hidden layers
+    filters: tuple[int, ...] = (32, 32, 64, 64)  # convnet
+    dense_units: tuple[int, ...] = (256,)  # convnet and mlp hidden layers
     dropout: float = field(default=0.25, metadata={"min": 0.0, "max": 0.95})
     # Keras Applications models (mobilenet_v2, resnet50, efficientnet_b0): the base without
     # its ImageNet classifier, then this head: pooling, dense_units, dropout, the classes.
@@ -268,20 +281,12 @@ class Config:
     elastic: ElasticConfig = field(default_factory=ElasticConfig)
     augment: AugmentConfig = field(default_factory=AugmentConfig)
     # Your own Keras callbacks, in order: [{class: "module:Name", args: {...}, ranks: ...}].
-    callbacks: tuple[CallbackConfig, ...] = ()
+    callbacks: tuple[CallbackConfig, ...] = field(
+        default=(), metadata={"parse": lambda tree, source: _callbacks(tree, source)}
+    )
 
 
 # --------------------------------------------------------------------------- loading
-
-
-# A whole config is a few KB: about 190 YAML values, 3 levels deep. Past these bounds it is the
-# wrong file, or an attack: a "billion laughs" of 80 nested aliases expands to 10^9 values
-# (3 GB and a MemoryError after 90 s before these bounds), and a 50 MB file took 35 s to parse.
-MAX_CONFIG_BYTES = 2**20  # the config file, checked before parsing
-MAX_OVERRIDE_BYTES = 64 * 2**10  # one `--set key=value`; a path is at most 4 KB
-MAX_YAML_VALUES = 10_000  # YAML nodes (keys, values, items) once every alias is expanded
-MAX_YAML_DEPTH = 64  # nested collections (PyYAML's composer recurses once per level)
-MAX_STRING = 4096  # a string value: a name or a path (Linux's PATH_MAX)
 
 
 def load_config(path: str | os.PathLike | None, overrides: typing.Sequence[str] = ()) -> Config:
@@ -294,205 +299,7 @@ def load_config(path: str | os.PathLike | None, overrides: typing.Sequence[str] 
     Raises:
         ConfigError: naming the file (or override), the dotted key and what was expected.
     """
-    tree: dict[str, Any] = {}
-    if path is not None:
-        tree = _merge(tree, _tag(_read_yaml(str(path)), str(path)))
-    for item in overrides:
-        source = f"--set {_shorten(item)}"
-        size = len(item.encode("utf-8", "surrogateescape"))
-        if size > MAX_OVERRIDE_BYTES:
-            raise ConfigError(
-                f"{source}: {size} bytes, over the {MAX_OVERRIDE_BYTES // 2**10} KiB a --set may "
-                "hold (a value is a number, a name, a path or a short list)"
-            )
-        key, sep, raw = item.partition("=")
-        if not sep or not key.strip():
-            raise ConfigError(f"{source}: expected key=value, for example train.epochs=5")
-        parts = key.strip().split(".")
-        if len(parts) > MAX_YAML_DEPTH:
-            raise ConfigError(f"{source}: the key has more than {MAX_YAML_DEPTH} dotted parts")
-        nested: Any = _parse_scalar(raw, source)
-        for part in reversed(parts):
-            nested = {part: nested}
-        tree = _merge(tree, _tag(nested, source))
-    return _build(Config, tree, "", path_label(path))
-
-
-def path_label(path: str | os.PathLike | None) -> str:
-    return str(path) if path is not None else "<defaults>"
-
-
-def _read_yaml(path: str) -> dict[str, Any]:
-    try:
-        with open(path, "rb") as f:
-            text = f.read(MAX_CONFIG_BYTES + 1)  # never more: the size is checked before parsing
-            size = os.fstat(f.fileno()).st_size  # 0 for a pipe: `text` is what counts
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: config file not found") from None
-    except IsADirectoryError:
-        raise ConfigError(f"{path}: is a folder, expected a YAML config file") from None
-    except OSError as e:
-        raise ConfigError(f"{path}: cannot read the config file: {e.strerror}") from None
-    if len(text) > MAX_CONFIG_BYTES:
-        found = f"{size} bytes" if size > MAX_CONFIG_BYTES else "larger"
-        raise ConfigError(
-            f"{path}: {found}, over the {MAX_CONFIG_BYTES // 2**20} MiB a config file may hold "
-            "(a config is a few KB); is this the right file?"
-        )
-    data = _load_yaml(text, path)
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a mapping of sections at the top, got {_kind(data)}")
-    return data
-
-
-def _parse_scalar(raw: str, source: str) -> Any:
-    return _load_yaml(raw, source, one_value=True) if raw.strip() else ""
-
-
-def _load_yaml(text: str | bytes, source: str, one_value: bool = False) -> Any:
-    """yaml.safe_load within the bounds of `_BoundedLoader`; ConfigError naming `source` (and
-    the line, in a file)."""
-    try:
-        return yaml.load(text, Loader=_BoundedLoader)  # a SafeLoader: plain data only
-    except _TooBig as e:
-        raise ConfigError(f"{source}{'' if one_value else f' (line {e.line})'}: {e}") from None
-    except yaml.YAMLError as e:
-        if one_value:
-            raise ConfigError(f"{source}: the value is not valid YAML") from None
-        where = getattr(e, "problem_mark", None)
-        line = f" (line {where.line + 1})" if where is not None else ""
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise ConfigError(f"{source}{line}: not valid YAML: {_shorten(problem)}") from None
-
-
-class _TooBig(Exception):
-    """A YAML document past MAX_YAML_VALUES or MAX_YAML_DEPTH, at 1-based `line`."""
-
-    def __init__(self, message: str, mark: Any):
-        super().__init__(message)
-        self.line = mark.line + 1
-
-
-class _BoundedLoader(yaml.SafeLoader):
-    """yaml.SafeLoader that stops composing a document as soon as it holds more than
-    MAX_YAML_VALUES values once its aliases are expanded, or nests deeper than MAX_YAML_DEPTH.
-
-    Composing never copies an aliased node (`*a` is the same node object as `&a`), so the
-    document stays small here; it is every walk of the result (ours, `repr`) that expands it.
-    So the loader counts: 1 for each new node, and for each alias the expanded size of the node
-    it names (summed from its children when that node was composed). A billion laughs stops
-    after a few hundred nodes, a huge flat list after MAX_YAML_VALUES, both in milliseconds.
-    """
-
-    def __init__(self, stream: Any):
-        super().__init__(stream)
-        self._expanded: dict[int, int] = {}  # id(node) -> its size with aliases expanded
-        self._total = self._aliases = self._depth = 0
-
-    def compose_node(self, parent: Any, index: Any) -> Any:
-        mark = self.peek_event().start_mark
-        if self.check_event(yaml.AliasEvent):
-            node = super().compose_node(parent, index)
-            if id(node) not in self._expanded:  # still being composed: it holds itself
-                raise _TooBig("an alias refers to the collection that holds it", mark)
-            self._aliases += 1
-            self._count(self._expanded[id(node)], mark)
-            return node
-        self._count(1, mark)
-        if self._depth >= MAX_YAML_DEPTH:
-            raise _TooBig(f"nested deeper than {MAX_YAML_DEPTH} levels (a config has 3)", mark)
-        self._depth += 1
-        try:
-            node = super().compose_node(parent, index)
-        finally:
-            self._depth -= 1
-        self._expanded[id(node)] = 1 + sum(self._expanded[id(c)] for c in _children(node))
-        return node
-
-    def _count(self, values: int, mark: Any) -> None:
-        self._total += values
-        if self._total <= MAX_YAML_VALUES:
-            return
-        if self._aliases:
-            raise _TooBig(
-                f"more than {MAX_YAML_VALUES} values once its YAML aliases are expanded (a "
-                'config has a few hundred): nested aliases multiply (a "billion laughs"); '
-                "write the values out instead",
-                mark,
-            )
-        raise _TooBig(
-            f"more than {MAX_YAML_VALUES} values (a config has a few hundred); is this the "
-            "right file?",
-            mark,
-        )
-
-
-def _children(node: yaml.Node) -> list[yaml.Node]:
-    if isinstance(node, yaml.SequenceNode):
-        return node.value
-    if isinstance(node, yaml.MappingNode):
-        return [n for pair in node.value for n in pair]
-    return []
-
-
-def _shorten(text: str, limit: int = 80) -> str:
-    """`text`, or its start and its length when longer than `limit`: error messages stay one
-    readable line whatever a config holds."""
-    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
-
-
-def _merge(base: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for key, value in new.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _merge(out[key], value)
-        else:
-            out[key] = value
-    return out
-
-
-def _tag(tree: dict[str, Any], source: str) -> dict[str, Any]:
-    """Wraps every leaf with the file or override it came from, for error messages."""
-    return {
-        k: _tag(v, source) if isinstance(v, dict) else _Sourced(v, source) for k, v in tree.items()
-    }
-
-
-@dataclass(frozen=True)
-class _Sourced:
-    value: Any
-    source: str
-
-
-def _build(cls: type, tree: Any, prefix: str, default_source: str) -> Any:
-    if isinstance(tree, _Sourced) and tree.value is None:  # `train:` with nothing under it
-        tree = {}
-    if isinstance(tree, _Sourced):
-        raise ConfigError(
-            f"{tree.source}: {prefix.rstrip('.')}: expected a mapping of keys, got {_got(tree.value)}"
-        )
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    for key in tree:
-        if key not in fields:
-            raise ConfigError(_unknown_key(tree, key, prefix, fields, default_source))
-    kwargs = {}
-    for name, value in tree.items():
-        path = f"{prefix}{name}"
-        if hints[name] == tuple[CallbackConfig, ...]:
-            kwargs[name] = _callbacks(value, default_source)
-        elif dataclasses.is_dataclass(hints[name]):
-            kwargs[name] = _build(hints[name], value, f"{path}.", default_source)
-        else:
-            if isinstance(value, dict):
-                raise ConfigError(
-                    f"{_first_source(value, default_source)}: {path}: expected "
-                    f"{_describe(hints[name])}, got a mapping"
-                )
-            kwargs[name] = _coerce(value.value, hints[name], fields[name], path, value.source)
-    return cls(**kwargs)
+    return typed_yaml.load(Config, path, overrides)
 
 
 _CALLBACK_KEYS = ("class", "args", "ranks")
@@ -510,7 +317,7 @@ def _callbacks(tree: Any, default_source: str) -> tuple[CallbackConfig, ...]:
     """`callbacks:`, a list of {class, args, ranks} mappings, checked item by item."""
     if isinstance(tree, dict):  # `callbacks: {...}` or `--set callbacks.x=...`
         raise ConfigError(
-            f"{_first_source(tree, default_source)}: callbacks: expected a list of "
+            f"{first_source(tree, default_source)}: callbacks: expected a list of "
             "{class: 'module:Name', args: {...}} mappings, got a mapping"
         )
     items, source = tree.value, tree.source
@@ -519,7 +326,7 @@ def _callbacks(tree: Any, default_source: str) -> tuple[CallbackConfig, ...]:
     if not isinstance(items, list):
         raise ConfigError(
             f"{source}: callbacks: expected a list of {{class: 'module:Name', args: {{...}}}} "
-            f"mappings, got {_got(items)}"
+            f"mappings, got {got(items)}"
         )
     return tuple(_callback(item, f"callbacks[{i}]", source) for i, item in enumerate(items))
 
@@ -528,13 +335,13 @@ def _callback(item: Any, path: str, source: str) -> CallbackConfig:
     if not isinstance(item, dict):
         raise ConfigError(
             f"{source}: {path}: expected a mapping with class (and optional args, ranks), "
-            f"got {_got(item)}"
+            f"got {got(item)}"
         )
     for key in item:
         if key not in _CALLBACK_KEYS:
-            tagged = {k: _Sourced(v, source) for k, v in item.items()}
+            tagged = {k: Sourced(v, source) for k, v in item.items()}
             known = dict.fromkeys(_CALLBACK_KEYS)
-            raise ConfigError(_unknown_key(tagged, key, f"{path}.", known, source))
+            raise ConfigError(unknown_key(tagged, key, f"{path}.", known, source))
     if "class" not in item:
         raise ConfigError(
             f"{source}: {path}.class: required: the callback, as 'module:Name' or a "
@@ -542,7 +349,7 @@ def _callback(item: Any, path: str, source: str) -> CallbackConfig:
         )
     cls = item["class"]
     if not isinstance(cls, str) or len(cls) > MAX_STRING:
-        raise ConfigError(f"{source}: {path}.class: expected 'module:Name', got {_got(cls)}")
+        raise ConfigError(f"{source}: {path}.class: expected 'module:Name', got {got(cls)}")
     _check_spec(cls, f"{source}: {path}.class", "Name", bare_ok=True)
     name = cls.rpartition(":")[2]
     if name in REFUSED_CALLBACKS:
@@ -551,12 +358,12 @@ def _callback(item: Any, path: str, source: str) -> CallbackConfig:
     if not isinstance(args, dict) or not all(isinstance(k, str) for k in args):
         raise ConfigError(
             f"{source}: {path}.args: expected a mapping of the constructor's keyword "
-            f"arguments, got {_got(args)}"
+            f"arguments, got {got(args)}"
         )
     ranks = item.get("ranks")
     if ranks not in (None, "all", "chief"):
         raise ConfigError(
-            f"{source}: {path}.ranks: expected 'all' or 'chief' (rank 0 only), got {_got(ranks)}"
+            f"{source}: {path}.ranks: expected 'all' or 'chief' (rank 0 only), got {got(ranks)}"
         )
     return CallbackConfig(cls, tuple(args.items()), ranks)
 
@@ -567,146 +374,7 @@ def _check_spec(spec: str, where: str, what: str, bare_ok: bool = False) -> None
     module, sep, name = spec.rpartition(":")
     if (sep and module and name.isidentifier()) or (bare_ok and not sep and name.isidentifier()):
         return
-    raise ConfigError(f"{where}: expected 'module:{what}', got {_REPR.repr(spec)}")
-
-
-def _first_source(tree: dict[str, Any], default: str) -> str:
-    for v in tree.values():
-        if isinstance(v, _Sourced):
-            return v.source
-        if isinstance(v, dict):
-            return _first_source(v, default)
-    return default
-
-
-def _unknown_key(tree: dict, key: str, prefix: str, fields: dict, default_source: str) -> str:
-    value = tree[key]
-    source = value.source if isinstance(value, _Sourced) else _first_source(value, default_source)
-    key = _shorten(str(key))  # a key may be any YAML scalar, of any length
-    close = difflib.get_close_matches(key, list(fields), n=1, cutoff=0.6)
-    hint = (
-        f"; did you mean {prefix}{close[0]}?"
-        if close
-        else f"; known keys here: {', '.join(prefix + f for f in fields)}"
-    )
-    return f"{source}: {prefix}{key}: unknown key{hint}"
-
-
-def _coerce(value: Any, tp: Any, fld: dataclasses.Field, path: str, source: str) -> Any:
-    given, declared = value, tp
-
-    def fail(expected: str | None = None) -> ConfigError:
-        wanted = expected or _describe(declared)
-        return ConfigError(f"{source}: {path}: expected {wanted}, got {_got(given)}")
-
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin in _UNIONS:  # X | None
-        if value is None:
-            return None
-        tp = next(a for a in args if a is not type(None))
-        origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin is Literal:
-        if isinstance(value, bool) and fld.metadata.get("bool_as_int"):
-            value = int(value)  # an older config's true/false for a field that became a level
-        # By type too: `True in (0, 1)` and `1.0 in (0, 1)` hold in Python.
-        if not any(value == a and type(value) is type(a) for a in args):
-            bools = " (or true/false for 1/0)" if fld.metadata.get("bool_as_int") else ""
-            raise fail(f"{_describe(declared)}{bools}")
-        return value
-    if origin is tuple:
-        if not isinstance(value, list) or not all(_is_int(v) for v in value):
-            raise fail()
-        if any(v < 1 for v in value):
-            raise fail("a list of positive integers")
-        return tuple(value)
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise fail()
-        return value
-    if tp is int:
-        if not _is_int(value):
-            raise fail()
-    elif tp is float:
-        value = _as_float(value)
-        if value is None:
-            raise fail()
-    elif tp is str:
-        if not isinstance(value, str):
-            raise fail()
-        if len(value) > MAX_STRING:
-            raise fail(f"a string of at most {MAX_STRING} characters (a name or a path)")
-        if fld.metadata.get("executable") and value and not _ONE_PATH.fullmatch(value):
-            raise fail(
-                "the path of one executable (no spaces, arguments or shell syntax: put those "
-                "inside the script)"
-            )
-        return value
-    _check_range(value, fld, fail)
-    return value
-
-
-_UNIONS = (typing.Union, types.UnionType)
-# A path a shell reads as one plain word (shlex's safe characters): no spaces, quotes, `;`, `|`,
-# `$`, backquotes, globs or `~`, so a config cannot smuggle a command into horovodrun's shell.
-_ONE_PATH = re.compile(r"[\w@%+=:,./-]+")
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _as_float(v: Any) -> float | None:
-    if isinstance(v, bool):
-        return None
-    if isinstance(v, (int, float)):
-        return float(v)
-    if isinstance(v, str):  # PyYAML reads 1e-3 (no dot) as a string
-        try:
-            f = float(v)
-        except ValueError:
-            return None
-        return f if math.isfinite(f) else None
-    return None
-
-
-def _check_range(value: float, fld: dataclasses.Field, fail: Any) -> None:
-    meta = fld.metadata
-    if "min" in meta and value < meta["min"]:
-        raise fail(f"a value >= {meta['min']}")
-    if "min_exclusive" in meta and value <= meta["min_exclusive"]:
-        raise fail(f"a value > {meta['min_exclusive']}")
-    if "max" in meta and value > meta["max"]:
-        raise fail(f"a value <= {meta['max']}")
-
-
-def _describe(tp: Any) -> str:
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin in _UNIONS:
-        inner = next(a for a in args if a is not type(None))
-        return f"{_describe(inner)} or null"
-    if origin is Literal:
-        return "one of " + ", ".join(repr(a) for a in args)
-    if origin is tuple:
-        return "a list of integers"
-    return {bool: "true or false", int: "an integer", float: "a number", str: "a string"}[tp]
-
-
-def _got(v: Any) -> str:
-    return f"{_REPR.repr(v)} ({_kind(v)})"
-
-
-# repr that stops early: a value in an error message is never echoed whole (a 1 MB string, or
-# a list whose items are aliases of one long string, would make a message of gigabytes).
-_REPR = reprlib.Repr()
-_REPR.maxstring = _REPR.maxother = 60
-_REPR.maxlist = _REPR.maxdict = 6
-_REPR.maxlevel = 3
-
-
-def _kind(v: Any) -> str:
-    if v is None:
-        return "null"
-    return {dict: "a mapping", list: "a list", bool: "a boolean"}.get(type(v), type(v).__name__)
+    raise ConfigError(f"{where}: expected 'module:{what}', got {SHORT_REPR.repr(spec)}")
 
 
 # --------------------------------------------------------------------------- checks and derived
@@ -776,21 +444,21 @@ def _check_run_dir(path: str) -> None:
         )
 
 
-def _check_image_source(d: DataConfig) -> None:
-    if not d.train_dir:
+def _check_image_source(data: DataConfig) -> None:
+    if not data.train_dir:
         raise ConfigError(
-            f"data.train_dir: data.source {d.source} needs the folder of training data; "
+            f"data.train_dir: data.source {data.source} needs the folder of training data; "
             "set data.train_dir"
         )
-    if len(d.image_size) != 2:
+    if len(data.image_size) != 2:
         raise ConfigError(
-            f"data.image_size: expected [height, width] for data.source {d.source}, "
-            f"got {list(d.image_size)}"
+            f"data.image_size: expected [height, width] for data.source {data.source}, "
+            f"got {list(data.image_size)}"
         )
-    if d.channels not in (1, 3):
+    if data.channels not in (1, 3):
         raise ConfigError(
-            f"data.channels: expected 1 (grey) or 3 (RGB) for data.source {d.source}, "
-            f"got {d.channels}"
+            f"data.channels: expected 1 (grey) or 3 (RGB) for data.source {data.source}, "
+            f"got {data.channels}"
         )
     if d.read == "stream" and d.cache == "memory":
         raise ConfigError(
@@ -799,7 +467,7 @@ def _check_image_source(d: DataConfig) -> None:
         )
 
 
-APPLICATIONS = ("mobilenet_v2", "resnet50", "efficientnet_b0")  # Keras Applications bases
+APPLICATIONS = typing.get_args(ApplicationName)  # Keras Applications bases
 
 
 def _check_schedule(cfg: Config) -> None:
@@ -831,7 +499,7 @@ def _check_model(cfg: Config) -> None:
     m = cfg.model
     if m.name in APPLICATIONS and not m.factory:
         return
-    which = f"model.factory {_REPR.repr(m.factory)}" if m.factory else f"model.name {m.name!r}"
+    which = f"model.factory {SHORT_REPR.repr(m.factory)}" if m.factory else f"model.name {m.name!r}"
     for key, set_ in (("weights", m.weights != "none"), ("trainable_base", not m.trainable_base)):
         if set_:
             raise ConfigError(
@@ -842,7 +510,8 @@ def _check_model(cfg: Config) -> None:
 
 @dataclass(frozen=True)
 class Derived:
-    """Values computed from the config and the job; the only place they are computed."""
+    """The run's plan: values computed from the config and the job (the only place they are
+    computed), passed around as `plan`."""
 
     world_size: int
     per_worker_batch: int
@@ -915,31 +584,13 @@ def derive(cfg: Config, world_size: int, num_train: int) -> Derived:
 
 def to_dict(cfg: Config) -> dict[str, Any]:
     """The resolved config as plain YAML-able data (tuples become lists)."""
-
-    def plain(v: Any) -> Any:
-        if isinstance(v, tuple):
-            return list(v)
-        if isinstance(v, dict):
-            return {k: plain(x) for k, x in v.items()}
-        return v
-
-    out = plain(dataclasses.asdict(cfg))
+    out = typed_yaml.plain(cfg)
     out["callbacks"] = [c.as_dict() for c in cfg.callbacks]  # `class`, as the YAML spells it
     return out
 
 
 def dump_yaml(cfg: Config) -> str:
     return yaml.safe_dump(to_dict(cfg), sort_keys=False)
-
-
-def get(cfg: Config, dotted: str) -> Any:
-    """`get(cfg, "train.batch_size")`; raises ConfigError for an unknown key."""
-    node: Any = cfg
-    for part in dotted.split("."):
-        if not dataclasses.is_dataclass(node) or not hasattr(node, part):
-            raise ConfigError(f"{_shorten(dotted)}: unknown key")
-        node = getattr(node, part)
-    return list(node) if isinstance(node, tuple) else node
 
 
 def add_config_arguments(

@@ -166,6 +166,16 @@ class RunControl(tf.keras.callbacks.Callback):
     epoch and the steps done in it, or `(epoch + 1, 0)` when the epoch was complete. A
     non-finite loss, or non-finite weights where a checkpoint is due, raise `TrainingError` on
     every worker at the same step. It also agrees at every epoch's end.
+
+    Args:
+        signals: the process's StopSignals: what this worker saw.
+        every: agree every this many steps; 0: about once a second.
+        steps_per_epoch: the steps of a whole epoch.
+        checkpoint_due: whether a checkpoint is due after a position step (then the weights
+            are checked too).
+        first_step_in_epoch: the steps of the first epoch already done (a resume part-way).
+            Defaults to 0.
+        clock: seconds, for the step times. Defaults to `time.perf_counter`.
     """
 
     def __init__(
@@ -175,9 +185,11 @@ class RunControl(tf.keras.callbacks.Callback):
         steps_per_epoch: int,
         checkpoint_due: Callable[[int], bool],
         first_step_in_epoch: int = 0,
+        clock: Callable[[], float] = time.perf_counter,
     ):
         super().__init__()
         self.signals = signals
+        self._clock = clock
         self.every = every
         self.steps_per_epoch = steps_per_epoch
         self.checkpoint_due = checkpoint_due
@@ -191,7 +203,7 @@ class RunControl(tf.keras.callbacks.Callback):
         self._restart_clock()
 
     def _restart_clock(self) -> None:
-        self._since, self._steps = time.perf_counter(), 0
+        self._since, self._steps = self._clock(), 0
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         self.epoch, self.step_in_epoch = epoch, self._offset
@@ -240,7 +252,7 @@ class RunControl(tf.keras.callbacks.Callback):
     def sync(self, check_weights: bool = False) -> None:
         """One all-reduce of every worker's observations; acts on the agreed decision."""
         weights_bad = check_weights and not _all_finite(self.model.weights)
-        step_us = round(1e6 * (time.perf_counter() - self._since) / max(self._steps, 1))
+        step_us = round(1e6 * (self._clock() - self._since) / max(self._steps, 1))
         local = [
             float(self.signals.signum),
             0.0 if _finite(self._loss) else 1.0,

@@ -65,7 +65,7 @@ def train_dataset(
             lambda i: (model_input(tf.gather(x, i)), tf.gather(y, i)),
             num_parallel_calls=tf.data.AUTOTUNE,
         )
-    augment = augment_batch_fn(cfg, rank)
+    augment = augment_batch_fn(cfg.augment, cfg.runtime.seed, rank)
     if augment is not None:
         # Seeded by (seed, rank, global step): the same augmentation whatever the order of the
         # parallel calls, and again after a resume (the trainer skips batches after this point).

@@ -19,6 +19,7 @@ import horovod.tensorflow.keras as hvd
 import tensorflow as tf
 
 from hvd_train import distributed
+from hvd_train.callbacks import RunCallbacks
 from hvd_train.config import Config, Derived, derive
 from hvd_train.data import Source
 from hvd_train.fitting import fit_from
@@ -46,13 +47,12 @@ def fit_elastic(
     cfg: Config,
     start_epoch: int,
     start_step: int,
-    make_callbacks: Callable[[Derived, int, int], list],
-    attach: Callable[[tf.data.Dataset], tf.data.Dataset],
+    make_callbacks: Callable[[Derived, int, int, tuple], RunCallbacks],
 ) -> tuple[dict[str, list[float]], dict[str, Any]]:
     """Trains to `train.epochs` under Horovod Elastic; returns the history and a report.
 
-    `make_callbacks(d, epoch, first_step)` builds this membership's callbacks (they depend on
-    the worker count and on which worker is rank 0); `attach` wraps the training data.
+    `make_callbacks(d, epoch, first_step, leading)` builds this membership's callbacks (they
+    depend on the worker count and on which worker is rank 0), with `leading` first.
     """
     history: dict[str, list[float]] = {}
     report: dict[str, Any] = {"resets": 0, "world_sizes": []}
@@ -75,13 +75,13 @@ def fit_elastic(
         if step >= d.steps_per_epoch:
             epoch, step = epoch + 1, 0
         state.epoch, state.batch = epoch, step
-        callbacks = [
+        leading = (
             # Horovod Elastic: commit (in memory) every N steps and at each epoch's end.
             hvd.elastic.CommitStateCallback(state, cfg.elastic.commit_every_steps),
             _TrackPosition(state, d),
-            *make_callbacks(d, epoch, step),
-        ]
-        fit_from(model, source, cfg, d, epoch, step, callbacks, attach, history)
+        )
+        callbacks = make_callbacks(d, epoch, step, leading)
+        fit_from(model, source, cfg, d, epoch, step, callbacks, history)
 
     run(state)
     return history, report

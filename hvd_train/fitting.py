@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import tensorflow as tf
 
 from hvd_train import distributed
-from hvd_train.callbacks import wants_progress_bar
+from hvd_train.callbacks import RunCallbacks, wants_progress_bar
 from hvd_train.config import Config, Derived
 from hvd_train.data import Source, train_dataset
 
@@ -30,14 +30,14 @@ def fit_from(
     model: tf.keras.Model,
     source: Source,
     cfg: Config,
-    d: Derived,
+    plan: Derived,
     epoch: int,
     step: int,
-    callbacks: list,
-    attach: Callable[[tf.data.Dataset], tf.data.Dataset],
+    callbacks: RunCallbacks,
     history: dict[str, list[float]] | None = None,
 ) -> dict[str, list[float]]:
-    """Runs `model.fit` from (epoch, step) to `train.epochs`; returns the joined history.
+    """Runs `model.fit` from (epoch, step) to `train.epochs` with `callbacks` (built by
+    callbacks.build_callbacks, whose InputWait time-stamps the data); returns the joined history.
 
     Each `fit`'s history is added to `history` as soon as it ends, so an elastic reset in a
     later `fit` keeps the earlier ones. Stops early when a callback sets `model.stop_training`
@@ -47,12 +47,12 @@ def fit_from(
     # Keras' bar (build_callbacks put a callbacks.ProgressBar in the list), else none.
     verbose = 1 if wants_progress_bar(cfg.train.verbose) else 0
     while epoch < cfg.train.epochs:
-        data = train_dataset(source, cfg, d, distributed.rank(), first_epoch=epoch)
+        data = train_dataset(source, cfg, plan, distributed.rank(), first_epoch=epoch)
         last = epoch + 1 if step else cfg.train.epochs  # a part-done epoch on its own
         with _without_first_batch_timing_warning():
             h = model.fit(
-                attach(data.skip(step)), initial_epoch=epoch, epochs=last,
-                steps_per_epoch=d.steps_per_epoch - step, callbacks=callbacks,
+                callbacks.input_wait.attach(data.skip(step)), initial_epoch=epoch, epochs=last,
+                steps_per_epoch=plan.steps_per_epoch - step, callbacks=list(callbacks.all),
                 verbose=verbose,
             )  # fmt: skip
         for key, values in h.history.items():

@@ -14,13 +14,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 import tensorflow as tf
 
-from hvd_train import distributed
-from hvd_train.config import Config
+from hvd_train import distributed, tuning
+from hvd_train.config import Config, Derived, derive
+from hvd_train.data import Source, load_source, train_dataset
+from hvd_train.training_step import build_compiled_model
 
 DECODED_ADVICE = (
     "decode less or decode faster: data.cache: memory (decode once), data.source: tfrecord "
@@ -142,36 +145,35 @@ def data_bench(cfg: Config, batches: int) -> dict[str, float]:
 
     Prints one line on rank 0 and returns the slowest worker's rates.
     """
-    from hvd_train.config import derive
-    from hvd_train.data import load_source, train_dataset
-
+    tuning.before_init(cfg)  # as the trainer: core binding and XLA set up before Horovod
     distributed.init(cfg.horovod, cfg.run.dir)
-    distributed.configure_devices(cfg.runtime.intra_op_threads, cfg.runtime.inter_op_threads)
+    device = distributed.configure_devices(
+        cfg.runtime.intra_op_threads, cfg.runtime.inter_op_threads
+    )
     tf.keras.utils.set_random_seed(cfg.runtime.seed)
     source = load_source(cfg)
-    d = derive(cfg, distributed.size(), source.num_train)
+    plan = derive(cfg, distributed.size(), source.num_train)
     warm = 5
-    epochs = -(-(warm + batches) // d.steps_per_epoch)
+    epochs = -(-(warm + batches) // plan.steps_per_epoch)
     long_cfg = _with_epochs(cfg, epochs)
     input_rate = _pipeline_rate(
-        train_dataset(source, long_cfg, d, distributed.rank()), warm, batches
+        train_dataset(source, long_cfg, plan, distributed.rank()), warm, batches
     )
-    model_rate = _model_rate(cfg, d, source, warm, batches)
+    model_rate = _model_rate(cfg, plan, source, device, warm, batches)
     rates = distributed.allgather_object((input_rate, model_rate), name="data_bench")
     worst_in, worst_model = min(r[0] for r in rates), min(r[1] for r in rates)
     ratio = worst_in / worst_model
     verdict = "input-bound: training will wait for data" if ratio < 1 else "not input-bound"
     distributed.log(
-        f"data-bench ({cfg.data.source}, {d.world_size} worker(s), batch {d.per_worker_batch}/"
-        f"worker, {batches} batches): input pipeline {worst_in:.0f} examples/s per worker | "
-        f"model consumes {worst_model:.0f} examples/s per worker | ratio {ratio:.2f}: {verdict}"
+        f"data-bench ({cfg.data.source}, {plan.world_size} worker(s), batch "
+        f"{plan.per_worker_batch}/worker, {batches} batches): input pipeline {worst_in:.0f} "
+        f"examples/s per worker | model consumes {worst_model:.0f} examples/s per worker | "
+        f"ratio {ratio:.2f}: {verdict}"
     )
     return {"input_examples_per_sec": worst_in, "model_examples_per_sec": worst_model}
 
 
 def _with_epochs(cfg: Config, epochs: int) -> Config:
-    from dataclasses import replace
-
     return replace(cfg, train=replace(cfg.train, epochs=max(epochs, cfg.train.epochs)))
 
 
@@ -187,27 +189,19 @@ def _pipeline_rate(ds: tf.data.Dataset, warm: int, batches: int) -> float:
     return n / (time.perf_counter() - start)
 
 
-def _model_rate(cfg: Config, d, source, warm: int, batches: int) -> float:
-    """Real training steps of the configured model (Horovod's averaged gradients and all) on
-    one in-memory batch repeated: what the model consumes when input costs nothing."""
-    import horovod.tensorflow.keras as hvd
-
-    from hvd_train.models import build_model
-    from hvd_train.trainer import make_optimizer
-
-    model = build_model(cfg, source.input_shape, source.num_classes)
-    model.compile(
-        optimizer=hvd.DistributedOptimizer(make_optimizer(cfg, d)),
-        loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=cfg.model.from_logits),
-        metrics=["accuracy"],
-        jit_compile=cfg.runtime.jit_compile,
-    )
-    x = tf.random.uniform([d.per_worker_batch, *source.input_shape])
-    y = tf.zeros([d.per_worker_batch], tf.int32)
+def _model_rate(
+    cfg: Config, plan: Derived, source: Source, device: str, warm: int, batches: int
+) -> float:
+    """The trainer's own training step (training_step.build_compiled_model: precision, XLA,
+    Horovod's averaged gradients) on one in-memory batch repeated: what the model consumes when
+    input costs nothing."""
+    model = build_compiled_model(cfg, plan, source.input_shape, source.num_classes, device)
+    x = tf.random.uniform([plan.per_worker_batch, *source.input_shape])
+    y = tf.zeros([plan.per_worker_batch], tf.int32)
     clock = _StepClock(warm)
     ds = tf.data.Dataset.from_tensors((x, y)).repeat()
     model.fit(ds, steps_per_epoch=warm + batches, epochs=1, callbacks=[clock], verbose=0)
-    return batches * d.per_worker_batch / (clock.end - clock.start)
+    return batches * plan.per_worker_batch / (clock.end - clock.start)
 
 
 class _StepClock(tf.keras.callbacks.Callback):

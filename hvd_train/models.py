@@ -1,6 +1,6 @@
 """Built-in models by name, and users' own models through `model.factory: "module:function"`.
 
-Built in: `convnet7` and `mlp` for small inputs; `mobilenet_v2`, `resnet50` and
+Built in: `convnet` and `mlp` for small inputs; `mobilenet_v2`, `resnet50` and
 `efficientnet_b0`, Keras Applications bases (optionally with pretrained weights from a local
 file) under a configurable head. Any functional model can have its BatchNormalization layers
 swapped for Horovod's SyncBatchNormalization (`model.sync_batch_norm`), and swapped back for
@@ -45,10 +45,8 @@ def _build(cfg: Config, input_shape: tuple[int, ...], num_classes: int) -> tf.ke
     m = cfg.model
     if m.factory:
         return _from_factory(cfg, input_shape, num_classes)
-    if m.name == "convnet7":
-        return convnet7(
-            input_shape, num_classes, m.filters, m.dense_units, m.dropout, m.from_logits
-        )
+    if m.name == "convnet":
+        return convnet(input_shape, num_classes, m.filters, m.dense_units, m.dropout, m.from_logits)
     if m.name == "mlp":
         return mlp(input_shape, num_classes, m.dense_units, m.dropout, m.from_logits)
     return application(
@@ -64,7 +62,7 @@ def _build(cfg: Config, input_shape: tuple[int, ...], num_classes: int) -> tf.ke
     )
 
 
-def convnet7(
+def convnet(
     input_shape: tuple[int, ...],
     num_classes: int,
     filters: tuple[int, ...] = (32, 32, 64, 64),
@@ -85,9 +83,10 @@ def convnet7(
     6. Dense 256, ReLU; then Dropout.
     7. Dense to the classes (softmax, or logits with `from_logits`), float32.
 
-    Seven weighted layers: four convolutions and three dense layers when `dense_units` has two
-    entries, as in the seed (six with the default single hidden layer). A pool follows every
-    second convolution, so more `filters` entries make it deeper. All convolutions pad `same`,
+    Its depth follows the config: one convolution per `filters` entry and one dense layer per
+    `dense_units` entry, then the classifier (six weighted layers with the defaults; seven with
+    two `dense_units` entries, as `convnet7`, its old name, promised). A pool follows every
+    second convolution. All convolutions pad `same`,
     so it fits inputs as small as 4x4 (2-D inputs are taken as one-channel images). At 32x32x3
     it has about 1.1 M weights; wide `dense_units` (for example [2816, 256]) make the 12 M-weight
     gradient-heavy variant.
@@ -106,7 +105,7 @@ def convnet7(
         x = layers.Dense(units, activation="relu")(x)
         x = layers.Dropout(dropout)(x) if dropout else x
     outputs = _head(x, num_classes, from_logits)
-    return tf.keras.Model(inputs, outputs, name="convnet7")
+    return tf.keras.Model(inputs, outputs, name="convnet")
 
 
 def mlp(
@@ -252,7 +251,7 @@ def _check_image_shape(name: str, shape: tuple[int, ...]) -> None:
     if min(shape[:2]) < _MIN_SIZE:
         raise ConfigError(
             f"model.name: {name} needs images of at least {_MIN_SIZE}x{_MIN_SIZE}, got "
-            f"{shape[0]}x{shape[1]}; use larger images (data.image_size) or model.name: convnet7"
+            f"{shape[0]}x{shape[1]}; use larger images (data.image_size) or model.name: convnet"
         )
 
 

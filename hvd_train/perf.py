@@ -29,9 +29,9 @@ class StepTimer(tf.keras.callbacks.Callback):
     it holds everything a step costs: input, compute, all-reduce, callbacks.
     """
 
-    def __init__(self, d: Derived):
+    def __init__(self, plan: Derived):
         super().__init__()
-        self.d = d
+        self.plan = plan
         self._supports_tf_logs = True  # batch hooks must not turn the logs into numpy each step
         self.steps: list[list[float]] = []  # seconds, per epoch
         self.windows: list[tuple[float, float]] = []  # wall-clock (time.time) of each epoch
@@ -55,7 +55,7 @@ class StepTimer(tf.keras.callbacks.Callback):
         if not steps:
             return
         logs["step_time_ms"] = 1000 * statistics.median(steps)
-        rate = len(steps) * self.d.per_worker_batch / self.seconds[-1]
+        rate = len(steps) * self.plan.per_worker_batch / self.seconds[-1]
         logs["examples_per_sec_per_worker"] = rate
 
     def measured(self) -> tuple[list[float], float, list[tuple[float, float]], str]:
@@ -75,17 +75,17 @@ class StepTimer(tf.keras.callbacks.Callback):
 def throughput_summary(timer: StepTimer, cfg: Config) -> dict[str, Any]:
     """summary.json's throughput keys, warm-up left out; the all-reduce shares need
     `horovod.timeline: true` (they are computed on rank 0, null elsewhere and without it)."""
-    d = timer.d
+    plan = timer.plan
     steps, seconds, windows, warmup = timer.measured()
-    per_worker = len(steps) * d.per_worker_batch / seconds if seconds else 0.0
+    per_worker = len(steps) * plan.per_worker_batch / seconds if seconds else 0.0
     shares = _timeline_shares(cfg, windows) if cfg.horovod.timeline else {}
     return {
-        "train_examples_per_sec": per_worker * d.world_size,
+        "train_examples_per_sec": per_worker * plan.world_size,
         "train_examples_per_sec_per_worker": per_worker,
         "step_time_ms": 1000 * statistics.median(steps) if steps else None,
         "warmup_excluded": warmup,
-        "accumulation_steps": d.accumulation_steps,
-        "effective_batch_size": d.effective_batch,
+        "accumulation_steps": plan.accumulation_steps,
+        "effective_batch_size": plan.effective_batch,
         "allreduce_time_share": shares.get("ALLREDUCE"),
         "negotiation_time_share": shares.get("NEGOTIATE_ALLREDUCE"),
     }

@@ -25,9 +25,10 @@ from collections.abc import Sequence
 
 import tensorflow as tf
 
-from hvd_train.config import Config, Derived
+from hvd_train.config import Config, Derived, OptimizerConfig
+from hvd_train.typed_yaml import choices
 
-DECAYS = ("constant", "step", "cosine", "exponential", "warmup_decay")
+DECAYS = choices(OptimizerConfig, "schedule")  # constant, step, cosine, ...
 
 
 @tf.keras.utils.register_keras_serializable(package="hvd_train")
@@ -128,14 +129,14 @@ def lr_multiplier(optimizer: tf.keras.optimizers.Optimizer) -> tf.Variable | Non
     return schedule.multiplier if isinstance(schedule, WarmupScaled) else None
 
 
-def learning_rate_schedule(cfg: Config, d: Derived) -> WarmupScaled:
+def learning_rate_schedule(cfg: Config, plan: Derived) -> WarmupScaled:
     """The schedule the run follows: `optimizer.schedule` after the warm-up, both on the rates
     and steps `derive` computed for this worker count."""
-    o, spe = cfg.optimizer, d.steps_per_epoch
+    o, spe = cfg.optimizer, plan.steps_per_epoch
     return WarmupScaled(
-        d.base_lr,
-        d.scaled_lr,
-        d.warmup_steps,
+        plan.base_lr,
+        plan.scaled_lr,
+        plan.warmup_steps,
         decay=o.schedule,
         total_steps=cfg.train.epochs * spe,
         boundaries=[b * spe for b in o.step_boundaries_epochs],
@@ -151,26 +152,28 @@ def rates(schedule: WarmupScaled, total_steps: int) -> list[float]:
     return schedule(tf.range(total_steps)).numpy().tolist()
 
 
-def plot(cfg: Config, d: Derived, out: str) -> list[float]:
+def plot(cfg: Config, plan: Derived, out: str) -> list[float]:
     """Draws the run's schedule (rate against epoch) to the PNG `out`; returns the rates."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    total = cfg.train.epochs * d.steps_per_epoch
-    values = rates(learning_rate_schedule(cfg, d), total)
-    epochs = [s / d.steps_per_epoch for s in range(total)]
+    total = cfg.train.epochs * plan.steps_per_epoch
+    values = rates(learning_rate_schedule(cfg, plan), total)
+    epochs = [s / plan.steps_per_epoch for s in range(total)]
     fig, ax = plt.subplots(figsize=(8, 4))
     ax.plot(epochs, values)
-    if d.warmup_steps:
-        ax.axvline(d.warmup_steps / d.steps_per_epoch, color="grey", ls="--", label="warm-up end")
+    if plan.warmup_steps:
+        ax.axvline(
+            plan.warmup_steps / plan.steps_per_epoch, color="grey", ls="--", label="warm-up end"
+        )
         ax.legend()
     ax.set_xlabel("epoch")
     ax.set_ylabel("learning rate")
     ax.set_title(
-        f"{cfg.optimizer.schedule}: {d.world_size} worker(s), global batch {d.global_batch}, "
-        f"{d.steps_per_epoch} steps/epoch"
+        f"{cfg.optimizer.schedule}: {plan.world_size} worker(s), global batch {plan.global_batch}, "
+        f"{plan.steps_per_epoch} steps/epoch"
     )
     ax.grid(alpha=0.3)
     fig.tight_layout()

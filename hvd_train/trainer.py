@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import signal
 import time
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import tensorflow as tf
 
 from hvd_train import distributed, logs, perf, rundir, tuning
-from hvd_train.callbacks import Checkpointer, build_callbacks, every_steps_due
+from hvd_train.callbacks import Checkpointer, RunCallbacks, build_callbacks
 from hvd_train.checkpoint import (
     PREFIX,
     STATE_FILE,
@@ -36,13 +38,13 @@ from hvd_train.errors import (
     TrainingError,
     UserError,
 )
-from hvd_train.evaluation import Evaluator
 from hvd_train.fitting import fit_from
-from hvd_train.input_diagnostics import InputWait, advice_for, data_summary
-from hvd_train.models import build_model, weights_note
+from hvd_train.input_diagnostics import data_summary
+from hvd_train.models import weights_note
 from hvd_train.record import RecordError, RunRecord
-from hvd_train.schedules import learning_rate_schedule, lr_multiplier
-from hvd_train.user_callbacks import AgreedStop, build_user_callbacks
+from hvd_train.schedules import lr_multiplier
+from hvd_train.training_step import build_compiled_model
+from hvd_train.user_callbacks import AgreedStop
 
 
 def train(cfg: Config, config_path: str | None = None) -> tuple[tf.keras.Model, dict[str, Any]]:
@@ -58,164 +60,183 @@ def train(cfg: Config, config_path: str | None = None) -> tuple[tf.keras.Model, 
         TrainingError: a NaN or infinite loss, a failed write (exit code 1).
         Interrupted: SIGTERM or SIGINT; a checkpoint was written (exit code 128 + signal).
     """
-    # From the first moment: a stop during start-up ends at once, and is recorded once there
-    # is a record (see StopSignals: a stop may also end the process from its watcher thread).
-    signals = StopSignals()
-    signals.install()
-    claims: list[rundir.Claim] = []  # rank 0's hold on run.dir, taken in _prepare_run_dir
-    signals.before_exit.append(lambda: [claim.release() for claim in claims])
-    try:
-        return _train(cfg, config_path, claims, signals)
-    finally:
-        signals.done.set()
-        signals.uninstall()
-        for claim in claims:  # at every ending: completed, failed, interrupted
+    with _running() as run:
+        device = _start_worker(cfg, run)
+        source = load_source(cfg)
+        plan = derive(cfg, distributed.size(), source.num_train)
+        _open_run_dir(cfg, config_path, run, plan, device)
+        try:
+            _log_plan(cfg, plan, source, device)
+            tuning.log_knobs(cfg, plan)
+            model = build_compiled_model(cfg, plan, source.input_shape, source.num_classes, device)
+            if note := weights_note(cfg):
+                distributed.log(note)  # rank 0; a resume below then restores the checkpoint
+            start = _resume(cfg, model, plan)
+            run.note_start(start)
+            history = _fit(cfg, model, source, plan, start, run)
+        except BaseException as e:
+            _fail(run, e)
+            raise
+        summary = _summarize(cfg, history, source, run.callbacks)
+        if summary["status"] == "interrupted":
+            _stop(run, summary)  # raises Interrupted once rank 0 has recorded the stop
+        _complete(cfg, model, summary, run)
+        return model, run.record.summary if run.record else {**run.base, **summary}
+
+
+@dataclass
+class _Run:
+    """What every ending of the run needs: the stop handling, rank 0's claim on run.dir and its
+    record, and the current callbacks (their Checkpointer knows the last checkpoint)."""
+
+    signals: StopSignals
+    started: float = field(default_factory=time.perf_counter)
+    claims: list[rundir.Claim] = field(default_factory=list)  # rank 0's, from _open_run_dir
+    record: RunRecord | None = None  # rank 0's
+    base: dict[str, Any] = field(default_factory=dict)  # summary.json's opening fields
+    callbacks: RunCallbacks | None = None  # the latest build (one per elastic membership)
+
+    def release(self) -> None:
+        for claim in self.claims:
             claim.release()
 
+    @property
+    def checkpointer(self) -> Checkpointer | None:
+        return self.callbacks.checkpointer if self.callbacks else None
 
-def _train(
-    cfg: Config, config_path: str | None, claims: list[rundir.Claim], signals: StopSignals
-) -> tuple[tf.keras.Model, dict[str, Any]]:
-    started = time.perf_counter()
+    def note_start(self, start: Start) -> None:
+        """Where training begins, for a stop's record and for summary.json."""
+        self.signals.abandon = functools.partial(_abandon, self.record, start)
+        if self.record:
+            self.record.update(epochs_completed=start.epoch, resumed_from=start.checkpoint,
+                               last_checkpoint=start.checkpoint)  # fmt: skip
+
+
+@contextlib.contextmanager
+def _running() -> Iterator[_Run]:
+    """The run, its stops handled from the first moment: a stop during start-up ends at once,
+    and is recorded once there is a record (see StopSignals: a stop may also end the process
+    from its watcher thread). run.dir is released at every ending: completed, failed,
+    interrupted."""
+    run = _Run(StopSignals())
+    run.signals.install()
+    run.signals.before_exit.append(run.release)
+    try:
+        yield run
+    finally:
+        run.signals.done.set()
+        run.signals.uninstall()
+        run.release()
+
+
+def _start_worker(cfg: Config, run: _Run) -> str:
+    """Starts Horovod and TensorFlow on this worker; returns its device ("gpu" or "cpu")."""
     tuning.before_init(cfg)  # core binding: before Horovod and TensorFlow start threads
     distributed.init(cfg.horovod, cfg.run.dir)
-    signals.chief = distributed.is_chief()
-    signals.abandon = functools.partial(_abandon, None, None)
+    run.signals.chief = distributed.is_chief()
+    run.signals.abandon = functools.partial(_abandon, None, None)
     device = distributed.configure_devices(
         cfg.runtime.intra_op_threads, cfg.runtime.inter_op_threads
     )
-    tuning.apply_precision(cfg)  # before the model is built
-    # Same seed on every rank: identical initial weights, so the broadcast below is a no-op for
-    # built-in models and a guarantee for user factories that draw from other generators.
+    # Same seed on every rank: identical initial weights, so the broadcast before training is a
+    # no-op for built-in models and a guarantee for user factories that draw from other
+    # generators.
     tf.keras.utils.set_random_seed(cfg.runtime.seed)
-    source = load_source(cfg)
-    d = derive(cfg, distributed.size(), source.num_train)
-    _prepare_run_dir(cfg, config_path, claims)
+    return device
+
+
+def _open_run_dir(
+    cfg: Config, config_path: str | None, run: _Run, plan: Derived, device: str
+) -> None:
+    """Claims run.dir (rank 0), moves this rank's output into its log there, and starts rank
+    0's record: summary.json says `running` from here on."""
+    _prepare_run_dir(cfg, config_path, run.claims)
     # run.dir is this job's now: this rank's output goes on in its log there.
     logs.attach(cfg.run.dir, distributed.rank(), logs.attempt_description(cfg.train.resume))
-    base = _summary_base(cfg, d, device)
-    record = RunRecord(cfg.run.dir, base) if distributed.is_chief() else None
-    if record:  # hooks first: a stop that comes while the record starts is recorded
-        signals.on_signal = lambda signum: record.note(signal=signum)
-        signals.abandon = functools.partial(_abandon, record, None)
-        record.start()  # summary.json says `running` from here on
-    made: dict[str, Any] = {}
-    try:
-        _log_plan(cfg, d, source, device)
-        tuning.log_knobs(cfg, d)
-        model = build_model(cfg, source.input_shape, source.num_classes)
-        if note := weights_note(cfg):
-            distributed.log(note)  # rank 0; a resume below then restores the checkpoint
-        model.compile(
-            # Horovod: average gradients across workers with ring-allreduce (compression,
-            # accumulation and loss scaling as configured: see tuning.distributed_optimizer).
-            optimizer=tuning.distributed_optimizer(make_optimizer(cfg, d), cfg),
-            loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=cfg.model.from_logits),
-            metrics=["accuracy"],
-            jit_compile=tuning.jit_compile(cfg, device),
+    run.base = _summary_base(cfg, plan, device)
+    if not distributed.is_chief():
+        return
+    record = run.record = RunRecord(cfg.run.dir, run.base)
+    # Hooks first: a stop that comes while the record starts is recorded.
+    run.signals.on_signal = lambda signum: record.note(signal=signum)
+    run.signals.abandon = functools.partial(_abandon, record, None)
+    record.start()
+
+
+def _fit(
+    cfg: Config,
+    model: tf.keras.Model,
+    source: Source,
+    plan: Derived,
+    start: Start,
+    run: _Run,
+) -> dict[str, list[float]]:
+    """Trains from `start` to `train.epochs` (under Horovod Elastic when enabled); returns the
+    history. `run.callbacks` are the last callbacks built."""
+
+    def wire(plan: Derived, epoch: int, step: int, leading: tuple = ()) -> RunCallbacks:
+        run.callbacks = build_callbacks(
+            cfg, plan, model, source, run.signals, epoch, step, run.record, leading
         )
-        start = _resume(cfg, model, d)
-        signals.abandon = functools.partial(_abandon, record, start)
-        if record:
-            record.update(epochs_completed=start.epoch, resumed_from=start.checkpoint,
-                          last_checkpoint=start.checkpoint)  # fmt: skip
+        return run.callbacks
 
-        def make_callbacks(d: Derived, epoch: int, first_step: int) -> list:
-            """This membership's callbacks (rebuilt by Horovod Elastic when workers change)."""
-            evaluator = Evaluator(model, source, d.per_worker_batch, cfg.model.from_logits)
-            made["control"] = RunControl(
-                signals,
-                cfg.checkpoint.check_every_steps,
-                d.steps_per_epoch,
-                lambda step: every_steps_due(cfg, step),
-                first_step_in_epoch=first_step,
-            )
-            made["d"] = d
-            made["user"] = build_user_callbacks(cfg.callbacks, made["control"])
-            callbacks, made["checkpointer"] = build_callbacks(
-                cfg, d, evaluator, made["control"], epoch, broadcast=not cfg.elastic.enabled,
-                user=made["user"].callbacks,
-            )  # fmt: skip
-            # Input wait first: its epoch end is a collective, its value must reach the files.
-            made["input_wait"] = InputWait(cfg.data.input_wait_warning, advice_for(cfg.data.source))
-            made["timer"] = next(c for c in callbacks if isinstance(c, perf.StepTimer))
-            # Last: the record follows what the callbacks before it wrote (rank 0).
-            progress = [RecordProgress(record, made["control"], made["checkpointer"])]
-            return [made["input_wait"], *callbacks, *(progress if record else [])]
+    if not cfg.elastic.enabled:
+        callbacks = wire(plan, start.epoch, start.step)
+        return fit_from(model, source, cfg, plan, start.epoch, start.step, callbacks)
+    history, report = fit_elastic(model, source, cfg, start.epoch, start.step, wire)
+    # Horovod Elastic: when rank 0 was lost, a survivor became rank 0; it ends the record (the
+    # lost one's keeper has meanwhile written `failed`).
+    if run.record is None and distributed.is_chief():
+        run.record = RunRecord(cfg.run.dir, run.base)
+    if run.record:
+        last = run.callbacks.plan
+        run.record.update(world_size=last.world_size, elastic=report, **_batches(last))
+    return history
 
-        def attach(data: tf.data.Dataset) -> tf.data.Dataset:
-            """The training data, time-stamped for the input-wait measurement."""
-            return made["input_wait"].attach(data)
 
-        if cfg.elastic.enabled:
-            history, report = fit_elastic(
-                model, source, cfg, start.epoch, start.step, make_callbacks, attach
-            )
-            d = made["d"]
-            # Horovod Elastic: when rank 0 was lost, a survivor became rank 0; it ends the
-            # record (the lost one's keeper has meanwhile written `failed`).
-            record = record or (RunRecord(cfg.run.dir, base) if distributed.is_chief() else None)
-            if record:
-                record.update(world_size=d.world_size, elastic=report, **_batches(d))
-        else:
-            callbacks = make_callbacks(d, start.epoch, start.step)
-            history = fit_from(model, source, cfg, d, start.epoch, start.step, callbacks, attach)
-    except BaseException as e:
-        _fail(record, started, made.get("checkpointer"), e)
-        raise
-    control, checkpointer = made["control"], made["checkpointer"]
-    summary = _results(history, cfg, control, made["user"].stop)
+def _summarize(
+    cfg: Config, history: dict[str, list[float]], source: Source, callbacks: RunCallbacks
+) -> dict[str, Any]:
+    """summary.json's results: how the run ended, its metrics, data and throughput."""
+    summary = _results(history, cfg, callbacks.control, callbacks.user_stop)
     summary.update(data_summary(history, source.skipped_files))
-    summary.update(perf.throughput_summary(made["timer"], cfg))
+    summary.update(perf.throughput_summary(callbacks.timer, cfg))
     perf.log_throughput(summary)
-    if summary["status"] == "interrupted":
-        _end_record(record, started, checkpointer, **summary)
-        signals.done.set()  # the stop is recorded: the watcher lets this process end itself
-        # Every rank leaves only when rank 0 has written the stop checkpoint and the summary:
-        # the launcher ends the whole job when the first rank exits.
-        _barrier_if_alive("hvd_train.stopped")
-        where = checkpointer.last if checkpointer else "rank 0's run.dir"
-        raise Interrupted(
-            control.stop_signal,
-            f"stopped by {signal.Signals(control.stop_signal).name} at epoch "
-            f"{control.stopped_at[0] + 1}, step {control.stopped_at[1]}; checkpoint {where}; run "
-            "the same command again to resume",
-        )
+    return summary
+
+
+def _stop(run: _Run, summary: dict[str, Any]) -> None:
+    """An agreed stop: rank 0 records it, every rank waits for that, then raises Interrupted."""
+    _end_record(run, **summary)
+    run.signals.done.set()  # the stop is recorded: the watcher lets this process end itself
+    # Every rank leaves only when rank 0 has written the stop checkpoint and the summary:
+    # the launcher ends the whole job when the first rank exits.
+    _barrier_if_alive("hvd_train.stopped")
+    control = run.callbacks.control
+    where = run.checkpointer.last if run.checkpointer else "rank 0's run.dir"
+    raise Interrupted(
+        control.stop_signal,
+        f"stopped by {signal.Signals(control.stop_signal).name} at epoch "
+        f"{control.stopped_at[0] + 1}, step {control.stopped_at[1]}; checkpoint {where}; run "
+        "the same command again to resume",
+    )
+
+
+def _complete(cfg: Config, model: tf.keras.Model, summary: dict[str, Any], run: _Run) -> None:
+    """A completed run: rank 0 exports model.keras and records the end; one closing line."""
     try:
-        _finish(cfg, model, summary, started, checkpointer)
-        _end_record(record, started, checkpointer, **summary)
+        _finish(cfg, model, summary, run.checkpointer)
+        _end_record(run, **summary)
     except BaseException as e:
-        _fail(record, started, checkpointer, e)
+        _fail(run, e)
         raise
-    signals.done.set()
+    run.signals.done.set()
     m = summary["final_metrics"]
     distributed.log(
-        f"done in {time.perf_counter() - started:.1f} s: val_accuracy "
+        f"done in {time.perf_counter() - run.started:.1f} s: val_accuracy "
         f"{m.get('val_accuracy', 0):.4f}, {summary['train_examples_per_sec']:.0f} examples/s; "
         f"results in {cfg.run.dir}"
     )
-    return model, record.summary if record else {**base, **summary}
-
-
-class RecordProgress(tf.keras.callbacks.Callback):
-    """Keeps summary.json's epochs_completed and last_checkpoint current (rank 0), so a record
-    ended by the stop watcher or the keeper says how far the run got."""
-
-    def __init__(self, record: RunRecord, control: RunControl, checkpointer: Checkpointer | None):
-        super().__init__()
-        self.record, self.control, self.checkpointer = record, control, checkpointer
-        self._last = checkpointer.last if checkpointer else None
-
-    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
-        if self.checkpointer and self.checkpointer.last != self._last:  # a mid-epoch one
-            self._last = self.checkpointer.last
-            self.record.update(last_checkpoint=self._last)
-
-    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
-        if self.control.stopped_mid_epoch():
-            return
-        self._last = self.checkpointer.last if self.checkpointer else None
-        self.record.update(epochs_completed=epoch + 1, last_checkpoint=self._last)
 
 
 def _abandon(
@@ -266,16 +287,14 @@ def _rank_or_zero() -> int:
         return int(os.environ.get("HOROVOD_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", 0)))
 
 
-def _fail(
-    record: RunRecord | None, started: float, checkpointer: Checkpointer | None, e: BaseException
-) -> None:
+def _fail(run: _Run, e: BaseException) -> None:
     """Every rank says why it stopped, in one line (the launcher names the rank whose error
     came first and was not a consequence of another rank's failure); rank 0 records it. A
     traceback goes to the rank's log only, and not for the errors that are one line by design."""
     one_line = isinstance(e, (UserError, TrainingError))
     logs.failed(_console_cause(e), None if one_line else e)
     try:
-        _end_record(record, started, checkpointer, status="failed", error=_cause(e))
+        _end_record(run, status="failed", error=_cause(e))
     except RecordError as e2:
         logs.say(f"hvd_train: error: {e2}")
 
@@ -315,7 +334,7 @@ class Start:
     checkpoint: str | None = None
 
 
-def _resume(cfg: Config, model: tf.keras.Model, d: Derived) -> Start:
+def _resume(cfg: Config, model: tf.keras.Model, plan: Derived) -> Start:
     """Rank 0 tidies run.dir, then picks and reads the checkpoint; weights, optimizer state and
     position are then broadcast, so other hosts need not see rank 0's disk. Every rank raises
     alike on error: DataError (exit 2) for a checkpoint that cannot be resumed from."""
@@ -348,11 +367,11 @@ def _resume(cfg: Config, model: tf.keras.Model, d: Derived) -> Start:
     if multiplier is not None:
         multiplier.assign(state.get("lr_multiplier", 1.0))
     epoch, step = state["epoch"], state["step"]
-    if step and state["global_batch"] != d.global_batch:
+    if step and state["global_batch"] != plan.global_batch:
         # The epoch's order does not depend on the worker count: continue after the examples
         # already seen, rounded down to a whole global batch (a few may be seen twice).
-        step = state["examples_in_epoch"] // d.global_batch
-    if step >= d.steps_per_epoch:
+        step = state["examples_in_epoch"] // plan.global_batch
+    if step >= plan.steps_per_epoch:
         epoch, step = epoch + 1, 0
     aside = ", ".join(found["set_aside"])
     aside = f"; set aside as unloadable: {aside}" if aside else ""
@@ -431,18 +450,6 @@ def _one_line(e: BaseException) -> str:
     return text if isinstance(e, UserError) else f"{type(e).__name__}: {text}"
 
 
-def make_optimizer(cfg: Config, d: Derived) -> tf.keras.optimizers.Optimizer:
-    """The configured optimizer, its rate following `optimizer.schedule` after the warm-up."""
-    o, lr = cfg.optimizer, learning_rate_schedule(cfg, d)
-    if o.name == "sgd":
-        return tf.keras.optimizers.SGD(lr, momentum=o.momentum)
-    if o.name == "adam":
-        return tf.keras.optimizers.Adam(lr)
-    if o.name == "adamw":
-        return tf.keras.optimizers.AdamW(lr, weight_decay=o.weight_decay)
-    return tf.keras.optimizers.RMSprop(lr, momentum=o.momentum)
-
-
 def _prepare_run_dir(cfg: Config, config_path: str | None, claims: list[rundir.Claim]) -> None:
     """Rank 0 claims run.dir (into `claims`) and writes the resolved config there, before
     anything else is written; a refusal is raised on every rank, so none waits for rank 0."""
@@ -460,18 +467,18 @@ def _prepare_run_dir(cfg: Config, config_path: str | None, claims: list[rundir.C
     distributed.chief_computes(claim_and_write, "hvd_train.run_dir")
 
 
-def _log_plan(cfg: Config, d: Derived, source: Source, device: str) -> None:
-    used = d.examples_per_epoch
+def _log_plan(cfg: Config, plan: Derived, source: Source, device: str) -> None:
+    used = plan.examples_per_epoch
     n = source.num_train
     rest = f"{n - used} unused per epoch" if used <= n else f"{used - n} repeated per epoch"
     rest += f", data.remainder: {cfg.data.remainder}"
     if source.description:
         distributed.log(source.description)
-    warm = f", warm-up {cfg.optimizer.warmup_epochs:g} epochs" if d.warmup_steps else ""
+    warm = f", warm-up {cfg.optimizer.warmup_epochs:g} epochs" if plan.warmup_steps else ""
     distributed.log(
-        f"{_workers_label(d.world_size)}, {device} | batch {d.per_worker_batch}/worker, "
-        f"{d.global_batch} global | learning rate {d.base_lr:g} -> {d.scaled_lr:g} "
-        f"({_lr_label(cfg, d)}{warm}) | {d.steps_per_epoch} steps/epoch over {n} "
+        f"{_workers_label(plan.world_size)}, {device} | batch {plan.per_worker_batch}/worker, "
+        f"{plan.global_batch} global | learning rate {plan.base_lr:g} -> {plan.scaled_lr:g} "
+        f"({_lr_label(cfg, plan)}{warm}) | {plan.steps_per_epoch} steps/epoch over {n} "
         f"training examples ({rest}) | {len(source.x_val)} validation examples"
     )
 
@@ -482,28 +489,28 @@ def _workers_label(world_size: int) -> str:
     return "1 worker (no launcher)" if c == "none" else f"{world_size} worker(s), {c}"
 
 
-def _lr_label(cfg: Config, d: Derived) -> str:
+def _lr_label(cfg: Config, plan: Derived) -> str:
     """How `derive` scaled the learning rate: 'linear x2 for 2 workers', or why it did not."""
-    if d.lr_factor == 1.0:
+    if plan.lr_factor == 1.0:
         if cfg.optimizer.lr_scaling == "none":
             return "not scaled: optimizer.lr_scaling none"
-        if cfg.train.batch_size_mode == "global" and d.accumulation_steps == 1:
+        if cfg.train.batch_size_mode == "global" and plan.accumulation_steps == 1:
             return "not scaled: the global batch is fixed"
         return "not scaled: one worker"
-    why = [f"{d.world_size} workers"] if cfg.train.batch_size_mode == "per_worker" else []
-    if d.accumulation_steps > 1:
-        why.append(f"{d.accumulation_steps} accumulated batches")
-    return f"{cfg.optimizer.lr_scaling} x{d.lr_factor:.3g} for {' x '.join(why)}"
+    why = [f"{plan.world_size} workers"] if cfg.train.batch_size_mode == "per_worker" else []
+    if plan.accumulation_steps > 1:
+        why.append(f"{plan.accumulation_steps} accumulated batches")
+    return f"{cfg.optimizer.lr_scaling} x{plan.lr_factor:.3g} for {' x '.join(why)}"
 
 
-def _summary_base(cfg: Config, d: Derived, device: str) -> dict[str, Any]:
+def _summary_base(cfg: Config, plan: Derived, device: str) -> dict[str, Any]:
     return {
         "status": "running",
         "started_at": time.time(),
-        "world_size": d.world_size,
+        "world_size": plan.world_size,
         "controller": distributed.controller(),
         "device": device,
-        **_batches(d),
+        **_batches(plan),
         "batch_size_mode": cfg.train.batch_size_mode,
         "epochs": cfg.train.epochs,
         "epochs_completed": 0,
@@ -514,13 +521,13 @@ def _summary_base(cfg: Config, d: Derived, device: str) -> dict[str, Any]:
     }
 
 
-def _batches(d: Derived) -> dict[str, Any]:
+def _batches(plan: Derived) -> dict[str, Any]:
     return {
-        "per_worker_batch_size": d.per_worker_batch,
-        "global_batch_size": d.global_batch,
-        "steps_per_epoch": d.steps_per_epoch,
-        "base_learning_rate": d.base_lr,
-        "scaled_learning_rate": d.scaled_lr,
+        "per_worker_batch_size": plan.per_worker_batch,
+        "global_batch_size": plan.global_batch,
+        "steps_per_epoch": plan.steps_per_epoch,
+        "base_learning_rate": plan.base_lr,
+        "scaled_learning_rate": plan.scaled_lr,
     }
 
 
@@ -553,31 +560,22 @@ def _rate_and_final(history: dict[str, list[float]]) -> dict[str, Any]:
     return {"train_examples_per_sec": rate, "final_metrics": final}
 
 
-def _end_record(
-    record: RunRecord | None,
-    started: float,
-    checkpointer: Checkpointer | None,
-    **fields: Any,
-) -> None:
+def _end_record(run: _Run, **fields: Any) -> None:
     """Rank 0: the run's final summary.json (once; a stop already recorded wins)."""
-    if not record:
+    if not run.record:
         return
-    fields["wall_time_s"] = time.perf_counter() - started
-    if checkpointer is not None:
-        fields["last_checkpoint"] = checkpointer.last
-        fields["best_model_path"] = checkpointer.best_model
+    fields["wall_time_s"] = time.perf_counter() - run.started
+    if run.checkpointer is not None:
+        fields["last_checkpoint"] = run.checkpointer.last
+        fields["best_model_path"] = run.checkpointer.best_model
     try:
-        record.end(**fields)
+        run.record.end(**fields)
     finally:
-        record.close()
+        run.record.close()
 
 
 def _finish(
-    cfg: Config,
-    model: tf.keras.Model,
-    summary: dict[str, Any],
-    started: float,
-    checkpointer: Checkpointer | None,
+    cfg: Config, model: tf.keras.Model, summary: dict[str, Any], checkpointer: Checkpointer | None
 ) -> None:
     """Rank 0 exports model.keras.
 

@@ -77,13 +77,13 @@ def distributed_optimizer(
     return wrapped
 
 
-def log_knobs(cfg: Config, d: Derived) -> None:
+def log_knobs(cfg: Config, plan: Derived) -> None:
     """One line on rank 0 for the speed knobs that are on; each rank's cores when bound."""
     parts = []
-    if d.accumulation_steps > 1:
+    if plan.accumulation_steps > 1:
         parts.append(
-            f"gradient accumulation: {d.accumulation_steps} batches per update, effective "
-            f"batch {d.effective_batch}"
+            f"gradient accumulation: {plan.accumulation_steps} batches per update, effective "
+            f"batch {plan.effective_batch}"
         )
     if cfg.runtime.mixed_precision != "none":
         parts.append(f"precision {cfg.runtime.mixed_precision}")

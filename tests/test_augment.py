@@ -15,7 +15,8 @@ Y = np.arange(16, dtype=np.int32)
 
 
 def fn_for(*overrides: str):
-    return augment_batch_fn(load_config(None, list(overrides)))
+    cfg = load_config(None, list(overrides))
+    return augment_batch_fn(cfg.augment, cfg.runtime.seed)
 
 
 def test_nothing_configured_gives_no_function() -> None:
@@ -94,7 +95,8 @@ def test_the_same_seed_gives_the_same_run() -> None:
     """Without explicit seeds, two functions built from the same config draw the same numbers
     (runtime.seed); another rank draws different ones."""
     cfg = load_config(None, ["augment.brightness=0.3"])
-    runs = [[augment_batch_fn(cfg, rank)(X, Y)[0].numpy() for _ in range(2)] for rank in (0, 0, 1)]
+    fns = [augment_batch_fn(cfg.augment, cfg.runtime.seed, rank) for rank in (0, 0, 1)]
+    runs = [[fn(X, Y)[0].numpy() for _ in range(2)] for fn in fns]
     np.testing.assert_array_equal(runs[0], runs[1])
     assert not np.array_equal(runs[0][0], runs[2][0])
 
@@ -122,13 +124,13 @@ def test_training_pipeline_applies_it_seeded_by_step() -> None:
     base = ["data.source=digits", "train.epochs=3"]
     plain_cfg = load_config(None, base)
     src = load_source(plain_cfg)
-    d = derive(plain_cfg, 1, src.num_train)
-    plain = next(iter(train_dataset(src, plain_cfg, d, 0)))[0].numpy()
+    plan = derive(plain_cfg, 1, src.num_train)
+    plain = next(iter(train_dataset(src, plain_cfg, plan, 0)))[0].numpy()
     flip_cfg = load_config(None, [*base, "augment.flip=horizontal", "augment.flip_probability=1"])
-    flipped = next(iter(train_dataset(src, flip_cfg, d, 0)))[0].numpy()
+    flipped = next(iter(train_dataset(src, flip_cfg, plan, 0)))[0].numpy()
     np.testing.assert_array_equal(flipped, plain[:, :, ::-1, :])
     bright = load_config(None, [*base, "augment.brightness=0.3"])
-    whole = list(train_dataset(src, bright, d, 0).take(d.steps_per_epoch + 1))
-    later = next(iter(train_dataset(src, bright, d, 0, first_epoch=1)))
-    np.testing.assert_array_equal(whole[d.steps_per_epoch][0].numpy(), later[0].numpy())
+    whole = list(train_dataset(src, bright, plan, 0).take(plan.steps_per_epoch + 1))
+    later = next(iter(train_dataset(src, bright, plan, 0, first_epoch=1)))
+    np.testing.assert_array_equal(whole[plan.steps_per_epoch][0].numpy(), later[0].numpy())
     assert not np.array_equal(whole[0][0].numpy(), plain)

@@ -12,16 +12,9 @@ import sys
 import pytest
 import yaml
 
-from hvd_train.config import (
-    MAX_CONFIG_BYTES,
-    MAX_OVERRIDE_BYTES,
-    Config,
-    check,
-    derive,
-    dump_yaml,
-    load_config,
-)
+from hvd_train.config import Config, check, derive, dump_yaml, load_config
 from hvd_train.errors import ConfigError, DataError
+from hvd_train.typed_yaml import MAX_CONFIG_BYTES, MAX_OVERRIDE_BYTES
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 QUICKSTART = ROOT / "configs" / "quickstart.yaml"
@@ -114,6 +107,14 @@ def test_verbose_is_a_level_and_old_booleans_still_load(given: str, level: int) 
     assert verbose == level and type(verbose) is int  # dumped as 0/1, not false/true
 
 
+def test_convnet7_still_loads_as_convnet(tmp_path: pathlib.Path) -> None:
+    """convnet7, convnet's old name, keeps old configs working; the resolved config says
+    convnet."""
+    (tmp_path / "old.yaml").write_text("model:\n  name: convnet7\n")
+    assert load_config(tmp_path / "old.yaml").model.name == "convnet"
+    assert load_config(None, ["model.name=convnet7"]).model.name == "convnet"
+
+
 def test_override_key_nested_past_the_depth_bound_is_refused() -> None:
     item = ".".join(["train"] * 65) + "=1"  # a deeper key would only be a mapping nobody reads
     with pytest.raises(ConfigError) as info:
@@ -150,10 +151,10 @@ def test_global_batch_must_divide_by_workers() -> None:
 def test_derived_batches_and_learning_rate(mode, scaling, world, per_worker, global_batch, lr):
     cfg = load_config(None, [f"train.batch_size_mode={mode}", "train.batch_size=32",
                              "optimizer.learning_rate=0.1", f"optimizer.lr_scaling={scaling}"])  # fmt: skip
-    d = derive(cfg, world, num_train=1000)
-    assert (d.per_worker_batch, d.global_batch) == (per_worker, global_batch)
-    assert d.scaled_lr == pytest.approx(lr)
-    assert d.steps_per_epoch == 1000 // global_batch
+    plan = derive(cfg, world, num_train=1000)
+    assert (plan.per_worker_batch, plan.global_batch) == (per_worker, global_batch)
+    assert plan.scaled_lr == pytest.approx(lr)
+    assert plan.steps_per_epoch == 1000 // global_batch
 
 
 def test_steps_per_epoch_follow_remainder_and_cap() -> None:

@@ -128,12 +128,12 @@ class FakeClock:
 
 
 def make_lines(every_s: float, step_in_epoch: int = 0):
-    d = derive(load_config(QUICKSTART), 2, 1438)  # 22 steps of 64 examples
+    plan = derive(load_config(QUICKSTART), 2, 1438)  # 22 steps of 64 examples
     control = SimpleNamespace(epoch=0, step_in_epoch=step_in_epoch, stopped=False)
     control.stopped_mid_epoch = lambda: control.stopped
     logged: list[str] = []
     clock = FakeClock()
-    lines = EpochLines(12, d, control, every_s, log=logged.append, clock=clock)
+    lines = EpochLines(12, plan, control, every_s, log=logged.append, clock=clock)
     return lines, control, clock, logged
 
 

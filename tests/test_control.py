@@ -16,7 +16,7 @@ class FakeClock:
     def __init__(self, step_s: float):
         self.now, self.step_s = 1000.0, step_s
 
-    def perf_counter(self) -> float:
+    def __call__(self) -> float:
         return self.now
 
 
@@ -45,9 +45,8 @@ def make(monkeypatch):
 
     def make(every: int, step_s: float, checkpoint_every: int = 0, steps_per_epoch=10_000):
         clock = FakeClock(step_s)
-        monkeypatch.setattr(control, "time", clock)
         due = (lambda s: s % checkpoint_every == 0) if checkpoint_every else (lambda s: False)
-        ctl = RunControl(StopSignals(), every, steps_per_epoch, due)
+        ctl = RunControl(StopSignals(), every, steps_per_epoch, due, clock=clock)
         ctl.set_model(tf.keras.Sequential([tf.keras.Input((1,)), tf.keras.layers.Dense(1)]))
         return ctl, clock
 

@@ -25,7 +25,7 @@ EXAMPLE = ROOT / "examples" / "my_model.yaml"
 TINY = ["data.source=synthetic", "data.image_size=[32, 32]", "data.train_examples=16",
         "data.val_examples=8", "train.batch_size=4", "train.epochs=1", "train.verbose=false",
         "logging.tensorboard=false", "model.dense_units=[16]"]  # fmt: skip
-# convnet7 trains at 2 workers in test_multiworker.py; MobileNetV2 trains here with sync BN.
+# convnet trains at 2 workers in test_multiworker.py; MobileNetV2 trains here with sync BN.
 BUILTIN = ["mlp", "resnet50", "efficientnet_b0", "mobilenet_v2_sync"]
 # Building and tracing the Applications models is slow on a shared 2-core CPU.
 pytestmark = pytest.mark.timeout(1500)
@@ -235,7 +235,7 @@ def test_frozen_base_trains_the_head_only() -> None:
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        (["model.weights=w.h5"], "model.weights: applies to the Keras Applications bases (mobilenet_v2, resnet50, efficientnet_b0), not to model.name 'convnet7'"),
+        (["model.weights=w.h5"], "model.weights: applies to the Keras Applications bases (mobilenet_v2, resnet50, efficientnet_b0), not to model.name 'convnet'"),
         (["model.factory=a:b", "model.name=resnet50", "model.trainable_base=false"], "model.trainable_base: applies to the Keras Applications bases (mobilenet_v2, resnet50, efficientnet_b0), not to model.factory 'a:b'"),
     ],
 )  # fmt: skip
@@ -260,3 +260,11 @@ def test_factory_accepts_a_file_path_and_names_a_missing_one(tmp_path, monkeypat
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ConfigError, match=r"model.factory: file 'examples/my_model.py' not found"):
         build_model(cfg, (8, 8, 1), 10)
+
+
+def test_every_applications_name_has_its_base_and_preprocessing() -> None:
+    """model.name's Applications choices (config.ApplicationName) are the bases models.py
+    builds and preprocesses: a name added to one list and not the others fails here."""
+    from hvd_train import config, models
+
+    assert set(models._BASES) == set(config.APPLICATIONS) == set(models._PREPROCESS)

@@ -26,9 +26,9 @@ COMMON = ["optimizer.learning_rate=0.1", "optimizer.lr_scaling=linear", "train.b
 
 def schedule(*overrides: str) -> WarmupScaled:
     cfg = load_config(None, [*COMMON, *overrides])
-    d = derive(cfg, world_size=4, num_train=400)
-    assert (d.scaled_lr, d.steps_per_epoch, d.warmup_steps) == (pytest.approx(0.4), 10, 10)
-    return learning_rate_schedule(cfg, d)
+    plan = derive(cfg, world_size=4, num_train=400)
+    assert (plan.scaled_lr, plan.steps_per_epoch, plan.warmup_steps) == (pytest.approx(0.4), 10, 10)
+    return learning_rate_schedule(cfg, plan)
 
 
 def at(s: WarmupScaled, *steps: int) -> list[float]:
@@ -90,9 +90,9 @@ def test_last_step_of_the_run_trains_at_min_lr_fraction(decay, workers, examples
     cfg = load_config(None, ["optimizer.learning_rate=0.001", "optimizer.warmup_epochs=2",
                              f"optimizer.schedule={decay}", "optimizer.min_lr_fraction=0.05",
                              "train.batch_size=32", f"train.epochs={epochs}"])  # fmt: skip
-    d = derive(cfg, world_size=workers, num_train=examples)
-    values = rates(learning_rate_schedule(cfg, d), epochs * d.steps_per_epoch)
-    assert values[-1] == pytest.approx(0.05 * d.scaled_lr, rel=1e-6)
+    plan = derive(cfg, world_size=workers, num_train=examples)
+    values = rates(learning_rate_schedule(cfg, plan), epochs * plan.steps_per_epoch)
+    assert values[-1] == pytest.approx(0.05 * plan.scaled_lr, rel=1e-6)
     assert min(values) == pytest.approx(values[-1], rel=1e-6)  # never below the floor before
 
 

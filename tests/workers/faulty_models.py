@@ -1,6 +1,6 @@
 """Model factories that fail on purpose, for the fault tests (`model.factory: faulty_models:...`).
 
-Each wraps the quickstart's convnet7 (digits, 8x8x1) with a layer that misbehaves after a
+Each wraps the quickstart's convnet (digits, 8x8x1) with a layer that misbehaves after a
 number of training steps on one rank only, so the tests also check that one rank's trouble
 becomes every rank's decision.
 """
@@ -9,7 +9,7 @@ import os
 
 import tensorflow as tf
 
-from hvd_train.models import convnet7
+from hvd_train.models import convnet
 
 FAIL_AFTER_STEPS = int(os.environ.get("FAULTY_AFTER_STEPS", "30"))
 FAULTY_RANK = int(os.environ.get("FAULTY_RANK", "1"))
@@ -46,8 +46,8 @@ class _Trap(tf.keras.layers.Layer):
 
 
 def _trapped(cfg, mode: str) -> tf.keras.Model:
-    """convnet7 with the trap on its output (a NaN there reaches the loss at once)."""
-    inner = convnet7((8, 8, 1), 10, cfg.model.filters, cfg.model.dense_units, 0.0)
+    """convnet with the trap on its output (a NaN there reaches the loss at once)."""
+    inner = convnet((8, 8, 1), 10, cfg.model.filters, cfg.model.dense_units, 0.0)
     inputs = tf.keras.Input((8, 8, 1))
     return tf.keras.Model(inputs, _Trap(mode, FAIL_AFTER_STEPS)(inner(inputs)))
 

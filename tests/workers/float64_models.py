@@ -10,12 +10,12 @@ counts are fixed: set `runtime.intra_op_threads`.)
 
 import tensorflow as tf
 
-from hvd_train.models import convnet7
+from hvd_train.models import convnet
 
 
 def convnet7_float64(cfg, input_shape, num_classes) -> tf.keras.Model:
     m = cfg.model
-    model = convnet7(input_shape, num_classes, m.filters, m.dense_units, m.dropout, m.from_logits)
+    model = convnet(input_shape, num_classes, m.filters, m.dense_units, m.dropout, m.from_logits)
 
     def in_float64(layer: tf.keras.layers.Layer) -> tf.keras.layers.Layer:
         return type(layer).from_config({**layer.get_config(), "dtype": "float64"})

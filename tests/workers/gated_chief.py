@@ -6,6 +6,7 @@ Usage: gated_chief.py GATE_DIR CONFIG [KEY=VALUE ...]. Rank 0 creates GATE_DIR/w
 waits for GATE_DIR/go (at most 600 s).
 """
 
+import dataclasses
 import os
 import sys
 import time
@@ -37,8 +38,9 @@ build = trainer.build_callbacks
 
 
 def build_with_gate(*args, **kwargs):
-    callbacks, checkpointer = build(*args, **kwargs)
-    return [*callbacks, Gate()], checkpointer  # last: after metrics.csv and the checkpoint
+    built = build(*args, **kwargs)
+    # Last: after metrics.csv and the checkpoint.
+    return dataclasses.replace(built, all=(*built.all, Gate()))
 
 
 trainer.build_callbacks = build_with_gate

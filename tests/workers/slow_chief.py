@@ -17,6 +17,7 @@ long rank 0 looks, so a slow machine can hide the fault, never invent it.
 Usage: slow_chief.py CONFIG [KEY=VALUE ...]
 """
 
+import dataclasses
 import pathlib
 import sys
 import time
@@ -67,9 +68,9 @@ build = trainer.build_callbacks
 
 
 def build_with_slow_chief(*args, **kwargs):
-    built, checkpointer = build(*args, **kwargs)
+    built = build(*args, **kwargs)
     # Arrival first, before the barrier; SlowChief last, after every epoch-end collective.
-    return [Arrival(), *built, SlowChief()], checkpointer
+    return dataclasses.replace(built, all=(Arrival(), *built.all, SlowChief()))
 
 
 ORDER.mkdir(exist_ok=True)
