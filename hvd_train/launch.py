@@ -34,7 +34,7 @@ from typing import Any
 
 from hvd_train import horovodrun, logs, rundir
 from hvd_train.config import Config, add_config_arguments, load_config
-from hvd_train.errors import ANOTHER_FIRST, KNOCK_ON, NO_STATUS
+from hvd_train.errors import ANOTHER_FIRST, KNOCK_ON, NO_STATUS, UserError, error_class
 from hvd_train.horovodrun import on_loopback
 from hvd_train.record import read_json, write_json
 from hvd_train.supervise import Supervisor
@@ -119,7 +119,8 @@ def main(argv: list[str], prog: str) -> int:
 def _exit_code(failure: dict[str, Any]) -> int:
     """The launcher's exit code: 2 when the rank that failed first says the user's input is at
     fault (as a worker alone does), else horovodrun's or mpirun's (1 for any failed worker)."""
-    return 2 if failure["rank_exit_code"] == 2 else failure["exit_code"]
+    user = UserError.exit_code
+    return user if failure["rank_exit_code"] == user else failure["exit_code"]
 
 
 def _command(
@@ -259,16 +260,14 @@ def _short(cmd: list[str]) -> str:
 
 
 def _no_restart_reason(failure: dict[str, Any], summary_path: str, stop_signal: int) -> str:
+    """Why a restart would fail the same way ("" when it may not): the stop was asked for, the
+    first failure was the user's, or rank 0's error (summary.json's `error_type`) would recur."""
     if stop_signal:
         return f"the launcher received {_SIGNALS[stop_signal]}"
-    if failure["rank_exit_code"] == 2:
-        return "a bad config, bad input or an unusable run.dir (exit code 2) would fail again"
-    error = _read(summary_path).get("error", "")
-    if error.startswith("TrainingError"):
-        return "a non-finite loss would recur from the same checkpoint and data"
-    if error.startswith(("CheckpointError", "RecordError")):
-        return "a write to run.dir failed (full disk, no permission): it would fail again"
-    return ""
+    if failure["rank_exit_code"] == UserError.exit_code:
+        return UserError.recurs
+    cls = error_class(_read(summary_path).get("error_type") or "")
+    return cls.recurs if cls else ""
 
 
 def _mark_ended(path: str, failure: dict[str, Any], stop_signal: int) -> None:
@@ -287,6 +286,7 @@ def _mark_ended(path: str, failure: dict[str, Any], stop_signal: int) -> None:
         error = summary.get("error") or ""
         if failure.get("error") and (not error or _is_knock_on(error)):
             summary["error"] = f"rank {failure['rank']}: {failure['error']}"
+            summary.pop("error_type", None)  # rank 0's knock-on error's, not the cause's
     write_json(path, summary)
 
 

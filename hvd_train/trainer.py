@@ -275,7 +275,10 @@ def _fail(
     one_line = isinstance(e, (UserError, TrainingError))
     logs.failed(_console_cause(e), None if one_line else e)
     try:
-        _end_record(record, started, checkpointer, status="failed", error=_cause(e))
+        _end_record(
+            record, started, checkpointer, status="failed", error=_cause(e),
+            error_type=type(e).__name__,
+        )  # fmt: skip
     except RecordError as e2:
         logs.say(f"hvd_train: error: {e2}")
 
