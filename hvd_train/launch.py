@@ -43,6 +43,9 @@ GLOO_FIRST = re.compile(r"Terminating remaining workers after failure of Process
 GLOO_NAMED = re.compile(r"Process name: (\d+)\s+Exit code: (-?\d+)")
 GLOO_EXIT = re.compile(r"Process (\d+) exit with status code (-?\d+)")
 MPI_NAMED = re.compile(r"Process name:\s+\[\[\d+,\d+\],(\d+)\]\s+Exit code:\s+(-?\d+)")
+# mpirun's report of a rank killed by a signal (it names no exit code): 128 + the signal's.
+MPI_SIGNALED = re.compile(r"mpirun noticed that process rank (\d+) with PID \d+ on node \S+ "
+                          r"exited on signal (\d+)")  # fmt: skip
 # A rank's failure line (logs.failed); the path of its log after `; full log: ` is left out.
 RANK_FAILED = re.compile(r"\[rank (\d+)\] failed: (.*?)(?:; full log: .*)?$", re.MULTILINE)
 # horovodrun's prefix of a worker's line: `[1]<stderr>:` (Gloo), `[1,0]<stderr>:` (MPI's
@@ -154,8 +157,11 @@ def first_failure(output: str) -> dict[str, Any]:
     """
     codes = {int(r): int(c) for r, c in GLOO_EXIT.findall(output)}
     m = MPI_NAMED.search(output) or GLOO_NAMED.search(output)
+    signaled = MPI_SIGNALED.search(output)
     if m:
         rank, code = int(m.group(1)), int(m.group(2))
+    elif signaled:
+        rank, code = int(signaled.group(1)), 128 + int(signaled.group(2))
     elif GLOO_FIRST.search(output):
         rank = int(GLOO_FIRST.search(output).group(1))
         code = codes.get(rank)
