@@ -38,15 +38,17 @@ the job to be terminated. The first process to do so was:
   Exit code:    {code}
 --------------------------------------------------------------------------
 """
+GLOO_STARTED = """\
+[0]<stdout>:[hvd_train] rank 0 started
+[1]<stdout>:[hvd_train] rank 1 started
+"""
 NAN = "TrainingError: loss became NaN or infinite at epoch 2, step 9"
 FEW = "DataError: data.train_examples: 40 examples are fewer than one global batch"
 KNOCK_ON = "another worker ended first; this rank then saw HorovodInternalError: {}"
 
 OUTPUTS = {
     # Rank 1 killed by SIGKILL: Gloo names it first (137 = 128 + 9), then ends rank 0.
-    "gloo-killed": """\
-[0]<stdout>:[hvd_train] rank 0 started
-[1]<stdout>:[hvd_train] rank 1 started
+    "gloo-killed": GLOO_STARTED + """\
 [1]<stderr>:Killed
 Process 1 exit with status code 137.
 Terminating remaining workers after failure of Process 1.
@@ -55,9 +57,7 @@ Process 0 exit with status code 143.
 """ + GLOO_TRACEBACK.format(rank=1, code=137),
     # The same with rank 0's knock-on line added (and its exit code 1), as a real rank 0 in a
     # training step says it (tests/test_failure_console.py): a killed rank still wins.
-    "gloo-killed-with-knock-on": """\
-[0]<stdout>:[hvd_train] rank 0 started
-[1]<stdout>:[hvd_train] rank 1 started
+    "gloo-killed-with-knock-on": GLOO_STARTED + """\
 [1]<stderr>:Killed
 [0]<stderr>:[rank 0] failed: another worker ended first; this rank then saw HorovodInternalError: Horovod has been shut down; full log: /tmp/run/logs/rank-0.log
 Process 1 exit with status code 137.
@@ -65,9 +65,7 @@ Terminating remaining workers after failure of Process 1.
 Process 0 exit with status code 1.
 """ + GLOO_TRACEBACK.format(rank=1, code=137),
     # A user error on rank 1 (exit code 2): its own line, and it exited first.
-    "gloo-user-error": """\
-[0]<stdout>:[hvd_train] rank 0 started
-[1]<stdout>:[hvd_train] rank 1 started
+    "gloo-user-error": GLOO_STARTED + """\
 [1]<stderr>:[rank 1] failed: DataError: data.train_examples: 40 examples are fewer than one global batch; full log: /tmp/run/logs/rank-1.log
 Process 1 exit with status code 2.
 Terminating remaining workers after failure of Process 1.
@@ -76,9 +74,7 @@ Process 0 exit with status code 143.
 """ + GLOO_TRACEBACK.format(rank=1, code=2),
     # Rank 1 said its error first, but rank 0 (a knock-on) exited first and Gloo ended rank 1
     # with SIGTERM (143): rank 1's own line wins, with the first exit's code.
-    "gloo-cause-exits-last": """\
-[0]<stdout>:[hvd_train] rank 0 started
-[1]<stdout>:[hvd_train] rank 1 started
+    "gloo-cause-exits-last": GLOO_STARTED + """\
 [1]<stderr>:[rank 1] failed: TrainingError: loss became NaN or infinite at epoch 2, step 9; full log: /tmp/run/logs/rank-1.log
 [0]<stderr>:[rank 0] failed: another worker ended first; this rank then saw HorovodInternalError: Connection reset by peer; full log: /tmp/run/logs/rank-0.log
 Process 0 exit with status code 1.
@@ -123,51 +119,31 @@ mpirun noticed that process rank 1 with PID 0 on node vm exited on signal 9 (Kil
 """ + MPI_ABORTED + MPI_FIRST.format(job=21172, rank=0, code=1),
 }  # fmt: skip
 
-# output name -> (first_failure's answer, horovodrun's exit code, describe's line)
+KILLED = "rank 1 failed first (exit code 137, killed by SIGKILL)"
+# output name -> (rank, rank_exit_code, error): first_failure's answer; then horovodrun's exit
+# code and describe's line.
 CASES = {
-    "gloo-killed": (
-        {"rank": 1, "rank_exit_code": 137, "error": None}, 1,
-        "rank 1 failed first (exit code 137, killed by SIGKILL)",
-    ),
-    "gloo-killed-with-knock-on": (
-        {"rank": 1, "rank_exit_code": 137, "error": None}, 1,
-        "rank 1 failed first (exit code 137, killed by SIGKILL)",
-    ),
-    "gloo-user-error": (
-        {"rank": 1, "rank_exit_code": 2, "error": FEW}, 1, f"rank 1 failed first: {FEW}",
-    ),
-    "gloo-cause-exits-last": (
-        {"rank": 1, "rank_exit_code": 1, "error": NAN}, 1, f"rank 1 failed first: {NAN}",
-    ),
-    "gloo-no-such-program": (
-        {"rank": 1, "rank_exit_code": 127, "error": None}, 1,
-        "rank 1 failed first (exit code 127)",
-    ),
-    "horovodrun-refused": (
-        {"rank": None, "rank_exit_code": None, "error": None}, 1,
-        "horovodrun exited with code 1 (no rank reported)",
-    ),
-    "mpi-killed": (
-        {"rank": 1, "rank_exit_code": 137, "error": None}, 137,
-        "rank 1 failed first (exit code 137, killed by SIGKILL)",
-    ),
-    "mpi-user-error": (
-        {"rank": 1, "rank_exit_code": 2, "error": FEW}, 2, f"rank 1 failed first: {FEW}",
-    ),
-    "mpi-cause-exits-last": (
-        {"rank": 1, "rank_exit_code": 1, "error": NAN}, 1, f"rank 1 failed first: {NAN}",
-    ),
-}  # fmt: skip
+    "gloo-killed": (1, 137, None, 1, KILLED),
+    "gloo-killed-with-knock-on": (1, 137, None, 1, KILLED),
+    "gloo-user-error": (1, 2, FEW, 1, f"rank 1 failed first: {FEW}"),
+    "gloo-cause-exits-last": (1, 1, NAN, 1, f"rank 1 failed first: {NAN}"),
+    "gloo-no-such-program": (1, 127, None, 1, "rank 1 failed first (exit code 127)"),
+    "horovodrun-refused": (None, None, None, 1, "horovodrun exited with code 1 (no rank reported)"),
+    "mpi-killed": (1, 137, None, 137, KILLED),
+    "mpi-user-error": (1, 2, FEW, 2, f"rank 1 failed first: {FEW}"),
+    "mpi-cause-exits-last": (1, 1, NAN, 1, f"rank 1 failed first: {NAN}"),
+}
 
 
 @pytest.mark.parametrize("name", CASES)
 def test_first_failure_names_the_rank_whose_own_error_came_first(name: str) -> None:
-    assert first_failure(OUTPUTS[name]) == CASES[name][0]
+    rank, code, error, _, _ = CASES[name]
+    assert first_failure(OUTPUTS[name]) == {"rank": rank, "rank_exit_code": code, "error": error}
 
 
 @pytest.mark.parametrize("name", CASES)
 def test_describe_says_it_in_one_line(name: str) -> None:
-    failure, exit_code, line = CASES[name]
+    *_, exit_code, line = CASES[name]
     assert describe({**first_failure(OUTPUTS[name]), "exit_code": exit_code}) == line
 
 

@@ -161,25 +161,6 @@ def test_every_launcher_starts_the_same_job_from_the_same_config(
     assert by_launch.count("--allow-run-as-root") == 0, "horovodrun --mpi adds it itself"
 
 
-def test_launch_runs_one_worker_per_visible_gpu(tmp_path, monkeypatch) -> None:
-    # nvidia-smi -L as the driver prints it on a 4-GPU machine (there is no GPU here).
-    fake = tmp_path / "bin" / "nvidia-smi"
-    fake.parent.mkdir()
-    fake.write_text("#!/bin/sh\n" + "".join(
-        f"echo 'GPU {i}: NVIDIA A100-SXM4-40GB (UUID: GPU-{i})'\n" for i in range(4)))  # fmt: skip
-    fake.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{fake.parent}{os.pathsep}{os.environ['PATH']}")
-    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    cmd = launch(["--mpi"], tmp_path)
-    assert cmd[1:6] == ["-np", "4", "-H", "localhost:4", "--mpi"]
-    assert not any("yield" in a for a in cmd), "GPU workers keep MPI's low-latency polling"
-    for visible, np in (("1,3", "2"), ("", "2"), ("-1", "2")):  # no GPU: launch.cpu_workers (2)
-        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
-        assert launch([], tmp_path)[1:3] == ["-np", np], visible
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
-    assert launch([], tmp_path)[1:3] == ["-np", "1"]
-
-
 # --------------------------------------------------------------------------- network
 
 
