@@ -65,7 +65,7 @@ def parser(prog: str) -> argparse.ArgumentParser:
                             help="Gloo (default: horovod.controller from the config)")  # fmt: skip
     p.add_argument("--max-restarts", type=int, default=0, metavar="N",
                    help="start the job again after a failure, up to N times (default 0)")  # fmt: skip
-    p.add_argument("--network-interface", dest="nics", default="", metavar="IF[,IF]",
+    p.add_argument("--network-interface", dest="nics", default="", metavar="IF[,IF]", type=_nics,
                    help="interfaces the job talks on (default: lo on this machine alone, else "
                    "Horovod's choice)")  # fmt: skip
     p.add_argument("--ssh-port", type=int, help="horovodrun's ssh port for the other hosts")
@@ -74,6 +74,15 @@ def parser(prog: str) -> argparse.ArgumentParser:
                    help="print the horovodrun command (one line, shell-quoted) and exit; the "
                    "shell launchers run what it prints")  # fmt: skip
     return p
+
+
+def _nics(text: str) -> str:
+    # Horovod pastes the names into a shell command line (mpirun's): names only.
+    if not re.fullmatch(r"[A-Za-z0-9_.:-]+(,[A-Za-z0-9_.:-]+)*", text):
+        raise argparse.ArgumentTypeError(
+            f"expects interface names (eth0 or eth0,eth1), got {text!r}"
+        )
+    return text
 
 
 def main(argv: list[str], prog: str) -> int:

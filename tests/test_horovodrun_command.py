@@ -233,3 +233,15 @@ def mpi_ranks(marker: str) -> dict[int, int]:
             if item.startswith(b"OMPI_COMM_WORLD_RANK="):
                 found[int(item.split(b"=", 1)[1])] = int(entry.name)
     return found
+
+
+def test_launch_takes_interface_names_only(tmp_path) -> None:
+    # Horovod pastes them into mpirun's shell command line.
+    proc = run([sys.executable, "-m", "hvd_train", "launch", "--config", str(QUICKSTART),
+                "--network-interface", "eth0;touch x", "--print-command"], tmp_path)  # fmt: skip
+    assert proc.returncode == 2 and proc.stdout == "", proc.stdout
+    assert proc.stderr.splitlines()[-1].endswith(
+        "error: argument --network-interface: expects interface names (eth0 or eth0,eth1), "
+        "got 'eth0;touch x'"
+    ), proc.stderr
+    assert not (tmp_path / "x").exists()
