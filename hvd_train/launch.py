@@ -65,7 +65,7 @@ def parser(prog: str) -> argparse.ArgumentParser:
                             help="Gloo (default: horovod.controller from the config)")  # fmt: skip
     p.add_argument("--max-restarts", type=int, default=0, metavar="N",
                    help="start the job again after a failure, up to N times (default 0)")  # fmt: skip
-    p.add_argument("--network-interface", dest="nics", default="", metavar="IF[,IF]", type=_nics,
+    p.add_argument("--network-interface", dest="nics", metavar="IF[,IF]", type=_nics,
                    help="interfaces the job talks on (default: lo on this machine alone, else "
                    "Horovod's choice)")  # fmt: skip
     p.add_argument("--ssh-port", type=int, help="horovodrun's ssh port for the other hosts")
@@ -142,7 +142,7 @@ def _command(
     ssh = ["--ssh-port", str(args.ssh_port)] if args.ssh_port else []
     ssh += ["--ssh-identity-file", args.ssh_identity_file] if args.ssh_identity_file else []
     return horovodrun.command(
-        cfg, args.config, overrides, np_, args.hosts, args.controller, args.nics, ssh
+        cfg, args.config, overrides, np_, args.hosts, args.controller, args.nics or "", ssh
     )
 
 
