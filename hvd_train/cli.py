@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from hvd_train import inference
-from hvd_train.errors import Interrupted, TrainingError, UserError
+from hvd_train.errors import Interrupted, OneLineError, UserError
 
 if TYPE_CHECKING:
     from hvd_train.config import Config
@@ -230,15 +230,13 @@ def main(argv: list[str] | None = None, prog: str = "hvd-train") -> int:
         return _help(argv, prog)
     try:
         return command(argv, prog)
-    except UserError as e:
-        return _error(str(e), 2)
-    except TrainingError as e:
-        return _error(str(e), 1)
+    except OneLineError as e:  # UserError 2, TrainingError 1: the class carries its code
+        return _error(str(e), e.exit_code)
     except Interrupted as e:
         from hvd_train import logs
 
         logs.say(f"hvd_train: {e}", console=logs.on_console())
-        return 128 + e.signum
+        return e.exit_code
     except Exception as e:
         return _bug(e)
 

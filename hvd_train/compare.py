@@ -27,18 +27,9 @@ class Run:
     summary: dict[str, Any]  # summary.json ({} if absent)
     config: dict[str, Any]  # config.yaml ({} if absent)
 
-    @property
-    def time_kind(self) -> str:
-        """`wall-clock` when metrics.csv has a cumulative `wall_time_s`, else `training`."""
-        return (
-            "wall-clock" if all(not math.isnan(r["wall_time_s"]) for r in self.rows) else "training"
-        )
-
     def times(self) -> list[float]:
-        """Seconds since the start at each epoch's end: `wall_time_s` if every row has it,
-        else the running sum of `epoch_time_s` (training time only)."""
-        if self.time_kind == "wall-clock":
-            return [r["wall_time_s"] for r in self.rows]
+        """Training seconds since the start at each epoch's end: the running sum of
+        `epoch_time_s` (validation and start-up not counted)."""
         total, out = 0.0, []
         for r in self.rows:
             total += r["epoch_time_s"]
@@ -54,8 +45,6 @@ def load_run(path: str, name: str) -> Run:
         rows = [{k: _number(v) for k, v in row.items()} for row in csv.DictReader(f)]
     if not rows:
         raise DataError(f"compare: {metrics}: no epochs recorded yet")
-    for r in rows:
-        r.setdefault("wall_time_s", math.nan)
     return Run(
         name,
         rows,
@@ -110,7 +99,6 @@ def table(runs: list[Run]) -> list[dict[str, Any]]:
             "best_val_accuracy": acc[best],
             "best_epoch": int(run.rows[best]["epoch"]),
             "time_to_best_s": run.times()[best],
-            "time_kind": run.time_kind,
             "examples_per_sec": rate,
         })  # fmt: skip
     return out
@@ -147,11 +135,7 @@ def format_table(rows: list[dict[str, Any]]) -> str:
         cells.append([_cell(fmt, row[key]) for key, _, fmt in COLUMNS])
     widths = [max(len(line[i]) for line in cells) for i in range(len(COLUMNS))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)) for line in cells]
-    kinds = sorted({row["time_kind"] for row in rows})
-    note = "time: " + " and ".join(
-        "cumulative wall-clock" if k == "wall-clock" else "cumulative training time (epoch_time_s)"
-        for k in kinds
-    )
+    note = "time: cumulative training time (epoch_time_s)"
     return "\n".join([*(line.rstrip() for line in lines), note])
 
 
@@ -173,8 +157,6 @@ def plot(runs: list[Run], out: str) -> None:
     import matplotlib.ticker
 
     fig, axes = plt.subplots(2, 2, figsize=(12, 8), sharey="row")
-    kinds = {run.time_kind for run in runs}
-    time_label = "wall-clock time (s)" if kinds == {"wall-clock"} else "training time (s)"
     for run in runs:
         epochs = [r["epoch"] for r in run.rows]
         for i, key in enumerate(("val_accuracy", "val_loss")):
@@ -185,7 +167,7 @@ def plot(runs: list[Run], out: str) -> None:
         axes[i][0].set_ylabel(ylabel)
         axes[i][0].xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
         axes[i][1].set_xlim(left=0)  # time from the start, so the runs' costs compare
-        for j, xlabel in enumerate(("epoch", time_label)):
+        for j, xlabel in enumerate(("epoch", "training time (s)")):
             axes[i][j].set_xlabel(xlabel)
             axes[i][j].grid(alpha=0.3)
     axes[0][0].legend(fontsize="small")

@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import hvd_train
+from hvd_train.horovodrun import count_gpus
 
 TESTED_TENSORFLOW = "2.15.1"  # what scripts/install.sh installs and CI runs
 TESTED_HOROVOD = "0.28.1"
@@ -116,16 +117,9 @@ def _horovod_tensorflow_build() -> dict[str, Any]:
 
 
 def _nvidia_smi_gpus() -> int | None:
-    """GPUs the driver lists (`nvidia-smi -L`), or None without nvidia-smi."""
-    if not shutil.which("nvidia-smi"):
-        return None
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20, check=False
-        ).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return 0
-    return sum(1 for line in out.splitlines() if line.startswith("GPU "))
+    """GPUs the driver lists for this process (horovodrun.count_gpus), or None without
+    nvidia-smi."""
+    return count_gpus() if shutil.which("nvidia-smi") else None
 
 
 def _mpirun() -> dict[str, Any] | None:

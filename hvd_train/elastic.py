@@ -23,7 +23,7 @@ from hvd_train.callbacks import RunCallbacks
 from hvd_train.config import Config, Derived, derive
 from hvd_train.data import Source
 from hvd_train.fitting import fit_from
-from hvd_train.schedules import learning_rate_schedule
+from hvd_train.schedules import learning_rate_schedule, lr_multiplier
 
 
 class _TrackPosition(tf.keras.callbacks.Callback):
@@ -88,7 +88,11 @@ def fit_elastic(
 
 
 def _rescale_learning_rate(model: tf.keras.Model, cfg: Config, d: Derived) -> None:
-    """Points the schedule at this worker count's rates and steps (then retraces)."""
-    schedule = model.optimizer._learning_rate  # the LearningRateSchedule object
-    vars(schedule).update(vars(learning_rate_schedule(cfg, d)))
-    model.train_function = None  # the traced step holds the old rates as constants
+    """Gives the optimizer this worker count's schedule, with the rate multiplier it had, and
+    retraces the step (the traced step holds the old rates as constants)."""
+    schedule = learning_rate_schedule(cfg, d)
+    multiplier = lr_multiplier(model.optimizer)
+    if multiplier is not None:
+        schedule.multiplier.assign(multiplier)
+    model.optimizer.learning_rate = schedule  # Keras's setter takes a schedule, built or not
+    model.train_function = None

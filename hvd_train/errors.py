@@ -1,8 +1,23 @@
-"""The errors hvd_train reports in one line: exit code 2 for the user's, 1 for training's."""
+"""The errors hvd_train reports in one line, each with the exit code the CLI ends with.
+
+summary.json's `error_type` is the class name of the error that ended a run; the launcher looks
+the class up (`error_class`) to tell whether a restart from the last checkpoint could help.
+"""
 
 
-class UserError(Exception):
+class OneLineError(Exception):
+    """An expected failure: one line on stderr (or the rank's failure line), no traceback."""
+
+    exit_code = 1
+    # Why a restart from the last checkpoint would fail the same way; "" when it may not.
+    recurs = ""
+
+
+class UserError(OneLineError):
     """A problem the user can fix (bad config, bad input): one line, exit code 2, no traceback."""
+
+    exit_code = 2
+    recurs = "a bad config, bad input or an unusable run.dir (exit code 2) would fail again"
 
 
 class ConfigError(UserError):
@@ -30,14 +45,18 @@ class RunDirError(UserError):
     holds files that are not a run's (see rundir.py)."""
 
 
-class TrainingError(Exception):
+class TrainingError(OneLineError):
     """Training cannot go on (a non-finite loss): one line, exit code 1, no checkpoint written."""
+
+    recurs = "a non-finite loss would recur from the same checkpoint and data"
 
 
 class CheckpointError(TrainingError):
     """A checkpoint, `model.keras` or `best.keras` could not be written (disk full, no
     permission): one line, exit code 1. The previous checkpoints are left as they were.
     """
+
+    recurs = "a write to run.dir failed (full disk, no permission): it would fail again"
 
 
 class Interrupted(Exception):
@@ -49,3 +68,19 @@ class Interrupted(Exception):
     def __init__(self, signum: int, message: str):
         super().__init__(message)
         self.signum = signum
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+
+def error_class(name: str) -> type[OneLineError] | None:
+    """The one-line error class called `name` (summary.json's `error_type`), or None: a bug's
+    exception, or a class from a module not imported here."""
+    todo: list[type[OneLineError]] = [OneLineError]
+    while todo:
+        cls = todo.pop()
+        if cls.__name__ == name:
+            return cls
+        todo += cls.__subclasses__()
+    return None

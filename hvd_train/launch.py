@@ -1,7 +1,11 @@
 """`hvd-train launch`: horovodrun under a supervisor that restarts a failed job from its checkpoint.
 
     hvd-train launch --config FILE [--set k=v ...] [--np N] [--hosts H:S,...] [--mpi | --gloo]
-                     [--max-restarts N]
+                     [--max-restarts N] [--network-interface IF] [--ssh-port P]
+                     [--ssh-identity-file F] [--print-command]
+
+The command is horovodrun.command's, as for every launcher; `--print-command` prints it (one
+line, shell-quoted) instead of running it: launch/*.sh run what it prints.
 
 Each attempt is one real `horovodrun` job. When it fails, the supervisor names the rank that
 failed first (from horovodrun's or mpirun's report), marks summary.json `failed` (unless the
@@ -24,14 +28,14 @@ import os
 import re
 import shlex
 import signal
-import subprocess
 import sys
 import time
 from typing import Any
 
-from hvd_train import logs, rundir
+from hvd_train import horovodrun, logs, rundir
 from hvd_train.config import Config, add_config_arguments, load_config
-from hvd_train.errors import ANOTHER_FIRST, KNOCK_ON, NO_STATUS, ConfigError
+from hvd_train.errors import ANOTHER_FIRST, KNOCK_ON, NO_STATUS, UserError, error_class
+from hvd_train.horovodrun import on_loopback
 from hvd_train.record import read_json, write_json
 from hvd_train.supervise import Supervisor
 
@@ -39,6 +43,9 @@ GLOO_FIRST = re.compile(r"Terminating remaining workers after failure of Process
 GLOO_NAMED = re.compile(r"Process name: (\d+)\s+Exit code: (-?\d+)")
 GLOO_EXIT = re.compile(r"Process (\d+) exit with status code (-?\d+)")
 MPI_NAMED = re.compile(r"Process name:\s+\[\[\d+,\d+\],(\d+)\]\s+Exit code:\s+(-?\d+)")
+# mpirun's report of a rank killed by a signal (it names no exit code): 128 + the signal's.
+MPI_SIGNALED = re.compile(r"mpirun noticed that process rank (\d+) with PID \d+ on node \S+ "
+                          r"exited on signal (\d+)")  # fmt: skip
 # A rank's failure line (logs.failed); the path of its log after `; full log: ` is left out.
 RANK_FAILED = re.compile(r"\[rank (\d+)\] failed: (.*?)(?:; full log: .*)?$", re.MULTILINE)
 # horovodrun's prefix of a worker's line: `[1]<stderr>:` (Gloo), `[1,0]<stderr>:` (MPI's
@@ -58,22 +65,40 @@ def parser(prog: str) -> argparse.ArgumentParser:
                             help="Gloo (default: horovod.controller from the config)")  # fmt: skip
     p.add_argument("--max-restarts", type=int, default=0, metavar="N",
                    help="start the job again after a failure, up to N times (default 0)")  # fmt: skip
+    p.add_argument("--network-interface", dest="nics", metavar="IF[,IF]", type=_nics,
+                   help="interfaces the job talks on (default: lo on this machine alone, else "
+                   "Horovod's choice)")  # fmt: skip
+    p.add_argument("--ssh-port", type=int, help="horovodrun's ssh port for the other hosts")
+    p.add_argument("--ssh-identity-file", metavar="F", help="horovodrun's ssh key")
+    p.add_argument("--print-command", action="store_true",
+                   help="print the horovodrun command (one line, shell-quoted) and exit; the "
+                   "shell launchers run what it prints")  # fmt: skip
     return p
+
+
+def _nics(text: str) -> str:
+    # Horovod pastes the names into a shell command line (mpirun's): names only.
+    if not re.fullmatch(r"[A-Za-z0-9_.:-]+(,[A-Za-z0-9_.:-]+)*", text):
+        raise argparse.ArgumentTypeError(
+            f"expects interface names (eth0 or eth0,eth1), got {text!r}"
+        )
+    return text
 
 
 def main(argv: list[str], prog: str) -> int:
     args = parser(prog).parse_args(argv)
     cfg = load_config(args.config, args.overrides)  # the shared loader: fails fast, exit 2
-    np_ = args.np or _gpu_count() or cfg.launch.cpu_workers
+    np_ = args.np or horovodrun.workers(cfg)
+    if args.print_command:
+        print(shlex.join(_command(cfg, args, np_, args.overrides)[0]))
+        return 0
     summary_path = os.path.join(cfg.run.dir, "summary.json")
     history: list[dict[str, Any]] = []
     supervisor = Supervisor()  # SIGTERM/SIGINT to the launcher reach the workers
-    env = dict(os.environ)
-    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # horovodrun imports TensorFlow too
     ours = False  # whether an attempt claimed run.dir: its summary.json is then this job's
     for attempt in range(args.max_restarts + 1):
         overrides = list(args.overrides) + (["train.resume=auto"] if attempt else [])
-        cmd = horovodrun_command(cfg, args, np_, overrides)
+        cmd, env = _command(cfg, args, np_, overrides)
         _say(f"attempt {attempt + 1} of {args.max_restarts + 1}: {_short(cmd)}")
         held = rundir.read_lock(cfg.run.dir)  # the supervisor never takes the lock: rank 0 does
         env[logs.ATTEMPT] = str(attempt + 1)
@@ -106,31 +131,19 @@ def main(argv: list[str], prog: str) -> int:
 def _exit_code(failure: dict[str, Any]) -> int:
     """The launcher's exit code: 2 when the rank that failed first says the user's input is at
     fault (as a worker alone does), else horovodrun's or mpirun's (1 for any failed worker)."""
-    return 2 if failure["rank_exit_code"] == 2 else failure["exit_code"]
+    user = UserError.exit_code
+    return user if failure["rank_exit_code"] == user else failure["exit_code"]
 
 
-def horovodrun_command(
+def _command(
     cfg: Config, args: argparse.Namespace, np_: int, overrides: list[str]
-) -> list[str]:
-    """The horovodrun command line for one attempt."""
-    bindir = os.path.dirname(sys.executable)
-    horovodrun = os.path.join(bindir, "horovodrun")
-    cmd = [horovodrun if os.path.exists(horovodrun) else "horovodrun", "-np", str(np_)]
-    e = cfg.elastic
-    mpi = (args.controller or cfg.horovod.controller) == "mpi" and not e.enabled
-    if e.enabled:  # Horovod Elastic (Gloo): hosts come and go as the script reports them
-        cmd += ["--min-np", str(e.min_workers)]
-        cmd += ["--host-discovery-script", discovery_command(e.discovery_script)]
-        cmd += ["--max-np", str(e.max_workers)] if e.max_workers else []
-        cmd += ["--gloo"]
-    else:
-        hosts = args.hosts or f"localhost:{np_}"
-        root = ["--allow-run-as-root"] if mpi and os.geteuid() == 0 else []
-        cmd += ["-H", hosts, "--mpi" if mpi else "--gloo", *network_flags(hosts, mpi, root)]
-    cmd += [sys.executable, "-m", "hvd_train", "--config", args.config]
-    for item in overrides:
-        cmd += ["--set", item]
-    return cmd
+) -> tuple[list[str], dict[str, str]]:
+    """One attempt's horovodrun command and environment (horovodrun.command, as every launcher)."""
+    ssh = ["--ssh-port", str(args.ssh_port)] if args.ssh_port else []
+    ssh += ["--ssh-identity-file", args.ssh_identity_file] if args.ssh_identity_file else []
+    return horovodrun.command(
+        cfg, args.config, overrides, np_, args.hosts, args.controller, args.nics or "", ssh
+    )
 
 
 def _held_by_another_job(run_dir: str, before: dict[str, Any] | None) -> bool:
@@ -143,58 +156,6 @@ def _held_by_another_job(run_dir: str, before: dict[str, Any] | None) -> bool:
     return after is not None and (after == before or rundir.alive_here(after))
 
 
-# Open MPI on a job whose ranks all run on this machine: only its same-host transports (shared
-# memory). Otherwise every rank opens the TCP transport, which listens on all interfaces whatever
-# btl_tcp_if_include says, and the libfabric one, which listens on the host's address
-# (horovodrun's `-mca btl ^openib` turns back on what Debian's openmpi-mca-params.conf turns off).
-# btl_base_include filters on top of `btl`, which horovodrun sets and mpirun takes only once.
-LOOPBACK_MPI_ARGS = ["--mca", "btl_base_include", "self,vader"]
-
-
-def network_flags(hosts: str, mpi: bool, mpi_args: list[str] | None = None) -> list[str]:
-    """horovodrun flags that keep a job on loopback when all of `hosts` (`-H`) are this
-    machine's loopback, and `mpi_args` as the one --mpi-args horovodrun keeps.
-
-    On loopback: `--network-interfaces lo` (Gloo binds to lo and Horovod tells Open MPI and
-    NCCL to use it; Horovod infers lo for local hosts anyway, this says it and skips the
-    guess) and, under MPI, LOOPBACK_MPI_ARGS. What stays on all interfaces, whatever the
-    flags: horovodrun's rendezvous server (Gloo) and mpirun's out-of-band listener (README,
-    Security).
-    """
-    loopback = on_loopback(hosts)
-    args = [*(mpi_args or []), *(LOOPBACK_MPI_ARGS if loopback and mpi else [])]
-    flags = ["--network-interfaces", "lo"] if loopback else []
-    # horovodrun pastes --mpi-args into the mpirun command that a shell runs: quote each word.
-    return ([f"--mpi-args={shlex.join(args)}"] if mpi and args else []) + flags
-
-
-def on_loopback(hosts: str) -> bool:
-    """Whether every host of horovodrun's `-H host:slots,...` is a loopback name or address."""
-    names = [h.strip().rsplit(":", 1)[0] for h in hosts.split(",") if h.strip()]
-    return bool(names) and all(n in ("localhost", "::1") or n.startswith("127.") for n in names)
-
-
-def discovery_command(path: str) -> str:
-    """`elastic.discovery_script` as horovodrun's `--host-discovery-script`: one quoted word.
-
-    horovodrun runs the script here, on the launching host, through a shell (Horovod's
-    `safe_shell_exec`: `Popen(command, shell=True)`), every second. The loader already refused
-    anything but one plain path (workers load the config too, but the script need not exist
-    on them, as on Kubernetes, where only the launcher has it); here it must exist and be
-    executable, and its absolute path is shell-quoted: the folder it is relative to may hold
-    any character.
-    """
-    full = os.path.abspath(path)
-    if not os.path.isfile(full):
-        raise ConfigError(
-            f"elastic.discovery_script: {full}: no such file on this host, which runs it for "
-            "horovodrun"
-        )
-    if not os.access(full, os.X_OK):
-        raise ConfigError(f"elastic.discovery_script: {full}: not executable; chmod +x it")
-    return shlex.quote(full)
-
-
 def first_failure(output: str) -> dict[str, Any]:
     """{'rank': R, 'rank_exit_code': C, 'error': ...} of the worker that failed first.
 
@@ -205,8 +166,11 @@ def first_failure(output: str) -> dict[str, Any]:
     """
     codes = {int(r): int(c) for r, c in GLOO_EXIT.findall(output)}
     m = MPI_NAMED.search(output) or GLOO_NAMED.search(output)
+    signaled = MPI_SIGNALED.search(output)
     if m:
         rank, code = int(m.group(1)), int(m.group(2))
+    elif signaled:
+        rank, code = int(signaled.group(1)), 128 + int(signaled.group(2))
     elif GLOO_FIRST.search(output):
         rank = int(GLOO_FIRST.search(output).group(1))
         code = codes.get(rank)
@@ -311,16 +275,14 @@ def _short(cmd: list[str]) -> str:
 
 
 def _no_restart_reason(failure: dict[str, Any], summary_path: str, stop_signal: int) -> str:
+    """Why a restart would fail the same way ("" when it may not): the stop was asked for, the
+    first failure was the user's, or rank 0's error (summary.json's `error_type`) would recur."""
     if stop_signal:
         return f"the launcher received {_SIGNALS[stop_signal]}"
-    if failure["rank_exit_code"] == 2:
-        return "a bad config, bad input or an unusable run.dir (exit code 2) would fail again"
-    error = _read(summary_path).get("error", "")
-    if error.startswith("TrainingError"):
-        return "a non-finite loss would recur from the same checkpoint and data"
-    if error.startswith(("CheckpointError", "RecordError")):
-        return "a write to run.dir failed (full disk, no permission): it would fail again"
-    return ""
+    if failure["rank_exit_code"] == UserError.exit_code:
+        return UserError.recurs
+    cls = error_class(_read(summary_path).get("error_type") or "")
+    return cls.recurs if cls else ""
 
 
 def _mark_ended(path: str, failure: dict[str, Any], stop_signal: int) -> None:
@@ -339,6 +301,7 @@ def _mark_ended(path: str, failure: dict[str, Any], stop_signal: int) -> None:
         error = summary.get("error") or ""
         if failure.get("error") and (not error or _is_knock_on(error)):
             summary["error"] = f"rank {failure['rank']}: {failure['error']}"
+            summary.pop("error_type", None)  # rank 0's knock-on error's, not the cause's
     write_json(path, summary)
 
 
@@ -363,14 +326,6 @@ def _read(path: str, wait_s: float = 0.0) -> dict[str, Any]:
         time.sleep(0.1)
         summary = read_json(path)
     return summary
-
-
-def _gpu_count() -> int:
-    try:
-        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20)
-    except (OSError, subprocess.TimeoutExpired):
-        return 0
-    return sum(line.startswith("GPU ") for line in out.stdout.splitlines())
 
 
 def _say(message: str) -> None:

@@ -24,7 +24,7 @@ import threading
 import time
 from typing import Any
 
-from hvd_train.errors import NO_STATUS, TrainingError
+from hvd_train.errors import NO_STATUS, CheckpointError, TrainingError
 
 SUMMARY = "summary.json"
 ENDINGS = ("completed", "failed", "interrupted")
@@ -35,6 +35,8 @@ RESERVE_BYTES = 64 * 1024
 
 class RecordError(TrainingError):
     """summary.json could not be written: the run's status would be false (exit code 1)."""
+
+    recurs = CheckpointError.recurs
 
 
 class RunRecord:

@@ -27,6 +27,8 @@ from typing import Any
 
 import psutil
 
+from hvd_train.horovodrun import job_env
+
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 RANK_VARIABLES = (b"OMPI_COMM_WORLD_RANK=", b"HOROVOD_RANK=", b"PMI_RANK=")
 # Under MPI the workers are signalled directly and nothing kills them after a few seconds:
@@ -161,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m hvd_train.supervise -- COMMAND...", file=sys.stderr)
         return 2
     supervisor = Supervisor()
-    code, _ = supervisor.run(argv)
+    code, _ = supervisor.run(argv, env=job_env())  # the environment every launcher gives a job
     return code
 
 

@@ -14,15 +14,13 @@ import dataclasses
 import json
 import os
 import shlex
-import shutil
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 
+from hvd_train import horovodrun
 from hvd_train.config import Config, add_config_arguments, check, load_config
 from hvd_train.errors import ConfigError, UserError
-from hvd_train.launch import network_flags
 
 COLUMNS = [
     "workers", "per_worker_batch", "global_batch", "examples_per_sec",
@@ -79,9 +77,7 @@ def main(argv: list[str], prog: str = "hvd-train sweep") -> int:
         print(f"[sweep] {i}/{len(points)}: {point.workers} worker(s), batch {point.batch_size} "
               f"({args.batch_size_mode})", flush=True)  # fmt: skip
         run_dir = os.path.join(args.out, "points", point.name)
-        status = run_point(
-            args.config, overrides, point, run_dir, args.timeout, cfg.horovod.controller
-        )
+        status = run_point(args.config, overrides, point, run_dir, args.timeout)
         rows.append(read_point(point, run_dir, status, args.target_accuracy))
     add_speedups(rows)
     write_reports(rows, args)
@@ -109,7 +105,7 @@ def _int_list(text: str) -> list[int]:
 def refuse_what_this_host_cannot_run(cfg: Config, points: list[Point], oversubscribe: bool):
     """Raises UserError naming the points this host cannot run, before any job starts."""
     most = max(p.workers for p in points)
-    gpus = count_gpus()
+    gpus = horovodrun.count_gpus()
     cores = len(os.sched_getaffinity(0))
     if gpus and most > gpus:
         raise UserError(
@@ -139,40 +135,16 @@ def _with_batch(cfg: Config, batch: int) -> Config:
     return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, batch_size=batch))
 
 
-def count_gpus() -> int:
-    """GPUs this host shows (nvidia-smi), without starting TensorFlow in the driver."""
-    if not shutil.which("nvidia-smi"):
-        return 0
-    try:
-        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return 0
-    listed = [line for line in out.stdout.splitlines() if line.startswith("GPU ")]
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        return min(len(listed), len([v for v in visible.split(",") if v.strip()]))
-    return len(listed)
-
-
 # --------------------------------------------------------------------------- one point
 
 
-def run_point(
-    config: str, overrides: list[str], point: Point, run_dir: str, timeout, controller: str
-) -> str:
-    """Runs one grid point as `horovodrun -np N -H localhost:N --gloo` (or `--mpi`, as
-    `horovod.controller` says); returns its status."""
+def run_point(config: str, overrides: list[str], point: Point, run_dir: str, timeout) -> str:
+    """Runs one grid point as horovodrun.command's job of N workers on this host (Gloo or MPI,
+    as `horovod.controller` says); returns its status."""
     os.makedirs(run_dir, exist_ok=True)
-    bin_dir = os.path.dirname(sys.executable)
-    horovodrun = os.path.join(bin_dir, "horovodrun")
-    if not os.path.exists(horovodrun):
-        horovodrun = shutil.which("horovodrun") or "horovodrun"
     sets = [*overrides, f"train.batch_size={point.batch_size}", f"run.dir={run_dir}"]
-    hosts = f"localhost:{point.workers}"
-    cmd = [horovodrun, "-np", str(point.workers), "-H", hosts, f"--{controller}",
-           *network_flags(hosts, controller == "mpi"), sys.executable, "-m", "hvd_train",
-           "--config", config, *[a for s in sets for a in ("--set", s)]]  # fmt: skip
-    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
+    cfg = load_config(config, sets)
+    cmd, env = horovodrun.command(cfg, config, sets, point.workers)
     with open(os.path.join(run_dir, "log.txt"), "w") as log:
         log.write(" ".join(cmd) + "\n")
         log.flush()
@@ -255,7 +227,7 @@ def markdown(rows: list[dict], args: argparse.Namespace) -> str:
         f"`{args.command}`",
         "",
         f"Host: {os.uname().nodename}, {len(os.sched_getaffinity(0))} CPU cores, "
-        f"{count_gpus()} GPU(s); {time.strftime('%Y-%m-%d %H:%M')}. Batch size mode: "
+        f"{horovodrun.count_gpus()} GPU(s); {time.strftime('%Y-%m-%d %H:%M')}. Batch size mode: "
         f"`{args.batch_size_mode}`{'; workers bound to cores' if args.pin_cores else ''}.",
         "Examples/s count all workers with the first epoch left out (warm-up); speedup and "
         "efficiency are against the fewest workers at the same batch size; times are training "

@@ -294,7 +294,7 @@ def _fail(run: _Run, e: BaseException) -> None:
     one_line = isinstance(e, (UserError, TrainingError))
     logs.failed(_console_cause(e), None if one_line else e)
     try:
-        _end_record(run, status="failed", error=_cause(e))
+        _end_record(run, status="failed", error=_cause(e), error_type=type(e).__name__)
     except RecordError as e2:
         logs.say(f"hvd_train: error: {e2}")
 

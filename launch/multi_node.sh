@@ -133,19 +133,15 @@ SSH_OPTS=(-o BatchMode=yes -o PasswordAuthentication=no -o StrictHostKeyChecking
 
 check_python
 parse_hostfile "$hostfile"
-read_config "$config" "${sets[@]}"
-controller=${controller:-$CFG_CONTROLLER}
 np=0 hosts=""
 for i in "${!HOSTS[@]}"; do
   np=$((np + SLOTS[i])); hosts+="${hosts:+,}${HOSTS[$i]}:${SLOTS[$i]}"
 done
+args=("$config" "${sets[@]}" --np "$np" --hosts "$hosts" "${RUN_SSH[@]}")
+[ -z "$nics" ] || args+=(--network-interface "$nics")
+[ -z "$controller" ] || args+=("--$controller")
+launch_command "${args[@]}"
+controller=$CONTROLLER
 say "${#HOSTS[@]} host(s), $np worker(s), $controller controller"
 [ "$preflight" = 0 ] || [ "${DRY_RUN:-0}" = 1 ] || preflight
-horovod_flags
-network_flags "$nics" "${HOSTS[@]}"
-# Remote hosts' GPUs are not counted here: MPI's yield-when-idle is for CPU-only jobs, which
-# a hostfile of CPU hosts asks for with --mpi on a launcher that has no GPU either.
-controller_flags "$controller" "$(count_gpus)" "${NET_MPI_ARGS[@]}"
-
-run_printed "$HOROVODRUN" -np "$np" -H "$hosts" "${CTRL_FLAGS[@]}" "${RUN_SSH[@]}" "${NET_FLAGS[@]}" \
-  "${HVD_FLAGS[@]}" "$PY" -m hvd_train --config "$(realpath "$config")" "${sets[@]}"
+run_printed "${CMD[@]}"

@@ -4,7 +4,7 @@
 #   launch/single_node.sh CONFIG [--np N] [--set key=value ...] [--mpi | --gloo] [--dry-run]
 #
 # The controller is horovod.controller from the config (Gloo by default); --mpi or --gloo wins.
-# The config's Horovod knobs become horovodrun flags. The exact horovodrun command is printed
+# The command is `hvd-train launch --print-command`'s, the same job `hvd-train launch` starts. The exact horovodrun command is printed
 # before it runs; the exit code is the job's (2 with one line for a bad config).
 set -euo pipefail
 # shellcheck disable=SC2034  # PROG and DRY_RUN are read by _common.sh
@@ -33,16 +33,9 @@ done
 [ -z "$np" ] || is_positive_int "$np" || die "--np expects a positive integer, got '$np'"
 
 check_python
-read_config "$config" "${sets[@]}"
-controller=${controller:-$CFG_CONTROLLER}
-gpus=$(count_gpus)
-if [ -z "$np" ]; then
-  if [ "$gpus" -gt 0 ]; then np=$gpus; else np=$CFG_CPU_WORKERS; fi
-fi
-say "$gpus GPU(s) on this machine: $np worker(s), $controller controller"
-horovod_flags
-network_flags "" localhost
-controller_flags "$controller" "$gpus" "${NET_MPI_ARGS[@]}"
-
-run_printed "$HOROVODRUN" -np "$np" -H "localhost:$np" "${CTRL_FLAGS[@]}" "${NET_FLAGS[@]}" "${HVD_FLAGS[@]}" \
-  "$PY" -m hvd_train --config "$(realpath "$config")" "${sets[@]}"
+args=("$config" "${sets[@]}")
+[ -z "$np" ] || args+=(--np "$np")
+[ -z "$controller" ] || args+=("--$controller")
+launch_command "${args[@]}"
+say "$(gpu_count) GPU(s) on this machine: $NP worker(s), $CONTROLLER controller"
+run_printed "${CMD[@]}"

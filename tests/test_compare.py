@@ -6,12 +6,10 @@ import csv
 import json
 import pathlib
 import re
-import shutil
 
 import pytest
 from harness import PYTHON, QUICKSTART, check, horovodrun, run
 
-from hvd_train import compare
 from hvd_train.config import derive, load_config
 from hvd_train.schedules import learning_rate_schedule
 
@@ -73,20 +71,6 @@ def test_logged_rates_follow_the_cosine_schedule_per_batch(runs: pathlib.Path) -
             step = int(r["epoch"]) * d.steps_per_epoch - 1
             assert r["learning_rate"] == pytest.approx(float(s(step)), rel=1e-5), (name, r)
     assert rows[-1]["learning_rate"] < 0.1 * rows[0]["learning_rate"]  # it decayed
-
-
-def test_wall_clock_column_wins_when_a_run_has_one(runs: pathlib.Path, tmp_path) -> None:
-    shutil.copytree(runs / "two", tmp_path / "two")
-    path = tmp_path / "two" / "metrics.csv"
-    rows = list(csv.DictReader(path.open()))
-    with path.open("w", newline="") as f:
-        w = csv.DictWriter(f, [*rows[0], "wall_time_s"])
-        w.writeheader()
-        w.writerows({**r, "wall_time_s": 100.0 * (i + 1)} for i, r in enumerate(rows))
-    [row] = compare.table(compare.load_runs([str(tmp_path / "two")]))
-    assert row["time_kind"] == "wall-clock"
-    assert row["time_to_best_s"] == 100.0 * row["best_epoch"]
-    assert compare.format_table([row]).endswith("time: cumulative wall-clock")
 
 
 def test_a_folder_without_metrics_is_exit_2_with_one_line(runs: pathlib.Path) -> None:

@@ -202,6 +202,7 @@ def test_nan_loss_stops_every_worker_with_exit_1_and_keeps_the_last_checkpoint(t
     assert "]<stderr>:Traceback" not in proc.stderr  # (horovodrun prints its own)
     s = summary(d)
     assert s["status"] == "failed" and s["error"].startswith("TrainingError"), s
+    assert s["error_type"] == "TrainingError", s  # what the launcher reads (next test)
     kept = checkpoints(d)
     assert [read_state(p)["epoch"] for p in kept] == [1]  # the one from before the NaN
     reader = tf.train.load_checkpoint(str(kept[0] / "ckpt"))
@@ -209,6 +210,27 @@ def test_nan_loss_stops_every_worker_with_exit_1_and_keeps_the_last_checkpoint(t
         value = reader.get_tensor(name)
         if isinstance(value, np.ndarray) and value.dtype.kind == "f":
             assert np.isfinite(value).all(), name
+
+
+def test_launcher_does_not_restart_after_a_nan_loss(tmp_path) -> None:
+    """The same NaN through `hvd-train launch --max-restarts 2`: summary.json's error_type says
+    TrainingError, so the launcher names the reason and starts no second attempt."""
+    d = tmp_path / "run"
+    proc = run(["env", "FAULTY_AFTER_STEPS=30", PYTHON, "-m", "hvd_train", "launch", "--np", "2",
+                "--gloo", "--max-restarts", "2", *BASE[:2],
+                *_sets(f"run.dir={d}", "model.factory=faulty_models:nan_on_one_rank",
+                       "train.verbose=false", "logging.tensorboard=false",
+                       "checkpoint.check_every_steps=1")],
+               cwd=WORKERS)  # fmt: skip
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    said = [ln for ln in proc.stderr.splitlines() if ln.startswith("[hvd_train launch] ")]
+    assert said[-1] == (
+        "[hvd_train launch] not restarting: a non-finite loss would recur from the same "
+        "checkpoint and data"
+    ), said
+    assert not any(ln.startswith("[hvd_train launch] attempt 2 ") for ln in said), said
+    s = summary(d)
+    assert (s["status"], s["error_type"], s["launch"]["restarts"]) == ("failed", "TrainingError", 0)
 
 
 def test_failing_checkpoint_write_ends_the_run_and_keeps_the_previous_one(tmp_path) -> None:
@@ -230,6 +252,7 @@ def test_failing_checkpoint_write_ends_the_run_and_keeps_the_previous_one(tmp_pa
     s = summary(d)
     assert s["status"] == "failed", s
     assert s["error"].startswith("CheckpointError: cannot write") and "File too large" in s["error"]
+    assert s["error_type"] == "CheckpointError"
     kept = checkpoints(d)
     assert kept and all(is_checkpoint(str(p)) for p in kept)
     assert not list((d / "checkpoints").glob(".tmp*"))

@@ -1,5 +1,6 @@
-"""What `hvd-train launch` hands horovodrun: the discovery script as one checked, quoted word,
-and, for a job on this machine alone, the flags that keep it on loopback.
+"""What every launcher hands horovodrun (hvd_train/horovodrun.py): the discovery script as one
+checked, quoted word; for a job on this machine alone, the flags that keep it on loopback; and
+the same command from `hvd-train launch`, `launch/single_node.sh` and `launch/multi_node.sh`.
 
 The config's `elastic.discovery_script` reaches a shell: horovodrun runs it with Horovod's
 `safe_shell_exec` (`Popen(command, shell=True)`). These tests run the value through that very
@@ -8,25 +9,29 @@ code, with shell syntax planted in the value and in the folder around it.
 
 from __future__ import annotations
 
-import argparse
 import os
 import pathlib
 import re
+import shlex
 import subprocess
 import sys
 import time
 
 import pytest
-from harness import finish, start
+from harness import finish, run, start
 
 from hvd_train.config import load_config
 from hvd_train.errors import ConfigError
-from hvd_train.launch import horovodrun_command, network_flags
+from hvd_train.horovodrun import command, network_flags
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 QUICKSTART = ROOT / "configs" / "quickstart.yaml"
-ARGS = argparse.Namespace(config="c.yaml", hosts=None, controller=None)
-ROOT_ONLY = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+# No GPU on the machines that run these tests: Open MPI yields instead of busy-polling.
+CPU = "--mca mpi_yield_when_idle 1"
+
+
+def horovodrun_command(cfg, hosts=None, controller=None) -> list[str]:
+    return command(cfg, "c.yaml", [], 2, hosts, controller)[0]
 
 
 def elastic(script: str):
@@ -78,7 +83,7 @@ def test_discovery_script_reaches_horovods_shell_as_one_word(tmp_path, monkeypat
     folder.mkdir()
     write_script(folder / "discover.sh", "echo localhost:2\necho 127.0.0.1:1\n")
     monkeypatch.chdir(folder)
-    cmd = horovodrun_command(elastic("discover.sh"), ARGS, 2, [])
+    cmd = horovodrun_command(elastic("discover.sh"))
     value = flag(cmd, "--host-discovery-script")
     from horovod.runner.elastic.discovery import HostDiscoveryScript
 
@@ -90,7 +95,7 @@ def test_discovery_script_reaches_horovods_shell_as_one_word(tmp_path, monkeypat
 def test_discovery_script_must_be_an_executable_file_on_the_launching_host(tmp_path) -> None:
     missing = tmp_path / "nope.sh"
     with pytest.raises(ConfigError) as info:
-        horovodrun_command(elastic(str(missing)), ARGS, 2, [])
+        horovodrun_command(elastic(str(missing)))
     assert str(info.value) == (
         f"elastic.discovery_script: {missing}: no such file on this host, which runs it for "
         "horovodrun"
@@ -98,7 +103,7 @@ def test_discovery_script_must_be_an_executable_file_on_the_launching_host(tmp_p
     plain = write_script(tmp_path / "plain.sh")
     plain.chmod(0o644)
     with pytest.raises(ConfigError) as info:
-        horovodrun_command(elastic(str(plain)), ARGS, 2, [])
+        horovodrun_command(elastic(str(plain)))
     assert str(info.value) == f"elastic.discovery_script: {plain}: not executable; chmod +x it"
 
 
@@ -109,37 +114,80 @@ def test_workers_load_a_discovery_script_that_only_the_launcher_has() -> None:
     assert cfg.elastic.discovery_script == "/nonexistent/etc/mpi/discover_hosts.sh"
 
 
+# --------------------------------------------------------------------------- every launcher
+
+
+KNOBS = ["horovod.fusion_threshold_mb=32", "horovod.cycle_time_ms=2.5", "horovod.timeline=true",
+         "horovod.autotune=true", "run.dir=res", "train.epochs=3"]  # fmt: skip
+SETS = [arg for s in KNOBS for arg in ("--set", s)]
+
+
+def printed(proc: subprocess.CompletedProcess) -> list[str]:
+    """The one command a launcher printed (`+ ` first for the shell scripts), split as a shell
+    would."""
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [line.removeprefix("+ ") for line in proc.stdout.splitlines()
+             if line.startswith(("+ ", "/"))]  # fmt: skip
+    assert len(lines) == 1, proc.stdout
+    return shlex.split(lines[0])
+
+
+def launch(args: list[str], cwd: pathlib.Path) -> list[str]:
+    return printed(run([sys.executable, "-m", "hvd_train", "launch", "--print-command",
+                        "--config", str(QUICKSTART), *SETS, *args], cwd))  # fmt: skip
+
+
+@pytest.mark.parametrize("controller", ["--gloo", "--mpi"])
+def test_every_launcher_starts_the_same_job_from_the_same_config(
+    tmp_path, monkeypatch, controller
+) -> None:
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("localhost slots=2\n")
+    monkeypatch.setenv("HVD_TRAIN_PYTHON", sys.executable)  # the Python the tests run
+    dry = ["--dry-run", controller, *SETS]
+    by_script = [
+        printed(run([str(ROOT / "launch" / "single_node.sh"), str(QUICKSTART), *dry], tmp_path)),
+        printed(run([str(ROOT / "launch" / "multi_node.sh"), "--hostfile", str(hostfile),
+                     str(QUICKSTART), *dry], tmp_path)),
+    ]  # fmt: skip
+    by_launch = launch([controller], tmp_path)
+    assert by_script == [by_launch, by_launch]
+    knobs = ["--fusion-threshold-mb", "32", "--cycle-time-ms", "2.5", "--timeline-filename",
+             str(tmp_path / "res" / "timeline.json"), "--autotune"]  # fmt: skip
+    i = by_launch.index(sys.executable)
+    assert by_launch[:5] == [by_launch[0], "-np", "2", "-H", "localhost:2"]
+    assert by_launch[i - len(knobs) : i] == knobs
+    assert by_launch[i:] == [sys.executable, "-m", "hvd_train", "--config", str(QUICKSTART), *SETS]
+    assert by_launch.count("--allow-run-as-root") == 0, "horovodrun --mpi adds it itself"
+
+
 # --------------------------------------------------------------------------- network
-
-
-def launch_args(hosts: str | None, controller: str) -> argparse.Namespace:
-    return argparse.Namespace(config="c.yaml", hosts=hosts, controller=controller)
 
 
 @pytest.mark.parametrize("hosts", [None, "localhost:2", "127.0.0.1:1,localhost:1"])
 def test_a_job_on_this_machine_alone_is_kept_on_loopback(hosts) -> None:
     cfg = load_config(QUICKSTART)
-    gloo = horovodrun_command(cfg, launch_args(hosts, "gloo"), 2, [])
+    gloo = horovodrun_command(cfg, hosts, "gloo")
     assert gloo[5:8] == ["--gloo", "--network-interfaces", "lo"], gloo
-    mpi = horovodrun_command(cfg, launch_args(hosts, "mpi"), 2, [])
-    mpi_args = " ".join([*ROOT_ONLY, "--mca btl_base_include self,vader"])
+    mpi = horovodrun_command(cfg, hosts, "mpi")
+    mpi_args = f"{CPU} --mca btl_base_include self,vader"
     assert mpi[5:9] == ["--mpi", f"--mpi-args={mpi_args}", "--network-interfaces", "lo"], mpi
 
 
 def test_a_job_on_other_hosts_is_left_to_horovods_interface_choice() -> None:
     cfg = load_config(QUICKSTART)
     for hosts in ("node1:2,node2:2", "localhost:1,node2:1"):
-        gloo = horovodrun_command(cfg, launch_args(hosts, "gloo"), 2, [])
+        gloo = horovodrun_command(cfg, hosts, "gloo")
         assert gloo[5] == "--gloo" and gloo[6] == sys.executable, gloo
-        mpi = horovodrun_command(cfg, launch_args(hosts, "mpi"), 2, [])
-        assert mpi[5:] == ["--mpi", *([f"--mpi-args={ROOT_ONLY[0]}"] if ROOT_ONLY else []),
-                           sys.executable, "-m", "hvd_train", "--config", "c.yaml"]  # fmt: skip
+        mpi = horovodrun_command(cfg, hosts, "mpi")
+        assert mpi[5:] == ["--mpi", f"--mpi-args={CPU}", sys.executable, "-m", "hvd_train",
+                           "--config", os.path.realpath("c.yaml")]  # fmt: skip
 
 
 def test_an_elastic_job_gets_no_interface_its_hosts_may_not_have(tmp_path) -> None:
     # Hosts come and go as the discovery script says: loopback now is no promise for later.
     script = write_script(tmp_path / "discover.sh")
-    cmd = horovodrun_command(elastic(str(script)), launch_args(None, "mpi"), 2, [])
+    cmd = horovodrun_command(elastic(str(script)), None, "mpi")
     assert "--network-interfaces" not in cmd and not any(a.startswith("--mpi") for a in cmd)
 
 
@@ -185,3 +233,15 @@ def mpi_ranks(marker: str) -> dict[int, int]:
             if item.startswith(b"OMPI_COMM_WORLD_RANK="):
                 found[int(item.split(b"=", 1)[1])] = int(entry.name)
     return found
+
+
+def test_launch_takes_interface_names_only(tmp_path) -> None:
+    # Horovod pastes them into mpirun's shell command line.
+    proc = run([sys.executable, "-m", "hvd_train", "launch", "--config", str(QUICKSTART),
+                "--network-interface", "eth0;touch x", "--print-command"], tmp_path)  # fmt: skip
+    assert proc.returncode == 2 and proc.stdout == "", proc.stdout
+    assert proc.stderr.splitlines()[-1].endswith(
+        "error: argument --network-interface: expects interface names (eth0 or eth0,eth1), "
+        "got 'eth0;touch x'"
+    ), proc.stderr
+    assert not (tmp_path / "x").exists()

@@ -152,6 +152,21 @@ def test_single_node_starts_one_worker_per_gpu(tmp_path, monkeypatch) -> None:
         expect(run([str(SINGLE), str(QUICKSTART), "--dry-run"], tmp_path), 0).stdout
     )
     assert cmd[1:4] == ["-np", "2", "-H"]
+    # hvd-train launch counts them the same way (it once ignored CUDA_VISIBLE_DEVICES).
+    launch = [
+        str(VENV_PY),
+        "-m",
+        "hvd_train",
+        "launch",
+        "--config",
+        str(QUICKSTART),
+        "--print-command",
+    ]
+    for visible, np in (("1,3", "2"), ("0", "1"), ("", "2"), ("-1", "2")):  # 2: launch.cpu_workers
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+        assert shlex.split(expect(run(launch, tmp_path), 0).stdout)[1:3] == ["-np", np], visible
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert shlex.split(expect(run(launch, tmp_path), 0).stdout)[1:3] == ["-np", "4"]
 
 
 @pytest.mark.parametrize(
