@@ -57,11 +57,14 @@ RUN useradd --create-home --uid 1000 --shell /bin/bash mpiuser \
 WORKDIR /opt/hvd_train
 # Numeric, so Kubernetes can verify runAsNonRoot; 1000 is mpiuser.
 USER 1000:1000
-COPY --chown=1000:1000 pyproject.toml README.md ./
+COPY --chown=1000:1000 pyproject.toml ./
 COPY --chown=1000:1000 scripts/install.sh scripts/
 COPY --chown=1000:1000 hvd_train hvd_train/
 # HOROVOD_CUDA_HOME only for the GPU build: set, Horovod's CMake requires nvcc there.
-RUN if [ "$DEVICE" = gpu ]; then export HOROVOD_CUDA_HOME="$CUDA_HOME"; fi \
+# pyproject.toml names README.md as the package's readme: an empty one here, so that editing
+# the README does not rebuild this layer (the real one comes with the project below).
+RUN touch README.md \
+ && if [ "$DEVICE" = gpu ]; then export HOROVOD_CUDA_HOME="$CUDA_HOME"; fi \
  && HVD_TRAIN_DEVICE=${DEVICE} bash scripts/install.sh \
  && rm -rf /home/mpiuser/.cache/pip
 ENV PATH=/opt/hvd_train/.venv/bin:${PATH}

@@ -203,7 +203,7 @@ on_launcher() {
 
 # same_result RUN_A RUN_B: metrics.csv's training columns and the final weights, bit for bit.
 same_result() {
-  docker exec "hvd_train-test-launcher-$$" python - "/results/$1" "/results/$2" <<'PYEOF'
+  docker exec -i "hvd_train-test-launcher-$$" python - "/results/$1" "/results/$2" <<'PYEOF'
 import csv, sys
 import numpy as np, tensorflow as tf
 cols = ["epoch", "loss", "accuracy", "val_loss", "val_accuracy", "learning_rate"]

@@ -91,6 +91,7 @@ def test_install_layer_comes_before_the_rest_of_the_project() -> None:
     before = [a for a, i in copies.items() if i < install]
     for needed in ("pyproject.toml", "scripts/install.sh", "hvd_train"):
         assert any(needed in a for a in before), needed
+    assert not any("README" in a or " . " in a for a in before), before
 
 
 def test_image_runs_the_quickstart_by_default() -> None:
