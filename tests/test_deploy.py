@@ -201,7 +201,10 @@ def test_core_objects_match_the_kubernetes_schema(version) -> None:
     core = [(name, d) for name, d in documents() if d["apiVersion"] == "v1"]
     assert {d["kind"] for _, d in core} == {"ConfigMap", "PersistentVolumeClaim"}
     for name, doc in core:
-        kubernetes_validate.validate(doc, version, strict=True)  # raises naming the field
+        try:
+            kubernetes_validate.validate(doc, version, strict=True)
+        except kubernetes_validate.utils.ValidationError as e:
+            pytest.fail(f"{name}: {doc['kind']} {doc['metadata']['name']}: {e}")
     bad = {**core[0][1], "metdata": {}}
     with pytest.raises(kubernetes_validate.utils.ValidationError):
         kubernetes_validate.validate(bad, version, strict=True)
