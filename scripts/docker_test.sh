@@ -10,8 +10,9 @@
 #             machine's CA bundle and apt sources so pip and apt in containers reach the package
 #             registries. The project's Dockerfile never sees them: they are build arguments.
 # build-cpu:  docker build --build-arg BASE_IMAGE=$TEST_BASE --build-arg DEVICE=cpu (timed, sized).
-# build-gpu:  the same with DEVICE=gpu: Horovod compiled with NCCL; `horovodrun --check-build`
-#             must list NCCL.
+# build-gpu:  the same with DEVICE=gpu on $GPU_BASE (default $TEST_BASE, which has no nvcc: the
+#             build fails there, see the README): `horovodrun --check-build` must list NCCL.
+#             Not part of `all`.
 # quickstart: `docker run` with no arguments trains the quickstart into a mounted volume, owned
 #             by the invoking user; the final val_accuracy must reach $MIN_ACCURACY.
 # multinode:  two containers, each its own sshd on 127.0.0.1 (ports 2222, 2223, host names node1
@@ -108,17 +109,19 @@ DOCKERFILE
 # --- the images ---------------------------------------------------------------------------
 # build DEVICE IMAGE: docker build from this checkout on the test base, timed; the image's size.
 build() {
-  local device=$1 image=$2 start end log=$OUT/build-$1.log
-  say "build: $image (DEVICE=$device, BASE_IMAGE=$TEST_BASE; log: $log)"
+  local device=$1 image=$2 start end log=$OUT/build-$1.log base=$TEST_BASE
+  # The GPU image needs nvcc: GPU_BASE=nvidia/cuda:12.2.2-cudnn8-devel-ubuntu22.04 where it can be pulled.
+  [ "$device" = cpu ] || base=${GPU_BASE:-$TEST_BASE}
+  say "build: $image (DEVICE=$device, BASE_IMAGE=$base; log: $log)"
   start=$(date +%s)
   # The classic builder: Debian's docker.io has no buildx. --network host: no bridge addresses.
   if ! DOCKER_BUILDKIT=0 docker build --network host ${DOCKER_TEST_NO_CACHE:+--no-cache} \
-        --build-arg BASE_IMAGE="$TEST_BASE" --build-arg DEVICE="$device" -t "$image" . >"$log" 2>&1; then
+        --build-arg BASE_IMAGE="$base" --build-arg DEVICE="$device" -t "$image" . >"$log" 2>&1; then
     tail -n 30 "$log" >&2
     die "docker build of $image failed (log: $log)"
   fi
   end=$(date +%s)
-  figure "build $image: $((end - start)) s (docker build --network host --build-arg BASE_IMAGE=$TEST_BASE --build-arg DEVICE=$device${DOCKER_TEST_NO_CACHE:+ --no-cache})"
+  figure "build $image: $((end - start)) s (docker build --network host --build-arg BASE_IMAGE=$base --build-arg DEVICE=$device${DOCKER_TEST_NO_CACHE:+ --no-cache})"
   figure "size $image: $(docker image inspect -f '{{.Size}}' "$image" | awk '{printf "%.2f GB (%d bytes)", $1/1e9, $1}')"
   docker run --rm --network host "$image" horovodrun --check-build >"$OUT/check-build-$device.txt"
   sed -n '/Tensor Operations/,$p' "$OUT/check-build-$device.txt" | grep -q '\[X\] Gloo' ||
