@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 NP     ?= 2
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: install demo test lint format bench clean
+.PHONY: install demo test lint format bench clean docker-test
 
 install:
 	@bash scripts/install.sh
@@ -18,6 +18,11 @@ demo: install
 test: export HVD_TRAIN_WITH_SSHD = 1
 test: install
 	$(PY) -m pytest -q -ra tests
+
+# The Docker image built and run for real (CPU image, its quickstart, a two-container multi-node
+# job, a lost host): about N minutes, needs root for dockerd; not part of `make test`.
+docker-test:
+	bash scripts/docker_test.sh all
 
 lint: install
 	$(VENV)/bin/ruff check hvd_train tests benchmarks

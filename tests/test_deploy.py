@@ -1,7 +1,9 @@
-"""Static checks of what cannot run here: the Dockerfile (no Docker engine) and the Kubernetes
-manifests (no cluster). Linters from PyPI (hadolint, shellcheck) plus the facts that tie the
-pieces together: the image installs with the README's script, the manifests mount the config
-where the command reads it, and the GPU and slot counts agree."""
+"""Static checks of the Dockerfile and the Kubernetes manifests (no cluster here). The image itself
+is built and run by `make docker-test` (scripts/docker_test.sh), outside `make test`. Linters
+from PyPI (hadolint, shellcheck), schema checks of the manifests (the MPIJob CRD's own OpenAPI
+schema, shipped in launch/k8s/schema/; kubernetes-validate for core objects), plus the facts that
+tie the pieces together: the image installs with the README's script, the manifests mount the
+config where the command reads it, and the GPU and slot counts agree."""
 
 from __future__ import annotations
 
@@ -11,6 +13,8 @@ import re
 import shlex
 import subprocess
 
+import jsonschema
+import kubernetes_validate
 import pytest
 import yaml
 from harness import BIN, ROOT
@@ -20,6 +24,7 @@ from hvd_train.config import load_config
 DOCKERFILE = ROOT / "Dockerfile"
 K8S = ROOT / "launch" / "k8s"
 MANIFESTS = sorted(K8S.glob("*.yaml"))
+MPIJOB_SCHEMA = K8S / "schema" / "mpijob-v2beta1.json"
 
 
 def dockerfile_instructions() -> list[tuple[str, str]]:
@@ -41,17 +46,28 @@ def test_dockerfile_passes_hadolint() -> None:
 
 def test_launch_scripts_pass_shellcheck() -> None:
     scripts = sorted(str(p) for p in (ROOT / "launch").glob("*.sh"))
+    scripts.append(str(ROOT / "scripts" / "docker_test.sh"))
     proc = subprocess.run([str(BIN / "shellcheck"), "-x", *scripts], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-def test_image_is_pinned_to_tensorflow_215_gpu_with_a_cpu_build_arg() -> None:
+def test_image_defaults_to_cuda_122_devel_with_a_cpu_build_arg() -> None:
     steps = dockerfile_instructions()
-    assert ("ARG", "BASE_IMAGE=tensorflow/tensorflow:2.15.0-gpu") in steps
+    assert ("ARG", "BASE_IMAGE=nvidia/cuda:12.2.2-cudnn8-devel-ubuntu22.04") in steps
     assert steps[[w for w, _ in steps].index("FROM")] == ("FROM", "${BASE_IMAGE}")
     assert ("ARG", "DEVICE=gpu") in steps
     header = DOCKERFILE.read_text()
-    assert "--build-arg BASE_IMAGE=tensorflow/tensorflow:2.15.0 --build-arg DEVICE=cpu" in header
+    assert "--build-arg BASE_IMAGE=debian:bookworm-slim --build-arg DEVICE=cpu" in header
+
+
+def test_cuda_home_is_set_for_the_gpu_build_only() -> None:
+    # Set, HOROVOD_CUDA_HOME makes Horovod's CMake require nvcc: the CPU build failed with
+    # "Failed to find nvcc" while the Dockerfile set it for every build (issue 15).
+    steps = dockerfile_instructions()
+    assert not any("HOROVOD_CUDA_HOME" in args for word, args in steps if word != "RUN")
+    runs = [args for word, args in steps if word == "RUN" and "HOROVOD_CUDA_HOME" in args]
+    assert len(runs) == 1
+    assert re.search(r'if \[ "\$DEVICE" = gpu \]; then export HOROVOD_CUDA_HOME=', runs[0])
 
 
 def test_image_installs_with_the_readmes_install_script() -> None:
@@ -60,8 +76,22 @@ def test_image_installs_with_the_readmes_install_script() -> None:
     assert "scripts/install.sh" in (ROOT / "README.md").read_text()
     assert "scripts/install.sh" in (ROOT / "Makefile").read_text()  # what CI's `make test` runs
     apt = next(r for r in runs if "apt-get install" in r)
-    for package in ("openmpi-bin", "libopenmpi-dev", "openssh-server", "openssh-client", "libnccl-dev"):  # fmt: skip
+    for package in ("openmpi-bin", "libopenmpi-dev", "openssh-server", "openssh-client", "python3-venv"):  # fmt: skip
         assert package in apt
+
+
+def test_install_layer_comes_before_the_rest_of_the_project() -> None:
+    # Editing a config or a launch script must not rebuild TensorFlow and Horovod: the install
+    # runs on the files it reads, and the whole project is copied after it.
+    steps = dockerfile_instructions()
+    install = next(i for i, (w, a) in enumerate(steps) if w == "RUN" and "install.sh" in a)
+    copies = {a: i for i, (w, a) in enumerate(steps) if w == "COPY"}
+    whole = copies["--chown=1000:1000 . /opt/hvd_train"]
+    assert whole > install
+    before = [a for a, i in copies.items() if i < install]
+    for needed in ("pyproject.toml", "scripts/install.sh", "hvd_train"):
+        assert any(needed in a for a in before), needed
+    assert not any("README" in a or " . " in a for a in before), before
 
 
 def test_image_runs_the_quickstart_by_default() -> None:
@@ -85,7 +115,15 @@ def test_image_ssh_setup_suits_the_mpi_operator() -> None:
 
 def test_dockerignore_keeps_the_host_venv_and_results_out() -> None:
     ignored = (ROOT / ".dockerignore").read_text().split()
-    assert {".venv", "runs", ".git"} <= set(ignored)
+    assert {".venv", "runs", ".git", "build"} <= set(ignored)
+
+
+def test_docker_test_is_a_make_target_outside_make_test() -> None:
+    makefile = (ROOT / "Makefile").read_text()
+    target = re.search(r"^docker-test:.*\n((?:\t.*\n)+)", makefile, re.M)
+    assert target and "scripts/docker_test.sh" in target.group(1)
+    test_deps = re.search(r"^test: (?!export).*$", makefile, re.M).group(0)
+    assert "docker" not in test_deps
 
 
 # --------------------------------------------------------------------------- Kubernetes
@@ -105,9 +143,71 @@ def config_maps() -> dict[str, dict]:
 
 def test_manifests_exist_and_parse() -> None:
     names = {p.name for p in MANIFESTS}
-    assert {"configmap.yaml", "mpijob.yaml", "mpijob-elastic.yaml"} <= names
+    assert {"configmap.yaml", "mpijob.yaml", "mpijob-elastic.yaml", "results-pvc.yaml"} <= names
     kinds = sorted(d["kind"] for _, d in documents())
     assert kinds.count("MPIJob") == 2 and "PersistentVolumeClaim" in kinds
+
+
+def test_results_claim_lives_apart_from_the_jobs() -> None:
+    # `kubectl delete -f mpijob.yaml` deletes what that file holds: the results must not be in it.
+    claims = [name for name, d in documents() if d["kind"] == "PersistentVolumeClaim"]
+    assert claims == ["results-pvc.yaml"]
+    assert [d["kind"] for d in yaml.safe_load_all((K8S / "results-pvc.yaml").read_text())] == [
+        "PersistentVolumeClaim"
+    ]
+
+
+def strict(schema: dict) -> dict:
+    """The CRD's schema with unknown fields rejected, as `kubectl apply --validate=strict` does
+    (the API server prunes them silently otherwise: a misspelt field would just be ignored)."""
+    if isinstance(schema, dict):
+        out = {k: strict(v) for k, v in schema.items()}
+        if (
+            "properties" in out
+            and "additionalProperties" not in out
+            and not out.get("x-kubernetes-preserve-unknown-fields")
+        ):
+            out["additionalProperties"] = False
+        return out
+    if isinstance(schema, list):
+        return [strict(v) for v in schema]
+    return schema
+
+
+def mpijob_validator() -> jsonschema.Draft7Validator:
+    return jsonschema.Draft7Validator(strict(json.loads(MPIJOB_SCHEMA.read_text())))
+
+
+@pytest.mark.parametrize("name,job", mpijobs(), ids=lambda x: x if isinstance(x, str) else "")
+def test_mpijob_matches_the_operators_crd_schema(name, job) -> None:
+    errors = [f"{'.'.join(map(str, e.absolute_path))}: {e.message}" for e in mpijob_validator().iter_errors(job)]  # fmt: skip
+    assert not errors, "\n".join(errors)
+
+
+def test_mpijob_schema_check_catches_a_misspelt_field() -> None:
+    (_, job) = next((n, j) for n, j in mpijobs() if n == "mpijob.yaml")
+    bad = json.loads(json.dumps(job))
+    bad["spec"]["slotPerWorker"] = bad["spec"].pop("slotsPerWorker")
+    worker = bad["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
+    worker["volumeMount"] = worker.pop("volumeMounts")
+    paths = {".".join(map(str, e.absolute_path)) for e in mpijob_validator().iter_errors(bad)}
+    assert "spec" in paths and "spec.mpiReplicaSpecs.Worker.template.spec.containers.0" in paths
+
+
+@pytest.mark.parametrize(
+    "version", [kubernetes_validate.utils.all_versions()[0], kubernetes_validate.latest_version()]
+)
+def test_core_objects_match_the_kubernetes_schema(version) -> None:
+    core = [(name, d) for name, d in documents() if d["apiVersion"] == "v1"]
+    assert {d["kind"] for _, d in core} == {"ConfigMap", "PersistentVolumeClaim"}
+    for name, doc in core:
+        try:
+            kubernetes_validate.validate(doc, version, strict=True)
+        except kubernetes_validate.utils.ValidationError as e:
+            pytest.fail(f"{name}: {doc['kind']} {doc['metadata']['name']}: {e}")
+    bad = {**core[0][1], "metdata": {}}
+    with pytest.raises(kubernetes_validate.utils.ValidationError):
+        kubernetes_validate.validate(bad, version, strict=True)
 
 
 @pytest.mark.parametrize("name,job", mpijobs(), ids=lambda x: x if isinstance(x, str) else "")
