@@ -460,7 +460,7 @@ def _check_image_source(data: DataConfig) -> None:
             f"data.channels: expected 1 (grey) or 3 (RGB) for data.source {data.source}, "
             f"got {data.channels}"
         )
-    if d.read == "stream" and d.cache == "memory":
+    if data.read == "stream" and data.cache == "memory":
         raise ConfigError(
             "data.read: stream reads each worker's files from disk, but data.cache: memory "
             "decodes everything into memory first; choose one (data.read: exact with the cache)"
