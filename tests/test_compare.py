@@ -51,7 +51,7 @@ def test_compare_prints_the_table_and_writes_the_png(runs: pathlib.Path) -> None
     for line, name, workers in ((lines[1], "one", 1), (lines[2], "two", 2)):
         rows, summary = read(runs / name)
         best = max(range(len(rows)), key=lambda i: rows[i]["val_accuracy"])
-        expected = [name, "convnet7", str(workers), "32", str(32 * workers), "3",
+        expected = [name, "convnet", str(workers), "32", str(32 * workers), "3",
                     f"{rows[best]['val_accuracy']:.4f}", str(best + 1),
                     f"{sum(r['epoch_time_s'] for r in rows[: best + 1]):.1f}",
                     f"{summary['train_examples_per_sec']:.0f}"]  # fmt: skip
