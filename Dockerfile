@@ -52,18 +52,19 @@ RUN useradd --create-home --uid 1000 --shell /bin/bash mpiuser \
  && chown mpiuser:mpiuser /home/mpiuser/.sshd_config \
  && install -d -o mpiuser -g mpiuser /opt/hvd_train
 
-# The install first, from only what it reads, so that editing configs, launch scripts or tests
-# does not rebuild TensorFlow and Horovod (the slow layer: Horovod compiles for minutes).
+# The install first, from only what it reads (the pinned dependencies and the install script),
+# so that editing the code, configs, launch scripts or tests does not rebuild TensorFlow and
+# Horovod (the slow layer: Horovod compiles for minutes).
 WORKDIR /opt/hvd_train
 # Numeric, so Kubernetes can verify runAsNonRoot; 1000 is mpiuser.
 USER 1000:1000
 COPY --chown=1000:1000 pyproject.toml ./
 COPY --chown=1000:1000 scripts/install.sh scripts/
-COPY --chown=1000:1000 hvd_train hvd_train/
 # HOROVOD_CUDA_HOME only for the GPU build: set, Horovod's CMake requires nvcc there.
-# pyproject.toml names README.md as the package's readme: an empty one here, so that editing
-# the README does not rebuild this layer (the real one comes with the project below).
-RUN touch README.md \
+# The package is installed editable, so an empty hvd_train/ and README.md (pyproject.toml names
+# it) suffice here: the real ones arrive with the project below, in the place the install
+# points to.
+RUN mkdir hvd_train && touch hvd_train/__init__.py README.md \
  && if [ "$DEVICE" = gpu ]; then export HOROVOD_CUDA_HOME="$CUDA_HOME"; fi \
  && HVD_TRAIN_DEVICE=${DEVICE} bash scripts/install.sh \
  && rm -rf /home/mpiuser/.cache/pip
