@@ -11,7 +11,8 @@ Variants (`--variants`, comma-separated; default all of this checkout's):
   ...-stream: the same with `data.read: stream`;
   ...-cached: `data.cache: memory` (every image decoded once, kept on every worker);
   base/VARIANT: the same with --base-code's checkout (e.g. main's, before this change: every
-  record read into memory on every worker; `git archive COMMIT hvd_train configs | tar -x`).
+  record read into memory on every worker; `git archive COMMIT hvd_train configs | tar -x`);
+  NAME/VARIANT: the same with the checkout given as `--code NAME=DIR` (repeatable).
 Runs are interleaved over `--repeats`; results are appended as JSON lines to `--out`.
 `--data-bench N` runs `hvd-train data-bench --batches N` (the input pipeline alone) instead.
 
@@ -115,6 +116,13 @@ def main() -> None:
         default="/work/bench-data/base-code",
         help="the checkout that variants named base/... run (e.g. main's code)",
     )
+    p.add_argument(
+        "--code",
+        action="append",
+        default=[],
+        metavar="NAME=DIR",
+        help="another checkout, run by the variants named NAME/...",
+    )
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--epochs", type=int, default=2, help="the first is left out of the rate")
     p.add_argument("--steps", type=int, default=150, help="steps per epoch")
@@ -131,10 +139,12 @@ def main() -> None:
     ensure_tfrecords(data, ROOT, args.variants.split(","))
     work = data / "runs"
     work.mkdir(exist_ok=True)
+    codes = {"base": args.base_code, **dict(c.split("=", 1) for c in args.code)}
     for r in range(args.repeats):
         for name in args.variants.split(","):
-            code = pathlib.Path(args.base_code) if name.startswith("base/") else ROOT
-            sets = variant_sets(name.removeprefix("base/"), data)
+            where, _, variant = name.rpartition("/")
+            code = pathlib.Path(codes[where]) if where else ROOT
+            sets = variant_sets(variant, data)
             if args.data_bench:
                 row = data_bench_once(name, sets, code, args.data_bench)
             else:

@@ -8,8 +8,9 @@ sees at batch N x B (synchronous data parallelism is large-batch training).
 
 Image sources (`image_folder`, `tfrecord`; see `sources`) hold a reference per example (an
 index into a table of paths or of record offsets) instead of the input itself: a worker reads
-and decodes only the examples its slice names, in parallel (autotuned), into uint8 images that
-become float32 in [0, 1] a batch at a time; only the prefetch window is ever decoded.
+and decodes only the examples its slice names: the references of a batch are read in one call,
+the images decoded in parallel (autotuned) into uint8 images that become float32 in [0, 1] a
+batch at a time; only the prefetch window is ever decoded.
 `data.cache: memory` decodes every image once before training instead. `Source` and
 `load_source` live in `sources` (imported here for the callers of this module).
 """
@@ -58,8 +59,9 @@ def train_dataset(
     if source.decode:
         # Sharded before decoding: this worker reads and decodes only its own examples. Every
         # epoch holds steps x batch of them, so batches never straddle two epochs.
-        ds = ds.map(lambda i: (source.decode(tf.gather(x, i)), tf.gather(y, i)), tf.data.AUTOTUNE)
-        ds = ds.batch(plan.per_worker_batch).map(lambda xb, yb: (model_input(xb), yb))
+        ds = ds.map(lambda i: (tf.gather(x, i), tf.gather(y, i)))
+        ds = source.decoded_batches(ds, plan.per_worker_batch)
+        ds = ds.map(lambda xb, yb: (model_input(xb), yb))
     else:
         ds = ds.map(
             lambda i: (model_input(tf.gather(x, i)), tf.gather(y, i)),
@@ -164,9 +166,8 @@ def val_shard(source: Source, batch: int, rank: int, world: int) -> tuple[tf.dat
     else:
         zeros = np.zeros((pad, *source.input_shape), np.float32)
         ds = tf.data.Dataset.from_tensor_slices((zeros, np.zeros(pad, np.int32), weight))
-    if source.decode and n:
-        ds = ds.map(lambda s, y, w: (source.decode(s), y, w), tf.data.AUTOTUNE)
-    ds = ds.batch(batch).map(lambda x, y, w: (model_input(x), y, w))
+    ds = source.decoded_batches(ds, batch) if source.decode and n else ds.batch(batch)
+    ds = ds.map(lambda x, y, w: (model_input(x), y, w))
     return ds.prefetch(tf.data.AUTOTUNE), batches
 
 
@@ -186,7 +187,6 @@ def batch_shard(
     weight = (idx < n).astype(np.float32)
     idx = np.where(idx < n, idx, 0)
     ds = tf.data.Dataset.from_tensor_slices((source.x_val[idx], source.y_val[idx], weight))
-    if source.decode:
-        ds = ds.map(lambda s, y, w: (source.decode(s), y, w), tf.data.AUTOTUNE)
-    ds = ds.batch(batch).map(lambda x, y, w: (model_input(x), y, w))
+    ds = source.decoded_batches(ds, batch) if source.decode else ds.batch(batch)
+    ds = ds.map(lambda x, y, w: (model_input(x), y, w))
     return ds.prefetch(tf.data.AUTOTUNE), mine

@@ -154,13 +154,14 @@ def _folder_source(cfg: Config, path: str, classes: tuple[str, ...], shape: tupl
 
     size, channels = _image_size(shape)
     read = _record_examples if _is_record_folder(path) else _folder_examples
-    x, labels, skipped, decode = read(path, classes, cfg.data.on_corrupt, size, channels)
+    x, labels, skipped, decode, fetch = read(path, classes, cfg.data.on_corrupt, size, channels)
     return Source(x[:0], np.zeros(0, np.int32), x, np.asarray(labels, np.int32), len(classes),
-                  decode, (*size, channels), tuple(skipped))  # fmt: skip
+                  decode, fetch, (*size, channels), tuple(skipped))  # fmt: skip
 
 
 def _folder_examples(path: str, classes: tuple[str, ...], on_corrupt: str, size, channels):
-    """(paths, labels, skipped paths, decode) of an image folder; listed and checked on rank 0."""
+    """(paths, labels, skipped paths, decode, fetch: None) of an image folder; listed and
+    checked on rank 0."""
     from hvd_train import distributed, images
 
     def listing():
@@ -175,13 +176,13 @@ def _folder_examples(path: str, classes: tuple[str, ...], on_corrupt: str, size,
 
         return images.decode_image(tf.io.read_file(file), size, channels)
 
-    return np.array(files, dtype=str), labels, skipped, decode
+    return np.array(files, dtype=str), labels, skipped, decode, None
 
 
 def _record_examples(path: str, classes: tuple[str, ...], on_corrupt: str, size, channels):
-    """(record numbers, labels, skipped records, decode) of a TFRecord folder, indexed by every
-    worker (as training does) and checked on rank 0."""
-    from hvd_train import distributed, tfrecords
+    """(record numbers, labels, skipped records, decode, fetch) of a TFRecord folder, indexed by
+    every worker (as training does) and checked on rank 0."""
+    from hvd_train import distributed, images, tfrecords
 
     records = tfrecords.read_folder(path, "--data")
     found = range(len(records.class_names))
@@ -194,7 +195,11 @@ def _record_examples(path: str, classes: tuple[str, ...], on_corrupt: str, size,
         lambda: _checked(per_class, classes, check, on_corrupt), "eval_records"
     )
     x = np.asarray(kept, np.int64)  # record numbers: each worker reads its own records
-    return x, labels, [records.name(i) for i in bad], records.decode_fn(size, channels)
+
+    def decode(encoded):
+        return images.decode_image(encoded, size, channels)
+
+    return x, labels, [records.name(i) for i in bad], decode, records.fetch_fn()
 
 
 def _is_record_folder(path: str) -> bool:
@@ -252,7 +257,9 @@ def predict(cfg: Config, model_path: str, folder: str, out: str, batch: int) -> 
     # The labels carry each example's index in `files`, so rows can be put back in order.
     index = np.arange(len(files), dtype=np.int32)
     paths = np.array([os.path.join(folder, f) for f in files], dtype=str)
-    source = Source(index[:0], index[:0], paths, index, len(classes), decode, (*size, channels))
+    source = Source(
+        index[:0], index[:0], paths, index, len(classes), decode, image_shape=(*size, channels)
+    )
     data, _ = batch_shard(source, batch, distributed.rank(), distributed.size())
     rows = _predict_rows(model, data, cfg.model.from_logits)
     rows = [r for part in distributed.allgather_object(rows, "predict_rows") for r in part]

@@ -2,8 +2,9 @@
 
 `synthetic` and `digits` are made in memory. The image sources, `image_folder` and `tfrecord`,
 hold a compact reference per example, never the images: a path for an image file, a record
-number for a TFRecord (its file, byte offset and size are in `tfrecords.Records`), and the
-function that reads and decodes one reference. `data.cache: memory` decodes them all once.
+number for a TFRecord (its file, byte offset and size are in `tfrecords.Records`); `fetch` turns
+a batch of references into strings (paths, or a record's image bytes) in one call, and `decode`
+turns one string into an image. `data.cache: memory` decodes them all once.
 
 Both image sources go the same way: list the examples per class; hold out validation (a folder
 of its own, or `data.validation_fraction` of each class, by seed); take the class-balanced caps;
@@ -30,8 +31,11 @@ class Source:
     """A dataset addressed by example index (labels int32).
 
     In-memory sources hold the inputs in `x_train`/`x_val` (float32, or uint8 images) and no
-    `decode`. Image sources hold one string per example there (a file path or encoded bytes)
-    and `decode`, which turns one string into a uint8 image of `image_shape`.
+    `decode`. Image sources hold one reference per example there and `decode`, which turns one
+    string into a uint8 image of `image_shape`. The strings are the references themselves (file
+    paths) or, with `fetch`, what it returns for a batch of references (int64 `[k]` -> string
+    `[k]`, one call per batch: reading is Python, and a call per example costs more than the
+    read). `decoded_batches` puts the two together.
     """
 
     x_train: np.ndarray
@@ -40,6 +44,7 @@ class Source:
     y_val: np.ndarray
     num_classes: int
     decode: Callable | None = None
+    fetch: Callable | None = None
     image_shape: tuple[int, ...] = ()
     skipped_files: tuple[str, ...] = ()  # corrupt files left out (data.on_corrupt: skip)
     description: str = ""  # one line for the log: where the data came from
@@ -53,6 +58,15 @@ class Source:
     @property
     def num_train(self) -> int:
         return len(self.x_train)
+
+    def decoded_batches(self, ds: tf.data.Dataset, batch: int) -> tf.data.Dataset:
+        """`ds` of `(reference, *rest)` -> batches of `(uint8 image, *rest)`, in order: the
+        references fetched a batch at a time, the images decoded one by one in parallel."""
+        if self.fetch is not None:
+            ds = ds.batch(batch).map(lambda r, *rest: (self.fetch(r), *rest), tf.data.AUTOTUNE)
+            ds = ds.unbatch()
+        ds = ds.map(lambda s, *rest: (self.decode(s), *rest), tf.data.AUTOTUNE)
+        return ds.batch(batch)
 
 
 def load_source(cfg: Config) -> Source:
@@ -111,9 +125,9 @@ def cache_in_memory(source: Source) -> Source:
 def _decode_all(strings: np.ndarray, source: Source) -> np.ndarray:
     out = np.zeros((len(strings), *source.image_shape), np.uint8)
     if len(strings):
-        ds = tf.data.Dataset.from_tensor_slices(strings).map(source.decode, tf.data.AUTOTUNE)
+        ds = source.decoded_batches(tf.data.Dataset.from_tensor_slices((strings,)), 512)
         start = 0
-        for batch in ds.batch(512).as_numpy_iterator():
+        for (batch,) in ds.as_numpy_iterator():
             out[start : start + len(batch)] = batch
             start += len(batch)
     return out
@@ -141,15 +155,18 @@ def load_image_source(cfg: Config) -> Source:
     size, channels = tuple(d.image_size), d.channels
     if d.source == "image_folder":
         chosen = distributed.chief_computes(lambda: _chosen_files(cfg), name="image_selection")
-        paths = chosen.refs
+        fetch = chosen.refs.fetch_fn()
 
-        def decode(i):
-            path = tf.ensure_shape(tf.numpy_function(paths.get, [i], tf.string, False), [])
+        def decode(path):
             return images.decode_image(tf.io.read_file(path), size, channels)
 
     else:
         chosen = distributed.chief_computes(lambda: _chosen_records(cfg), name="record_selection")
-        decode = chosen.refs.decode_fn(size, channels)
+        fetch = chosen.refs.fetch_fn()
+
+        def decode(encoded):
+            return images.decode_image(encoded, size, channels)
+
     return Source(
         x_train=chosen.x_train,
         y_train=chosen.y_train,
@@ -157,6 +174,7 @@ def load_image_source(cfg: Config) -> Source:
         y_val=chosen.y_val,
         num_classes=chosen.num_classes,
         decode=decode,
+        fetch=fetch,
         image_shape=(*size, channels),
         skipped_files=chosen.skipped,
         description=chosen.description,
@@ -182,6 +200,17 @@ class Strings:
         i = int(i)
         start = int(self.ends[i - 1]) if i else 0
         return self.blob[start : int(self.ends[i])].tobytes()
+
+    def fetch_fn(self):
+        """A TensorFlow function: indices (int64 `[k]`) -> the strings (`[k]`), one call."""
+
+        def get_many(idx: np.ndarray) -> np.ndarray:
+            return np.array([self.get(i) for i in idx], dtype=object).reshape(len(idx))
+
+        def fetch(idx):
+            return tf.ensure_shape(tf.numpy_function(get_many, [idx], tf.string, False), idx.shape)
+
+        return fetch
 
     def __len__(self) -> int:
         return len(self.ends)

@@ -218,23 +218,26 @@ class Records:
         """Why record i's image cannot be decoded, or None (indexed images were checked)."""
         return None if self.checked[i] else images.image_problem(self.encoded(i))
 
-    def decode_fn(self, size: Sequence[int], channels: int):
-        """A TensorFlow function: record index (int64 scalar) -> uint8 image.
+    def fetch_fn(self):
+        """A TensorFlow function: record indices (int64 `[k]`) -> their image bytes (`[k]`).
 
-        The read is a `numpy_function` (a positioned read, which releases the GIL, so a parallel
-        `map` reads in parallel); parsing and decoding are TensorFlow ops.
+        One `numpy_function` call reads a whole batch of records (positioned reads, which
+        release the GIL); parsing is one batched TensorFlow op. Per-record calls into Python
+        cost more than the read itself on a busy CPU (docs/benchmarks.md).
         """
         import tensorflow as tf
 
         feature = {"image/encoded": tf.io.FixedLenFeature([], tf.string)}
 
-        def decode(i):
-            data = tf.numpy_function(self.read, [i], tf.string, stateful=False)
-            data = tf.ensure_shape(data, [])
-            encoded = tf.io.parse_single_example(data, feature)["image/encoded"]
-            return images.decode_image(encoded, size, channels)
+        def read_many(idx: np.ndarray) -> np.ndarray:
+            return np.array([self.read(i) for i in idx], dtype=object).reshape(len(idx))
 
-        return decode
+        def fetch(idx):
+            data = tf.numpy_function(read_many, [idx], tf.string, stateful=False)
+            data = tf.ensure_shape(data, idx.shape)
+            return tf.io.parse_example(data, feature)["image/encoded"]
+
+        return fetch
 
 
 def join(a: Records, b: Records) -> Records:
