@@ -73,6 +73,8 @@ ENV PATH=/opt/hvd_train/.venv/bin:${PATH}
 # The rest of the project: configs, launch scripts, examples, tests.
 COPY --chown=1000:1000 . /opt/hvd_train
 
+# Any uid: `docker run --user "$(id -u):$(id -g)"` gets a writable HOME (see the script).
+ENTRYPOINT ["/opt/hvd_train/scripts/docker_entrypoint.sh"]
 # No arguments: the quickstart, one worker per visible GPU (or launch.cpu_workers on CPU), its
 # results in /opt/hvd_train/runs/quickstart (mount a volume there to keep them).
 CMD ["launch/single_node.sh", "configs/quickstart.yaml"]
