@@ -20,7 +20,8 @@ test: install
 	$(PY) -m pytest -q -ra tests
 
 # The Docker image built and run for real (CPU image, its quickstart, a two-container multi-node
-# job, a lost host): about N minutes, needs root for dockerd; not part of `make test`.
+# job, a lost host): the image's build took 12 min here with apt's layer cached (54 min with no
+# cache on a loaded machine); needs root for dockerd; not part of `make test`.
 docker-test:
 	bash scripts/docker_test.sh all
 
