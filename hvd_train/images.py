@@ -363,6 +363,20 @@ def file_problems(paths: Sequence[str]) -> list[str | None]:
 # --------------------------------------------------------------------------- decoding
 
 
+def per_batch(get: Callable[[int], bytes]):
+    """A TensorFlow function: indices (int64 `[k]`) -> `get` of each (string `[k]`), in one
+    `numpy_function` call: reading is Python, and a call per example costs more than the read."""
+    import tensorflow as tf
+
+    def get_many(idx: np.ndarray) -> np.ndarray:
+        return np.array([get(i) for i in idx], dtype=object).reshape(len(idx))
+
+    def fetch(idx):
+        return tf.ensure_shape(tf.numpy_function(get_many, [idx], tf.string, False), idx.shape)
+
+    return fetch
+
+
 def decode_image(contents, size: Sequence[int], channels: int):
     """Encoded JPEG/PNG bytes -> uint8 `[height, width, channels]` (a TensorFlow function).
 

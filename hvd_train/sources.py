@@ -203,14 +203,7 @@ class Strings:
 
     def fetch_fn(self):
         """A TensorFlow function: indices (int64 `[k]`) -> the strings (`[k]`), one call."""
-
-        def get_many(idx: np.ndarray) -> np.ndarray:
-            return np.array([self.get(i) for i in idx], dtype=object).reshape(len(idx))
-
-        def fetch(idx):
-            return tf.ensure_shape(tf.numpy_function(get_many, [idx], tf.string, False), idx.shape)
-
-        return fetch
+        return images.per_batch(self.get)
 
     def __len__(self) -> int:
         return len(self.ends)

@@ -228,14 +228,10 @@ class Records:
         import tensorflow as tf
 
         feature = {"image/encoded": tf.io.FixedLenFeature([], tf.string)}
-
-        def read_many(idx: np.ndarray) -> np.ndarray:
-            return np.array([self.read(i) for i in idx], dtype=object).reshape(len(idx))
+        read = images.per_batch(self.read)
 
         def fetch(idx):
-            data = tf.numpy_function(read_many, [idx], tf.string, stateful=False)
-            data = tf.ensure_shape(data, idx.shape)
-            return tf.io.parse_example(data, feature)["image/encoded"]
+            return tf.io.parse_example(read(idx), feature)["image/encoded"]
 
         return fetch
 
