@@ -152,7 +152,9 @@ fi
 # --- the check the whole install stands on ---
 check="$VENV/horovod-check-build.txt"
 if [ "$changed" = 1 ] || [ ! -s "$check" ]; then
-  TF_USE_LEGACY_KERAS=1 "$VENV/bin/horovodrun" --check-build > "$check.new"
+  # Keras 2 as tf_keras where the stack has it (2.18, 2.19); TensorFlow 2.15 honours the variable
+  # too, and without tf_keras installed its tf.keras would then not import.
+  env ${KERAS_REQ:+TF_USE_LEGACY_KERAS=1} "$VENV/bin/horovodrun" --check-build > "$check.new"
   mv "$check.new" "$check"
 fi
 if ! grep -q '\[X\] TensorFlow' "$check"; then
