@@ -1,7 +1,9 @@
-# hvd_train image: Horovod 0.28.1 + TensorFlow 2.15.1, installed by scripts/install.sh (the same
-# script CI runs), with Open MPI and an sshd the Kubeflow MPI Operator can use.
+# hvd_train image: Horovod 0.28.1 + TensorFlow 2.15.1 (or 2.18/2.19 with tf_keras: --build-arg
+# TF=2.18), installed by scripts/install.sh (the same script CI runs), with Open MPI and an sshd
+# the Kubeflow MPI Operator can use.
 #
 #   CPU:        docker build -t hvd_train:cpu --build-arg BASE_IMAGE=debian:bookworm-slim --build-arg DEVICE=cpu .
+#   CPU, TF 2.18: the same with --build-arg TF=2.18 (not built on this project's machine yet)
 #   GPU:        docker build -t hvd_train:gpu .
 #   Quickstart: docker run --rm --user "$(id -u):$(id -g)" -v "$PWD/runs:/opt/hvd_train/runs" hvd_train:cpu
 #
@@ -16,11 +18,15 @@ FROM ${BASE_IMAGE}
 
 # gpu: CUDA TensorFlow and Horovod with NCCL GPU operations; cpu: the CPU wheels.
 ARG DEVICE=gpu
+# The TensorFlow stack (scripts/stack.sh): 2.15 (TensorFlow 2.15.1), 2.18 or 2.19 (with
+# tf_keras). Kept in the environment, so that install.sh, make and launch/*.sh in the container
+# all pick the image's one stack. The GPU stacks other than 2.15 want another CUDA base image.
+ARG TF=2.15
 # GPU only: the CUDA toolkit Horovod compiles its kernels with (bin/nvcc must exist there).
 ARG CUDA_HOME=/usr/local/cuda
 # Port of the workers' sshd when running as the non-root user (2222: no privilege needed).
 ARG SSH_PORT=2222
-ENV DEBIAN_FRONTEND=noninteractive PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=2
+ENV DEBIAN_FRONTEND=noninteractive PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=2 HVD_TRAIN_TF=${TF}
 
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 
@@ -59,14 +65,16 @@ WORKDIR /opt/hvd_train
 # Numeric, so Kubernetes can verify runAsNonRoot; 1000 is mpiuser.
 USER 1000:1000
 COPY --chown=1000:1000 pyproject.toml ./
-COPY --chown=1000:1000 scripts/install.sh scripts/
+COPY --chown=1000:1000 scripts/install.sh scripts/stack.sh scripts/
 # HOROVOD_CUDA_HOME only for the GPU build: set, Horovod's CMake requires nvcc there.
 # The package is installed editable, so an empty hvd_train/ and README.md (pyproject.toml names
 # it) suffice here: the real ones arrive with the project below, in the place the install
-# points to.
+# points to. The stack's virtualenv (.venv-tf2.18 for TF=2.18) is also reachable as .venv, the
+# one name PATH holds.
 RUN mkdir hvd_train && touch hvd_train/__init__.py README.md \
  && if [ "$DEVICE" = gpu ]; then export HOROVOD_CUDA_HOME="$CUDA_HOME"; fi \
  && HVD_TRAIN_DEVICE=${DEVICE} bash scripts/install.sh \
+ && { [ -e .venv ] || ln -s "$(bash scripts/stack.sh venv)" .venv; } \
  && rm -rf /home/mpiuser/.cache/pip
 ENV PATH=/opt/hvd_train/.venv/bin:${PATH}
 

@@ -10,7 +10,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import horovod.tensorflow.keras as hvd
 import tensorflow as tf
 
 from hvd_train import distributed, perf
@@ -26,6 +25,7 @@ from hvd_train.control import RunControl, StopSignals
 from hvd_train.data import Source
 from hvd_train.evaluation import Evaluator
 from hvd_train.input_diagnostics import InputWait, advice_for
+from hvd_train.keras_stack import hvd, keras
 from hvd_train.record import RunRecord
 from hvd_train.schedules import lr_multiplier
 from hvd_train.user_callbacks import AgreedStop, build_user_callbacks
@@ -57,7 +57,7 @@ def without_bookkeeping(logs: dict | None) -> dict:
     return {k: v for k, v in (logs or {}).items() if k not in BOOKKEEPING}
 
 
-class EpochStats(tf.keras.callbacks.Callback):
+class EpochStats(keras.callbacks.Callback):
     """Adds `epoch_time_s` (training only), `examples_per_sec` (all workers) and
     `learning_rate` (the rate the epoch's last step used) to the epoch's logs."""
 
@@ -79,7 +79,7 @@ class EpochStats(tf.keras.callbacks.Callback):
         logs["learning_rate"] = float(self.model.optimizer.learning_rate)
 
 
-class ExactValidation(tf.keras.callbacks.Callback):
+class ExactValidation(keras.callbacks.Callback):
     """Puts exact `val_loss` and `val_accuracy` into the logs (a collective: every rank).
 
     Skipped, on every rank alike, for an epoch that a stop cut short.
@@ -95,7 +95,7 @@ class ExactValidation(tf.keras.callbacks.Callback):
             logs.update(self.evaluator.evaluate())
 
 
-class MetricsCSV(tf.keras.callbacks.Callback):
+class MetricsCSV(keras.callbacks.Callback):
     """Appends one row per completed epoch to metrics.csv, flushed at once (rank 0 only).
 
     A fresh run starts the file; a resumed run keeps the rows of the epochs it resumes after
@@ -129,7 +129,7 @@ class MetricsCSV(tf.keras.callbacks.Callback):
             csv.writer(f).writerow([_fmt(row.get(c, "")) for c in METRICS_COLUMNS])
 
 
-class Checkpointer(tf.keras.callbacks.Callback):
+class Checkpointer(keras.callbacks.Callback):
     """Writes resumable checkpoints where the workers agreed it is safe (rank 0 only).
 
     Every `checkpoint.every_epochs` epochs, the last epoch (`epochs`), every
@@ -231,7 +231,7 @@ class Checkpointer(tf.keras.callbacks.Callback):
             raise write_error(self.best_path, e, self.last) from e
 
 
-class EpochLines(tf.keras.callbacks.Callback):
+class EpochLines(keras.callbacks.Callback):
     """Rank 0's console: one line per epoch and, inside a long epoch, a progress line every
     `every_s` seconds. Put it after the callbacks that fill the epoch's logs.
 
@@ -306,7 +306,7 @@ def wants_progress_bar(verbose: int) -> bool:
     return verbose == 2 and distributed.is_chief() and sys.stdout.isatty()
 
 
-class ProgressBar(tf.keras.callbacks.ProgbarLogger):
+class ProgressBar(keras.callbacks.ProgbarLogger):
     """Keras' progress bar without the bookkeeping (see `wants_progress_bar`). In the callback
     list, Keras uses it instead of adding its own."""
 
@@ -320,7 +320,7 @@ class ProgressBar(tf.keras.callbacks.ProgbarLogger):
         super().on_epoch_end(epoch, without_bookkeeping(logs))
 
 
-class TensorBoard(tf.keras.callbacks.TensorBoard):
+class TensorBoard(keras.callbacks.TensorBoard):
     """Keras' TensorBoard callback, with the bookkeeping under `BOOKKEEPING_TAGS` (rank 0)."""
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
@@ -358,7 +358,7 @@ def every_steps_due(every_steps: int | None, position_step: int) -> bool:
     return bool(every_steps) and position_step % every_steps == 0
 
 
-class RecordProgress(tf.keras.callbacks.Callback):
+class RecordProgress(keras.callbacks.Callback):
     """Keeps summary.json's epochs_completed and last_checkpoint current (rank 0), so a record
     ended by the stop watcher or the keeper says how far the run got."""
 
@@ -384,7 +384,7 @@ class RunCallbacks:
     """The callbacks of one `fit` (of one membership, under Horovod Elastic): `all` in the
     order Keras runs them, and the ones the trainer talks to."""
 
-    all: tuple[tf.keras.callbacks.Callback, ...]
+    all: tuple[keras.callbacks.Callback, ...]
     plan: Derived  # the sizes they were built for
     control: RunControl  # the agreed stop: where and why the run stopped
     input_wait: InputWait  # `fit` takes the dataset its `attach` returns
@@ -396,13 +396,13 @@ class RunCallbacks:
 def build_callbacks(
     cfg: Config,
     plan: Derived,
-    model: tf.keras.Model,
+    model: keras.Model,
     source: Source,
     signals: StopSignals,
     epoch: int,
     first_step: int,
     record: RunRecord | None = None,
-    leading: tuple[tf.keras.callbacks.Callback, ...] = (),
+    leading: tuple[keras.callbacks.Callback, ...] = (),
 ) -> RunCallbacks:
     """Every callback of the run, built and placed in the one order that works (see below).
 
@@ -483,12 +483,12 @@ def build_callbacks(
 
 def _chief_callbacks(
     cfg: Config, plan: Derived, control: RunControl, epoch: int, checkpointer: Checkpointer
-) -> list[tf.keras.callbacks.Callback]:
+) -> list[keras.callbacks.Callback]:
     """Rank 0's: the console after everything that fills the logs (Keras' bar on a terminal
     when asked for, fit_from then turns it on; else one line per epoch), metrics.csv,
     TensorBoard, the checkpoints, the profiler."""
     run_dir = cfg.run.dir
-    callbacks: list[tf.keras.callbacks.Callback] = []
+    callbacks: list[keras.callbacks.Callback] = []
     if wants_progress_bar(cfg.train.verbose):
         callbacks.append(ProgressBar())
     elif cfg.train.verbose:

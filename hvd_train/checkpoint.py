@@ -18,13 +18,15 @@ import tensorflow as tf
 
 from hvd_train.config import CheckpointConfig
 from hvd_train.errors import CheckpointError
+from hvd_train.keras_stack import keras
 from hvd_train.models import plain_clone
 
 
-def export_plain_model(model: tf.keras.Model, path: str) -> str:
+def export_plain_model(model: keras.Model, path: str) -> str:
     """Writes architecture and weights, without the (Horovod-wrapped) optimizer, atomically.
 
-    The file loads with `tf.keras.models.load_model(path)` where Horovod is not installed.
+    The file loads with the stack's Keras 2 (`tf.keras` on TensorFlow 2.15, `tf_keras` on 2.16+:
+    `load_model(path)`) where Horovod is not installed.
     A functional or sequential model is cloned and saved as `.keras`; a subclassed model, which
     cannot be cloned, is saved as a SavedModel folder (`path` without `.keras`). A crash during
     the write leaves any previous file at `path` as it was. Returns the path written.
@@ -89,7 +91,7 @@ class CheckpointStore:
         self.dir = os.path.join(run_dir, "checkpoints")
         self.cfg = cfg
 
-    def save(self, model: tf.keras.Model, state: dict[str, Any]) -> str:
+    def save(self, model: keras.Model, state: dict[str, Any]) -> str:
         """Writes one checkpoint for `state["global_step"]`, then prunes; returns its folder.
 
         Raises:
@@ -104,7 +106,7 @@ class CheckpointStore:
         self.prune()
         return final
 
-    def _write(self, model: tf.keras.Model, state: dict[str, Any], final: str) -> None:
+    def _write(self, model: keras.Model, state: dict[str, Any], final: str) -> None:
         os.makedirs(self.dir, exist_ok=True)
         tmp = os.path.join(self.dir, f".tmp-ckpt-{state['global_step']:08d}-{os.getpid()}")
         shutil.rmtree(tmp, ignore_errors=True)
@@ -205,7 +207,7 @@ class Unloadable(Exception):
         self.mismatch = mismatch
 
 
-def load(model: tf.keras.Model, path: str) -> dict[str, Any]:
+def load(model: keras.Model, path: str) -> dict[str, Any]:
     """Restores checkpoint `path` into `model` and its (already built) optimizer; returns its
     state.
 
@@ -241,7 +243,7 @@ def load(model: tf.keras.Model, path: str) -> dict[str, Any]:
     return state
 
 
-def restore(model: tf.keras.Model, path: str) -> None:
+def restore(model: keras.Model, path: str) -> None:
     """Reads a checkpoint's variables into `model` and its (already built) optimizer."""
     status = tf.train.Checkpoint(model=model, optimizer=model.optimizer).read(
         os.path.join(path, PREFIX)

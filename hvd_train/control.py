@@ -21,6 +21,7 @@ import tensorflow as tf
 
 from hvd_train import distributed
 from hvd_train.errors import TrainingError
+from hvd_train.keras_stack import keras
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 AUTO_EVERY_S = 1.0  # with `every` 0: agree about once a second
@@ -154,7 +155,7 @@ def stop_grace_s() -> float:
         return DEFAULT_GRACE_S
 
 
-class RunControl(tf.keras.callbacks.Callback):
+class RunControl(keras.callbacks.Callback):
     """Agrees, every `every` steps and whenever `checkpoint_due(step)` holds, on going on.
 
     `every` 0 agrees about once a second: each agreement also sums the workers' step times (in

@@ -14,13 +14,13 @@ from typing import Any, TypeVar
 
 import horovod
 import horovod.tensorflow as hvd_tf
-import horovod.tensorflow.keras as hvd
 import numpy as np
 import tensorflow as tf
 
-from hvd_train import logs
+from hvd_train import keras_stack, logs
 from hvd_train.config import HorovodConfig
 from hvd_train.errors import UserError
+from hvd_train.keras_stack import hvd
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -256,9 +256,11 @@ def broadcast_variables(variables: list[tf.Variable]) -> None:
 
 
 def versions() -> dict[str, str]:
+    """summary.json's `versions`: the stack this run trained on (`keras`: "tf_keras 2.18.0")."""
     return {
         "python": sys.version.split()[0],
         "tensorflow": tf.__version__,
+        "keras": keras_stack.describe(),
         "horovod": horovod.__version__,
     }
 

@@ -15,7 +15,6 @@ import argparse
 import glob
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -25,8 +24,11 @@ from typing import Any
 
 import hvd_train
 from hvd_train.horovodrun import count_gpus
+from hvd_train.keras_stack import version_tuple
 
-TESTED_TENSORFLOW = "2.15.1"  # what scripts/install.sh installs and CI runs
+# The stacks scripts/install.sh installs (scripts/stack.sh, HVD_TRAIN_TF); 2.19: any 2.19.x.
+SUPPORTED_TENSORFLOW = ("2.15.1", "2.18.1", "2.19")
+SUPPORTED_TEXT = "2.15.1, 2.18.1 or 2.19.x"
 TESTED_HOROVOD = "0.28.1"
 # Horovod's compiled extensions, one per framework (horovod/<framework>/<name>*.so).
 _FRAMEWORK_LIBS = {"tensorflow": "mpi_lib", "torch": "mpi_lib_v2", "mxnet": "mpi_lib"}
@@ -160,17 +162,6 @@ def _one_line(e: BaseException) -> str:
 # --------------------------------------------------------------------------- diagnosis
 
 
-def version_tuple(version: str | None) -> tuple[int, ...]:
-    """`"2.15.1"` -> (2, 15, 1); `"2.16.0rc1"` -> (2, 16, 0); None or junk -> ()."""
-    parts = []
-    for piece in (version or "").split("."):
-        m = re.match(r"\d+", piece)
-        if not m:
-            break
-        parts.append(int(m.group()))
-    return tuple(parts)
-
-
 def diagnose(facts: dict[str, Any]) -> list[Problem]:
     """The known-bad combinations in `facts`, errors first. Pure: no imports, no I/O."""
     problems = [
@@ -183,8 +174,10 @@ def diagnose(facts: dict[str, Any]) -> list[Problem]:
 
 
 def _python_problems(facts: dict[str, Any]) -> list[Problem]:
-    if version_tuple(facts["python"])[:2] not in ((3, 10), (3, 11)):
-        return [Problem("warning", f"Python {facts['python']}: hvd_train supports 3.10 and 3.11 (TensorFlow 2.15 wheels)")]  # fmt: skip
+    # TensorFlow's wheels: 2.15 for Python 3.9-3.11, 2.18 and 2.19 for 3.9-3.12.
+    newer = version_tuple(facts["tensorflow"].get("version")) >= (2, 16)
+    if version_tuple(facts["python"])[:2] not in ((3, 10), (3, 11), *([(3, 12)] if newer else [])):
+        return [Problem("warning", f"Python {facts['python']}: hvd_train supports 3.10-3.11 with TensorFlow 2.15, 3.10-3.12 with 2.18 and 2.19")]  # fmt: skip
     return []
 
 
@@ -192,15 +185,21 @@ def _tensorflow_problems(facts: dict[str, Any]) -> list[Problem]:
     tf = facts["tensorflow"]
     if tf.get("version") is None:
         return [Problem("error", f"TensorFlow does not import: {tf.get('error')}; run scripts/install.sh")]  # fmt: skip
-    v, out = version_tuple(tf["version"]), []
+    v, keras = version_tuple(tf["version"]), tf.get("keras") or ""
     if v >= (2, 20):
-        out.append(Problem("error", f"TensorFlow {tf['version']} is not supported: Horovod {TESTED_HOROVOD}, its last release, predates it; install tensorflow {TESTED_TENSORFLOW} (scripts/install.sh)"))  # fmt: skip
-    keras_major = version_tuple((tf.get("keras") or "").rpartition(" ")[2])[:1]
-    legacy = (facts["env"].get("TF_USE_LEGACY_KERAS") or "").lower() in ("1", "true")
-    if keras_major >= (3,) or (v >= (2, 16) and not legacy and not keras_major):
-        out.append(Problem("error", f"Keras 3 is active (TensorFlow {tf['version']}, {tf.get('keras') or 'keras version unknown'}): horovod.tensorflow.keras needs Keras 2; install tf_keras and set TF_USE_LEGACY_KERAS=1, or use TensorFlow {TESTED_TENSORFLOW}"))  # fmt: skip
-    if not out and tf["version"] != TESTED_TENSORFLOW:
-        out.append(Problem("warning", f"TensorFlow {tf['version']}: hvd_train is tested with {TESTED_TENSORFLOW}"))  # fmt: skip
+        return [Problem("error", f"TensorFlow {tf['version']} is not supported: Horovod {TESTED_HOROVOD}, its last release, does not compile against TensorFlow 2.20+; install {SUPPORTED_TEXT} (HVD_TRAIN_TF=2.18 scripts/install.sh)")]  # fmt: skip
+    # hvd_train sets TF_USE_LEGACY_KERAS=1 on 2.16+ (keras_stack.py): tf.keras is then tf_keras,
+    # or does not import at all when only Keras 3 is installed.
+    if version_tuple(keras.rpartition(" ")[2])[:1] >= (3,) or (v >= (2, 16) and not keras):
+        minor = ".".join(map(str, v[:2]))
+        return [Problem("error", f"Keras 3 is active (TensorFlow {tf['version']}, {keras or 'no tf_keras installed'}): horovod.tensorflow.keras needs Keras 2; install tf_keras {minor} (HVD_TRAIN_TF={minor} scripts/install.sh)")]  # fmt: skip
+    out = []
+    if keras.startswith("tf_keras ") and version_tuple(keras[9:])[:2] != v[:2]:
+        out.append(Problem("warning", f"{keras} with TensorFlow {tf['version']}: tf_keras should match TensorFlow's minor version"))  # fmt: skip
+    if not any(
+        tf["version"] == ok or tf["version"].startswith(f"{ok}.") for ok in SUPPORTED_TENSORFLOW
+    ):
+        out.append(Problem("warning", f"TensorFlow {tf['version']}: hvd_train is tested with {SUPPORTED_TEXT}"))  # fmt: skip
     return out
 
 

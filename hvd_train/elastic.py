@@ -15,18 +15,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import horovod.tensorflow.keras as hvd
-import tensorflow as tf
-
 from hvd_train import distributed
 from hvd_train.callbacks import RunCallbacks
 from hvd_train.config import Config, Derived, derive
 from hvd_train.data import Source
 from hvd_train.fitting import fit_from
+from hvd_train.keras_stack import hvd, keras
 from hvd_train.schedules import learning_rate_schedule, lr_multiplier
 
 
-class _TrackPosition(tf.keras.callbacks.Callback):
+class _TrackPosition(keras.callbacks.Callback):
     """Keeps the elastic state's position (epoch, steps done, their global batch) current."""
 
     def __init__(self, state: Any, d: Derived):
@@ -42,7 +40,7 @@ class _TrackPosition(tf.keras.callbacks.Callback):
 
 
 def fit_elastic(
-    model: tf.keras.Model,
+    model: keras.Model,
     source: Source,
     cfg: Config,
     start_epoch: int,
@@ -87,7 +85,7 @@ def fit_elastic(
     return history, report
 
 
-def _rescale_learning_rate(model: tf.keras.Model, cfg: Config, d: Derived) -> None:
+def _rescale_learning_rate(model: keras.Model, cfg: Config, d: Derived) -> None:
     """Gives the optimizer this worker count's schedule, with the rate multiplier it had, and
     retraces the step (the traced step holds the old rates as constants)."""
     schedule = learning_rate_schedule(cfg, d)

@@ -15,12 +15,13 @@ import tensorflow as tf
 
 from hvd_train import distributed
 from hvd_train.data import Source, batch_shard, val_shard
+from hvd_train.keras_stack import keras
 
 
 class Evaluator:
     """Evaluates `model` on the validation set across all workers (call on every rank)."""
 
-    def __init__(self, model: tf.keras.Model, source: Source, batch: int, from_logits: bool):
+    def __init__(self, model: keras.Model, source: Source, batch: int, from_logits: bool):
         self.model = model
         self.num_examples = len(source.x_val)
         self.dataset, self.num_batches = val_shard(
@@ -37,10 +38,10 @@ class Evaluator:
         return _metrics(self.model, totals)
 
 
-def batch_sums(model: tf.keras.Model, from_logits: bool):
+def batch_sums(model: keras.Model, from_logits: bool):
     """A tf.function of `(x, y, weight)`: the batch's weighted [loss sum, hits, weight sum]."""
-    xent = tf.keras.losses.SparseCategoricalCrossentropy(
-        from_logits=from_logits, reduction=tf.keras.losses.Reduction.NONE
+    xent = keras.losses.SparseCategoricalCrossentropy(
+        from_logits=from_logits, reduction=keras.losses.Reduction.NONE
     )
 
     def sums(x: tf.Tensor, y: tf.Tensor, w: tf.Tensor) -> tf.Tensor:
@@ -54,7 +55,7 @@ def batch_sums(model: tf.keras.Model, from_logits: bool):
     return tf.function(sums)
 
 
-def _metrics(model: tf.keras.Model, totals) -> dict[str, float]:
+def _metrics(model: keras.Model, totals) -> dict[str, float]:
     loss_sum, hits, count = (float(v) for v in totals)
     if count == 0:
         return {}
@@ -64,7 +65,7 @@ def _metrics(model: tf.keras.Model, totals) -> dict[str, float]:
 
 
 def evaluate_in_order(
-    model: tf.keras.Model, source: Source, batch: int, from_logits: bool
+    model: keras.Model, source: Source, batch: int, from_logits: bool
 ) -> dict[str, float]:
     """Like `Evaluator.evaluate`, on `source`'s validation examples, but the same to the last
     bit at any worker count (call on every rank).

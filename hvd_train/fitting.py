@@ -16,6 +16,7 @@ from hvd_train import distributed
 from hvd_train.callbacks import RunCallbacks, wants_progress_bar
 from hvd_train.config import Config, Derived
 from hvd_train.data import Source, train_dataset
+from hvd_train.keras_stack import keras
 
 # Keras times the callbacks' batch hooks over a fit's first batches, the first included, and
 # warns when they take longer than the steps. Measured on the quickstart (2 workers, 28 ms
@@ -27,7 +28,7 @@ SLOW_FIRST_BATCH = "Callback method `on_train_batch_end` is slow compared to the
 
 
 def fit_from(
-    model: tf.keras.Model,
+    model: keras.Model,
     source: Source,
     cfg: Config,
     plan: Derived,

@@ -360,16 +360,15 @@ def load_model(cfg: Config, path: str, num_classes: int):
     Raises:
         UserError: no such file, or it cannot be loaded as a model of this config.
     """
-    import tensorflow as tf
-
     from hvd_train.checkpoint import PREFIX
+    from hvd_train.keras_stack import keras  # here: the CLI imports this module without TensorFlow
 
     if not os.path.exists(path):
         raise UserError(f"--model: {path} does not exist; expected {_MODEL_HINT}")
     if os.path.isdir(path) and os.path.exists(os.path.join(path, f"{PREFIX}.index")):
         return _from_checkpoint(cfg, path, num_classes)
     try:
-        return tf.keras.models.load_model(path, compile=False)
+        return keras.models.load_model(path, compile=False)
     except Exception as e:  # noqa: BLE001 - Keras raises many kinds for a file it cannot read
         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
         raise UserError(f"--model: cannot load {path} ({first}); expected {_MODEL_HINT}") from None

@@ -23,6 +23,7 @@ import tensorflow as tf
 from hvd_train import distributed, tuning
 from hvd_train.config import Config, Derived, derive
 from hvd_train.data import Source, load_source, train_dataset
+from hvd_train.keras_stack import keras
 from hvd_train.training_step import build_compiled_model
 
 DECODED_ADVICE = (
@@ -43,7 +44,7 @@ def advice_for(source: str) -> str | None:
     return None if source in IN_MEMORY_SOURCES else DECODED_ADVICE
 
 
-class InputWait(tf.keras.callbacks.Callback):
+class InputWait(keras.callbacks.Callback):
     """Adds `input_wait_fraction` (time waiting for input / step time, the largest over the
     workers) to each epoch's logs; rank 0 warns, once, when it passes `warn_above`, with
     `advice` (not for the first epoch when more follow: like the rate, it is warm-up; never
@@ -150,7 +151,7 @@ def data_bench(cfg: Config, batches: int) -> dict[str, float]:
     device = distributed.configure_devices(
         cfg.runtime.intra_op_threads, cfg.runtime.inter_op_threads
     )
-    tf.keras.utils.set_random_seed(cfg.runtime.seed)
+    keras.utils.set_random_seed(cfg.runtime.seed)
     source = load_source(cfg)
     plan = derive(cfg, distributed.size(), source.num_train)
     warm = 5
@@ -204,7 +205,7 @@ def _model_rate(
     return batches * plan.per_worker_batch / (clock.end - clock.start)
 
 
-class _StepClock(tf.keras.callbacks.Callback):
+class _StepClock(keras.callbacks.Callback):
     def __init__(self, warm: int):
         super().__init__()
         self.warm, self.start, self.end = warm, 0.0, 0.0

@@ -21,9 +21,10 @@ import tensorflow as tf
 
 from hvd_train.config import Config
 from hvd_train.errors import ConfigError
+from hvd_train.keras_stack import keras, version_tuple
 
 
-def build_model(cfg: Config, input_shape: tuple[int, ...], num_classes: int) -> tf.keras.Model:
+def build_model(cfg: Config, input_shape: tuple[int, ...], num_classes: int) -> keras.Model:
     """The uncompiled model: `model.factory` if set, else the built-in `model.name`.
 
     With `model.sync_batch_norm` its BatchNormalization layers become Horovod's
@@ -41,7 +42,7 @@ def weights_note(cfg: Config) -> str | None:
     return f"model.weights: loaded {os.path.abspath(m.weights)} into the {m.name} base"
 
 
-def _build(cfg: Config, input_shape: tuple[int, ...], num_classes: int) -> tf.keras.Model:
+def _build(cfg: Config, input_shape: tuple[int, ...], num_classes: int) -> keras.Model:
     m = cfg.model
     if m.factory:
         return _from_factory(cfg, input_shape, num_classes)
@@ -69,7 +70,7 @@ def convnet(
     dense_units: tuple[int, ...] = (256,),
     dropout: float = 0.25,
     from_logits: bool = False,
-) -> tf.keras.Model:
+) -> keras.Model:
     """A small convnet (Keras' classic CIFAR-10 example), for small images.
 
     Layer by layer, with the default widths (`model.filters: [32, 32, 64, 64]`,
@@ -91,8 +92,8 @@ def convnet(
     it has about 1.1 M weights; wide `dense_units` (for example [2816, 256]) make the 12 M-weight
     gradient-heavy variant.
     """
-    layers = tf.keras.layers
-    x = inputs = tf.keras.Input(shape=input_shape)
+    layers = keras.layers
+    x = inputs = keras.Input(shape=input_shape)
     if len(input_shape) == 2:  # grey images given as height x width
         x = layers.Reshape((*input_shape, 1))(x)
     for i, width in enumerate(filters):
@@ -105,7 +106,7 @@ def convnet(
         x = layers.Dense(units, activation="relu")(x)
         x = layers.Dropout(dropout)(x) if dropout else x
     outputs = _head(x, num_classes, from_logits)
-    return tf.keras.Model(inputs, outputs, name="convnet")
+    return keras.Model(inputs, outputs, name="convnet")
 
 
 def mlp(
@@ -114,24 +115,24 @@ def mlp(
     dense_units: tuple[int, ...] = (256,),
     dropout: float = 0.0,
     from_logits: bool = False,
-) -> tf.keras.Model:
+) -> keras.Model:
     """A multilayer perceptron over the flattened input."""
-    layers = tf.keras.layers
-    x = inputs = tf.keras.Input(shape=input_shape)
+    layers = keras.layers
+    x = inputs = keras.Input(shape=input_shape)
     x = layers.Flatten()(x)
     for units in dense_units:
         x = layers.Dense(units, activation="relu")(x)
         x = layers.Dropout(dropout)(x) if dropout else x
-    return tf.keras.Model(inputs, _head(x, num_classes, from_logits), name="mlp")
+    return keras.Model(inputs, _head(x, num_classes, from_logits), name="mlp")
 
 
 def _head(x: tf.Tensor, num_classes: int, from_logits: bool) -> tf.Tensor:
     # float32 output keeps the loss stable under mixed precision.
     activation = None if from_logits else "softmax"
-    return tf.keras.layers.Dense(num_classes, activation=activation, dtype="float32")(x)
+    return keras.layers.Dense(num_classes, activation=activation, dtype="float32")(x)
 
 
-def _from_factory(cfg: Config, input_shape: tuple[int, ...], num_classes: int) -> tf.keras.Model:
+def _from_factory(cfg: Config, input_shape: tuple[int, ...], num_classes: int) -> keras.Model:
     """Calls the user's `fn(cfg)`, or `fn(cfg, input_shape, num_classes)` if it takes them."""
     spec = cfg.model.factory
     module_name, _, fn_name = spec.rpartition(":")
@@ -142,11 +143,25 @@ def _from_factory(cfg: Config, input_shape: tuple[int, ...], num_classes: int) -
     params = inspect.signature(fn).parameters
     wants_shape = "input_shape" in params and "num_classes" in params
     model = fn(cfg, input_shape=input_shape, num_classes=num_classes) if wants_shape else fn(cfg)
-    if not isinstance(model, tf.keras.Model):
+    if _is_keras_3(model):
+        raise ConfigError(
+            f"model.factory: {spec} returned a Keras 3 model (keras "
+            f"{sys.modules['keras'].__version__}), but Horovod's Keras API works with Keras 2 "
+            "only: build the model with tf.keras (`import tensorflow as tf`, then tf.keras.layers"
+            "...) or with `import tf_keras as keras`, not `import keras`"
+        )
+    if not isinstance(model, keras.Model):
         raise ConfigError(
             f"model.factory: {spec} returned {type(model).__name__}, expected a Keras model"
         )
     return model
+
+
+def _is_keras_3(model: object) -> bool:
+    """A model of the `keras` package at version 3+ (on TensorFlow 2.16+, `import keras`)."""
+    package = type(model).__module__.split(".")[0]
+    version = getattr(sys.modules.get(package), "__version__", "")
+    return package == "keras" and version_tuple(version) >= (3,)
 
 
 def import_user_module(name: str, key: str = "model.factory"):
@@ -188,9 +203,9 @@ _PREPROCESS = {
     "efficientnet_b0": (255.0, (0.0, 0.0, 0.0), False),
 }
 _BASES = {
-    "mobilenet_v2": ("MobileNetV2", lambda **kw: tf.keras.applications.MobileNetV2(**kw)),
-    "resnet50": ("ResNet50", lambda **kw: tf.keras.applications.ResNet50(**kw)),
-    "efficientnet_b0": ("EfficientNetB0", lambda **kw: tf.keras.applications.EfficientNetB0(**kw)),
+    "mobilenet_v2": ("MobileNetV2", lambda **kw: keras.applications.MobileNetV2(**kw)),
+    "resnet50": ("ResNet50", lambda **kw: keras.applications.ResNet50(**kw)),
+    "efficientnet_b0": ("EfficientNetB0", lambda **kw: keras.applications.EfficientNetB0(**kw)),
 }
 _MIN_SIZE = 32  # Keras Applications refuse smaller inputs
 
@@ -205,7 +220,7 @@ def application(
     dense_units: tuple[int, ...] = (),
     dropout: float = 0.0,
     from_logits: bool = False,
-) -> tf.keras.Model:
+) -> keras.Model:
     """A Keras Applications base (no ImageNet classifier) under a new head, for inputs in [0, 1].
 
     Layers: a frozen 1x1 channel map that turns the [0, 1] input (1 or 3 channels) into what
@@ -223,8 +238,8 @@ def application(
     _check_image_shape(name, input_shape)
     if weights != "none":
         _check_weights_file(name, weights)  # before the slow build
-    layers = tf.keras.layers
-    inputs = tf.keras.Input(shape=input_shape)
+    layers = keras.layers
+    inputs = keras.Input(shape=input_shape)
     x = input_adapter(name, input_shape[-1])(inputs)
     base = _BASES[name][1](
         include_top=False, weights=None, input_shape=(*input_shape[:2], 3)
@@ -239,7 +254,7 @@ def application(
     for units in dense_units:
         x = layers.Dense(units, activation="relu")(x)
     x = layers.Dropout(dropout)(x) if dropout else x
-    return tf.keras.Model(inputs, _head(x, num_classes, from_logits), name=f"{name}_classifier")
+    return keras.Model(inputs, _head(x, num_classes, from_logits), name=f"{name}_classifier")
 
 
 def _check_image_shape(name: str, shape: tuple[int, ...]) -> None:
@@ -255,7 +270,7 @@ def _check_image_shape(name: str, shape: tuple[int, ...]) -> None:
         )
 
 
-def input_adapter(name: str, channels: int) -> tf.keras.layers.Layer:
+def input_adapter(name: str, channels: int) -> keras.layers.Layer:
     """A frozen Dense on the channel axis: output channel j = scale x input channel src(j) +
     offset(j). It repeats a grey channel into three, reverses RGB to BGR where the base wants
     it, and rescales; plain Keras, so the exported model loads anywhere."""
@@ -263,10 +278,10 @@ def input_adapter(name: str, channels: int) -> tf.keras.layers.Layer:
     kernel = np.zeros((channels, 3), np.float32)
     for j in range(3):
         kernel[0 if channels == 1 else (2 - j if bgr else j), j] = scale
-    return tf.keras.layers.Dense(
+    return keras.layers.Dense(
         3,
-        kernel_initializer=tf.keras.initializers.Constant(kernel.tolist()),
-        bias_initializer=tf.keras.initializers.Constant(list(offset)),
+        kernel_initializer=keras.initializers.Constant(kernel.tolist()),
+        bias_initializer=keras.initializers.Constant(list(offset)),
         trainable=False,
         name="preprocess",
     )
@@ -283,7 +298,7 @@ def _check_weights_file(name: str, path: str) -> None:
         )
 
 
-def load_base_weights(base: tf.keras.Model, name: str, path: str) -> None:
+def load_base_weights(base: keras.Model, name: str, path: str) -> None:
     """Loads a local weights file into an Applications base; a clear ConfigError otherwise."""
     _check_weights_file(name, path)
     keras_name = _BASES[name][0]
@@ -304,11 +319,11 @@ def load_base_weights(base: tf.keras.Model, name: str, path: str) -> None:
 _IMAGENET_STDDEV_RGB = (0.229, 0.224, 0.225)
 
 
-def _fix_efficientnet_imagenet_variance(base: tf.keras.Model) -> None:
+def _fix_efficientnet_imagenet_variance(base: keras.Model) -> None:
     """Keras corrects its ImageNet EfficientNet weights (standard deviations stored as the
     variance) with an extra Rescaling layer, but only when it downloads them itself. A local
     copy of those weights gets the same correction here, by squaring the stored values."""
-    norm = next(x for x in base.layers if isinstance(x, tf.keras.layers.Normalization))
+    norm = next(x for x in base.layers if isinstance(x, keras.layers.Normalization))
     if np.allclose(norm.adapt_variance.numpy(), _IMAGENET_STDDEV_RGB, atol=1e-6):
         norm.adapt_variance.assign(tf.square(norm.adapt_variance))
         norm.finalize_state()
@@ -317,15 +332,15 @@ def _fix_efficientnet_imagenet_variance(base: tf.keras.Model) -> None:
 # --------------------------------------------------------------------------- batch norm swaps
 
 
-def to_sync_batch_norm(model: tf.keras.Model) -> tf.keras.Model:
+def to_sync_batch_norm(model: keras.Model) -> keras.Model:
     """The same model, same weights, with Horovod's SyncBatchNormalization for every
     BatchNormalization (nested models included): batch statistics over the global batch."""
     # Horovod 0.28 keeps it in horovod.tensorflow (not .keras); imported here so the rest of
     # this module works where Horovod is not installed.
     from horovod.tensorflow import SyncBatchNormalization
 
-    def swap(layer: tf.keras.layers.Layer) -> tf.keras.layers.Layer:
-        if isinstance(layer, tf.keras.layers.BatchNormalization):
+    def swap(layer: keras.layers.Layer) -> keras.layers.Layer:
+        if isinstance(layer, keras.layers.BatchNormalization):
             return SyncBatchNormalization.from_config(layer.get_config())
         return None
 
@@ -337,35 +352,35 @@ def to_sync_batch_norm(model: tf.keras.Model) -> tf.keras.Model:
         ) from None
 
 
-def plain_clone(model: tf.keras.Model) -> tf.keras.Model:
+def plain_clone(model: keras.Model) -> keras.Model:
     """A copy of `model` (same weights) with Horovod's SyncBatchNormalization layers turned
     back into Keras' BatchNormalization, so it loads without Horovod. Raises ValueError for a
-    subclassed model, as `tf.keras.models.clone_model` does."""
+    subclassed model, as `keras.models.clone_model` does."""
 
-    def swap(layer: tf.keras.layers.Layer) -> tf.keras.layers.Layer:
+    def swap(layer: keras.layers.Layer) -> keras.layers.Layer:
         if _is_horovod_sync_batch_norm(layer):
-            return tf.keras.layers.BatchNormalization.from_config(layer.get_config())
+            return keras.layers.BatchNormalization.from_config(layer.get_config())
         return None
 
     return _clone_swapping(model, swap)
 
 
-def _is_horovod_sync_batch_norm(layer: tf.keras.layers.Layer) -> bool:
+def _is_horovod_sync_batch_norm(layer: keras.layers.Layer) -> bool:
     cls = type(layer)
     return cls.__name__ == "SyncBatchNormalization" and cls.__module__.startswith("horovod.")
 
 
 def _clone_swapping(
-    model: tf.keras.Model, swap: Callable[[tf.keras.layers.Layer], tf.keras.layers.Layer | None]
-) -> tf.keras.Model:
+    model: keras.Model, swap: Callable[[keras.layers.Layer], keras.layers.Layer | None]
+) -> keras.Model:
     """`clone_model`, recursing into nested models, with `swap(layer)` replacing the layers it
     returns a new layer for; then the original's weights (same order) into the copy."""
 
-    def clone(layer: tf.keras.layers.Layer) -> tf.keras.layers.Layer:
-        if isinstance(layer, tf.keras.Model):
-            return tf.keras.models.clone_model(layer, clone_function=clone)
+    def clone(layer: keras.layers.Layer) -> keras.layers.Layer:
+        if isinstance(layer, keras.Model):
+            return keras.models.clone_model(layer, clone_function=clone)
         return swap(layer) or layer.__class__.from_config(layer.get_config())
 
-    copy = tf.keras.models.clone_model(model, clone_function=clone)
+    copy = keras.models.clone_model(model, clone_function=clone)
     copy.set_weights(model.get_weights())
     return copy

@@ -17,11 +17,12 @@ import tensorflow as tf
 
 from hvd_train import distributed
 from hvd_train.config import Config, Derived
+from hvd_train.keras_stack import keras
 
 WARMUP_STEPS = 5  # left out of a one-epoch run's figures
 
 
-class StepTimer(tf.keras.callbacks.Callback):
+class StepTimer(keras.callbacks.Callback):
     """Times every training step; adds `step_time_ms` (the epoch's median) and
     `examples_per_sec_per_worker` to the epoch's logs (callbacks.EpochLines prints them).
 
@@ -181,7 +182,7 @@ def covered_share(
     return covered / total
 
 
-class ProfileSteps(tf.keras.callbacks.Callback):
+class ProfileSteps(keras.callbacks.Callback):
     """Traces training steps `first..last` (1-based, counted over the run) with TensorFlow's
     profiler into `logdir` (rank 0 only: add it to rank 0's callbacks alone)."""
 

@@ -26,13 +26,14 @@ from collections.abc import Sequence
 import tensorflow as tf
 
 from hvd_train.config import Config, Derived, OptimizerConfig
+from hvd_train.keras_stack import keras
 from hvd_train.typed_yaml import choices
 
 DECAYS = choices(OptimizerConfig, "schedule")  # constant, step, cosine, ...
 
 
-@tf.keras.utils.register_keras_serializable(package="hvd_train")
-class WarmupScaled(tf.keras.optimizers.schedules.LearningRateSchedule):
+@keras.utils.register_keras_serializable(package="hvd_train")
+class WarmupScaled(keras.optimizers.schedules.LearningRateSchedule):
     """Linear ramp from `base_lr` to `scaled_lr` over `warmup_steps`, then `decay` on
     `scaled_lr` (see the module docstring). With the defaults: the ramp, then `scaled_lr`.
 
@@ -122,7 +123,7 @@ class WarmupScaled(tf.keras.optimizers.schedules.LearningRateSchedule):
         }
 
 
-def lr_multiplier(optimizer: tf.keras.optimizers.Optimizer) -> tf.Variable | None:
+def lr_multiplier(optimizer: keras.optimizers.Optimizer) -> tf.Variable | None:
     """The multiplier of the optimizer's WarmupScaled schedule; None for another rate."""
     inner = getattr(optimizer, "inner_optimizer", optimizer)  # under mixed_float16's loss scale
     schedule = getattr(inner, "_learning_rate", None)

@@ -40,6 +40,7 @@ from hvd_train.errors import (
 )
 from hvd_train.fitting import fit_from
 from hvd_train.input_diagnostics import data_summary
+from hvd_train.keras_stack import keras
 from hvd_train.models import weights_note
 from hvd_train.record import RecordError, RunRecord
 from hvd_train.schedules import lr_multiplier
@@ -47,7 +48,7 @@ from hvd_train.training_step import build_compiled_model
 from hvd_train.user_callbacks import AgreedStop
 
 
-def train(cfg: Config, config_path: str | None = None) -> tuple[tf.keras.Model, dict[str, Any]]:
+def train(cfg: Config, config_path: str | None = None) -> tuple[keras.Model, dict[str, Any]]:
     """Trains as one worker of the job horovodrun started (or alone); returns model and summary.
 
     Args:
@@ -141,7 +142,7 @@ def _start_worker(cfg: Config, run: _Run) -> str:
     # Same seed on every rank: identical initial weights, so the broadcast before training is a
     # no-op for built-in models and a guarantee for user factories that draw from other
     # generators.
-    tf.keras.utils.set_random_seed(cfg.runtime.seed)
+    keras.utils.set_random_seed(cfg.runtime.seed)
     return device
 
 
@@ -165,7 +166,7 @@ def _open_run_dir(
 
 def _fit(
     cfg: Config,
-    model: tf.keras.Model,
+    model: keras.Model,
     source: Source,
     plan: Derived,
     start: Start,
@@ -222,7 +223,7 @@ def _stop(run: _Run, summary: dict[str, Any]) -> None:
     )
 
 
-def _complete(cfg: Config, model: tf.keras.Model, summary: dict[str, Any], run: _Run) -> None:
+def _complete(cfg: Config, model: keras.Model, summary: dict[str, Any], run: _Run) -> None:
     """A completed run: rank 0 exports model.keras and records the end; one closing line."""
     try:
         _finish(cfg, model, summary, run.checkpointer)
@@ -334,7 +335,7 @@ class Start:
     checkpoint: str | None = None
 
 
-def _resume(cfg: Config, model: tf.keras.Model, plan: Derived) -> Start:
+def _resume(cfg: Config, model: keras.Model, plan: Derived) -> Start:
     """Rank 0 tidies run.dir, then picks and reads the checkpoint; weights, optimizer state and
     position are then broadcast, so other hosts need not see rank 0's disk. Every rank raises
     alike on error: DataError (exit 2) for a checkpoint that cannot be resumed from."""
@@ -383,7 +384,7 @@ def _resume(cfg: Config, model: tf.keras.Model, plan: Derived) -> Start:
     return Start(epoch=epoch, step=step, checkpoint=found["path"])
 
 
-def _read_checkpoint(cfg: Config, model: tf.keras.Model) -> dict[str, Any]:
+def _read_checkpoint(cfg: Config, model: keras.Model) -> dict[str, Any]:
     """Rank 0: {} to start afresh, or the restored checkpoint's path and state, and the newer
     checkpoints that could not be loaded, renamed out of the way (`set_aside`).
 
@@ -420,7 +421,7 @@ def _read_checkpoint(cfg: Config, model: tf.keras.Model) -> dict[str, Any]:
     )
 
 
-def _load_named(cfg: Config, model: tf.keras.Model, path: str) -> dict[str, Any]:
+def _load_named(cfg: Config, model: keras.Model, path: str) -> dict[str, Any]:
     """`train.resume: PATH`: its state, restored into `model`; a one-line DataError if not."""
     if not any(os.path.exists(os.path.join(path, f)) for f in (STATE_FILE, f"{PREFIX}.index")):
         raise DataError(
@@ -575,7 +576,7 @@ def _end_record(run: _Run, **fields: Any) -> None:
 
 
 def _finish(
-    cfg: Config, model: tf.keras.Model, summary: dict[str, Any], checkpointer: Checkpointer | None
+    cfg: Config, model: keras.Model, summary: dict[str, Any], checkpointer: Checkpointer | None
 ) -> None:
     """Rank 0 exports model.keras.
 

@@ -8,10 +8,9 @@ trainer's step and not a lighter one.
 
 from __future__ import annotations
 
-import tensorflow as tf
-
 from hvd_train import tuning
 from hvd_train.config import Config, Derived
+from hvd_train.keras_stack import keras
 from hvd_train.models import build_model
 from hvd_train.schedules import learning_rate_schedule
 
@@ -22,7 +21,7 @@ def build_compiled_model(
     input_shape: tuple[int, ...],
     num_classes: int,
     device: str,
-) -> tf.keras.Model:
+) -> keras.Model:
     """The configured model, compiled for distributed training on this worker.
 
     Args:
@@ -39,20 +38,20 @@ def build_compiled_model(
         # Horovod: average gradients across workers with ring-allreduce (compression,
         # accumulation and loss scaling as configured: see tuning.distributed_optimizer).
         optimizer=tuning.distributed_optimizer(make_optimizer(cfg, plan), cfg),
-        loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=cfg.model.from_logits),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=cfg.model.from_logits),
         metrics=["accuracy"],
         jit_compile=tuning.jit_compile(cfg, device),
     )
     return model
 
 
-def make_optimizer(cfg: Config, plan: Derived) -> tf.keras.optimizers.Optimizer:
+def make_optimizer(cfg: Config, plan: Derived) -> keras.optimizers.Optimizer:
     """The configured optimizer, its rate following `optimizer.schedule` after the warm-up."""
     o, lr = cfg.optimizer, learning_rate_schedule(cfg, plan)
     if o.name == "sgd":
-        return tf.keras.optimizers.SGD(lr, momentum=o.momentum)
+        return keras.optimizers.SGD(lr, momentum=o.momentum)
     if o.name == "adam":
-        return tf.keras.optimizers.Adam(lr)
+        return keras.optimizers.Adam(lr)
     if o.name == "adamw":
-        return tf.keras.optimizers.AdamW(lr, weight_decay=o.weight_decay)
-    return tf.keras.optimizers.RMSprop(lr, momentum=o.momentum)
+        return keras.optimizers.AdamW(lr, weight_decay=o.weight_decay)
+    return keras.optimizers.RMSprop(lr, momentum=o.momentum)

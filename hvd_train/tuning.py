@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import os
 
-import horovod.tensorflow.keras as hvd
 import tensorflow as tf
 
 from hvd_train import distributed
 from hvd_train.config import Config, Derived
+from hvd_train.keras_stack import hvd, keras
 
 
 def before_init(cfg: Config) -> None:
@@ -45,12 +45,12 @@ def apply_precision(cfg: Config) -> None:
     """Sets the Keras precision policy; call after the devices are configured, before the model
     is built (layers take the policy in force when they are created)."""
     policy = "float32" if cfg.runtime.mixed_precision == "none" else cfg.runtime.mixed_precision
-    tf.keras.mixed_precision.set_global_policy(policy)
+    keras.mixed_precision.set_global_policy(policy)
 
 
 def distributed_optimizer(
-    optimizer: tf.keras.optimizers.Optimizer, cfg: Config
-) -> tf.keras.optimizers.Optimizer:
+    optimizer: keras.optimizers.Optimizer, cfg: Config
+) -> keras.optimizers.Optimizer:
     """Wraps `optimizer` in Horovod's DistributedOptimizer with the configured knobs, and in a
     LossScaleOptimizer under mixed_float16.
 
@@ -73,7 +73,7 @@ def distributed_optimizer(
         average_aggregated_gradients=acc > 1,
     )
     if cfg.runtime.mixed_precision == "mixed_float16":
-        return tf.keras.mixed_precision.LossScaleOptimizer(wrapped)
+        return keras.mixed_precision.LossScaleOptimizer(wrapped)
     return wrapped
 
 

@@ -15,21 +15,20 @@ import inspect
 from dataclasses import dataclass, field
 from typing import Any
 
-import tensorflow as tf
-
 from hvd_train import distributed
 from hvd_train.config import REFUSED_CALLBACKS, CallbackConfig
 from hvd_train.control import RunControl
 from hvd_train.errors import ConfigError
+from hvd_train.keras_stack import keras
 from hvd_train.models import import_user_module
 from hvd_train.schedules import lr_multiplier
 
 # Keras callbacks that write files: rank 0 only unless `ranks: all` says otherwise.
 _WRITERS = (
-    tf.keras.callbacks.ModelCheckpoint,
-    tf.keras.callbacks.CSVLogger,
-    tf.keras.callbacks.TensorBoard,
-    tf.keras.callbacks.RemoteMonitor,
+    keras.callbacks.ModelCheckpoint,
+    keras.callbacks.CSVLogger,
+    keras.callbacks.TensorBoard,
+    keras.callbacks.RemoteMonitor,
 )
 
 
@@ -38,7 +37,7 @@ class UserCallbacks:
     """This rank's user callbacks, in config order, each followed by what watches its stops;
     `stop` last (every rank). `stop.stopped_early` says whether and why they ended the run."""
 
-    callbacks: list[tf.keras.callbacks.Callback] = field(default_factory=list)
+    callbacks: list[keras.callbacks.Callback] = field(default_factory=list)
     stop: AgreedStop | None = None
 
 
@@ -52,7 +51,7 @@ def build_user_callbacks(specs: tuple[CallbackConfig, ...], control: RunControl)
     if not specs:
         return UserCallbacks()
     stop = AgreedStop([_name(s) for s in specs], control)
-    kept: list[tf.keras.callbacks.Callback] = []
+    kept: list[keras.callbacks.Callback] = []
     for i, spec in enumerate(specs):
         callback = construct(spec, i)
         if isinstance(callback, ReduceLROnPlateau) and spec.ranks == "chief":
@@ -65,7 +64,7 @@ def build_user_callbacks(specs: tuple[CallbackConfig, ...], control: RunControl)
     return UserCallbacks([*kept, stop], stop)
 
 
-def construct(spec: CallbackConfig, i: int) -> tf.keras.callbacks.Callback:
+def construct(spec: CallbackConfig, i: int) -> keras.callbacks.Callback:
     """The Keras callback `callbacks[i]` names, built with its args."""
     cls = _resolve(spec.cls, i)
     try:
@@ -78,7 +77,7 @@ def construct(spec: CallbackConfig, i: int) -> tf.keras.callbacks.Callback:
         ) from None
 
 
-def runs_here(spec: CallbackConfig, callback: tf.keras.callbacks.Callback) -> bool:
+def runs_here(spec: CallbackConfig, callback: keras.callbacks.Callback) -> bool:
     """`ranks`, else rank 0 only for the Keras callbacks that write files, else every rank."""
     ranks = spec.ranks or ("chief" if isinstance(callback, _WRITERS) else "all")
     return ranks == "all" or distributed.is_chief()
@@ -89,25 +88,25 @@ def _resolve(spec: str, i: int) -> type:
     module_name, _, name = spec.rpartition(":")
     if module_name:
         module = import_user_module(module_name, where)
-    else:  # the shorthand: a bare name from tf.keras.callbacks
-        module, module_name = tf.keras.callbacks, "tf.keras.callbacks"
+    else:  # the shorthand: a bare name from keras.callbacks
+        module, module_name = keras.callbacks, "tf.keras.callbacks"
     cls = getattr(module, name, None)
-    if not (inspect.isclass(cls) and issubclass(cls, tf.keras.callbacks.Callback)):
+    if not (inspect.isclass(cls) and issubclass(cls, keras.callbacks.Callback)):
         found = "has no" if cls is None else "has no Keras callback class"
         raise ConfigError(
             f"{where}: {module_name} {found} {name!r}; name a subclass of "
             "tf.keras.callbacks.Callback as 'module:Name' (or a tf.keras.callbacks name)"
         )
-    if cls is tf.keras.callbacks.ReduceLROnPlateau:
+    if cls is keras.callbacks.ReduceLROnPlateau:
         return ReduceLROnPlateau  # ours: scales the schedule instead of setting optimizer.lr
-    if issubclass(cls, tf.keras.callbacks.ReduceLROnPlateau):
+    if issubclass(cls, keras.callbacks.ReduceLROnPlateau):
         raise ConfigError(
             f"{where}: {cls.__name__} is a subclass of Keras' ReduceLROnPlateau, which sets "
             "optimizer.lr, and our rate is a schedule; use ReduceLROnPlateau itself (hvd_train "
             "runs its own version, which scales the schedule)"
         )
     for refused, why in REFUSED_CALLBACKS.items():
-        if issubclass(cls, getattr(tf.keras.callbacks, refused)):
+        if issubclass(cls, getattr(keras.callbacks, refused)):
             raise ConfigError(f"{where}: {cls.__name__} is a {refused}: {why}")
     return cls
 
@@ -116,7 +115,7 @@ def _name(spec: CallbackConfig) -> str:
     return spec.cls.rpartition(":")[2]
 
 
-class _Watch(tf.keras.callbacks.Callback):
+class _Watch(keras.callbacks.Callback):
     """Right after user callback `index`: notes that it asked to stop. A stop asked within an
     epoch is held until the epoch's end (see AgreedStop)."""
 
@@ -136,7 +135,7 @@ class _Watch(tf.keras.callbacks.Callback):
             self.stop.asked.add(self.index)  # (or an earlier callback did: the lowest wins)
 
 
-class AgreedStop(tf.keras.callbacks.Callback):
+class AgreedStop(keras.callbacks.Callback):
     """Makes the users' stop requests one decision of all workers, at each epoch's end.
 
     Within an epoch, a user's stop is held (`model.stop_training` put back to False): Keras
@@ -175,7 +174,7 @@ class AgreedStop(tf.keras.callbacks.Callback):
             distributed.log(f"{by} stopped the run after epoch {epoch + 1}")
 
 
-class ReduceLROnPlateau(tf.keras.callbacks.ReduceLROnPlateau):
+class ReduceLROnPlateau(keras.callbacks.ReduceLROnPlateau):
     """Keras' ReduceLROnPlateau for a rate that is a schedule: what `ReduceLROnPlateau` in
     `callbacks:` runs, with Keras' arguments and decisions.
 

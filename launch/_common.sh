@@ -3,11 +3,16 @@
 # built here: `hvd-train launch --print-command` builds it from the config, as for every launcher.
 
 HVD_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-# The project's virtualenv by default, so the scripts work from any folder.
-PY=${HVD_TRAIN_PYTHON:-$HVD_ROOT/.venv/bin/python}
+die() { printf '%s: error: %s\n' "$PROG" "$*" >&2; exit 2; }
+
+# The project's virtualenv for the stack HVD_TRAIN_TF names (.venv by default), so the scripts
+# work from any folder.
+# shellcheck source=scripts/stack.sh
+. "$HVD_ROOT/scripts/stack.sh"
+if [ -z "${HVD_TRAIN_PYTHON:-}" ]; then stack_select || exit 2; fi
+PY=${HVD_TRAIN_PYTHON:-$HVD_ROOT/${STACK_VENV:-}/bin/python}
 export TF_CPP_MIN_LOG_LEVEL=${TF_CPP_MIN_LOG_LEVEL:-2}
 
-die() { printf '%s: error: %s\n' "$PROG" "$*" >&2; exit 2; }
 say() { printf '[%s] %s\n' "$PROG" "$*"; }
 
 check_python() {

@@ -1,16 +1,20 @@
 #!/usr/bin/env bash
-# Installs everything hvd_train needs into ./.venv, idempotently: a second run
-# installs nothing. The one install path: `make demo`, `make test`, CI and the
-# Dockerfile all call this script.
+# Installs everything hvd_train needs into the stack's virtualenv (./.venv for the default
+# TensorFlow 2.15), idempotently: a second run installs nothing. The one install path:
+# `make demo`, `make test`, CI and the Dockerfile all call this script.
 #
 #   scripts/install.sh            # CPU build unless an NVIDIA GPU is present
 #   HVD_TRAIN_DEVICE=gpu scripts/install.sh   # force the CUDA build (Docker GPU image)
+#   HVD_TRAIN_TF=2.18 scripts/install.sh      # TensorFlow 2.18.1 + tf_keras in .venv-tf2.18
+#                                             # (2.15, 2.18, 2.19: scripts/stack.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-VENV=${VENV:-.venv}
+# shellcheck source=scripts/stack.sh
+. scripts/stack.sh
+stack_select || exit 1
+VENV=${VENV:-$STACK_VENV}
 PY=${PYTHON:-python3}
-TF_VERSION=2.15.1
 HOROVOD_VERSION=0.28.1
 
 export TF_CPP_MIN_LOG_LEVEL=${TF_CPP_MIN_LOG_LEVEL:-2}
@@ -35,6 +39,18 @@ if [ -z "$device" ]; then
   if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then device=gpu; else device=cpu; fi
 fi
 case "$device" in cpu|gpu) ;; *) die "HVD_TRAIN_DEVICE must be cpu or gpu, got '$device'";; esac
+
+# --- the stack's own virtualenv, on a Python its TensorFlow has wheels for ---
+stamp="$VENV/.hvd_train-stack"
+if [ -x "$VENV/bin/python" ] && [ "$(cat "$stamp" 2>/dev/null || echo 2.15)" != "$TF_STACK" ]; then
+  die "$VENV holds the TensorFlow $(cat "$stamp" 2>/dev/null || echo 2.15) stack, not HVD_TRAIN_TF=$TF_STACK's: unset VENV, or remove $VENV"
+fi
+minor='import sys; print("%d.%d" % sys.version_info[:2])'
+py_minor=$("$VENV/bin/python" -c "$minor" 2>/dev/null || "$PY" -c "$minor" 2>/dev/null) \
+  || die "no Python at '$PY': set PYTHON to a Python ${STACK_PYTHONS// /, }"
+case " $STACK_PYTHONS " in *" $py_minor "*) ;; *)
+  die "Python $py_minor: TensorFlow $TF_VERSION has wheels for Python ${STACK_PYTHONS// /, } only; set PYTHON=python3.11 (or another of those)";;
+esac
 
 # --- system packages: Open MPI (mpirun, headers for Horovod and mpi4py) ---
 if ! command -v mpirun >/dev/null 2>&1 || ! command -v mpicxx >/dev/null 2>&1; then
@@ -66,6 +82,7 @@ if [ ! -x "$VENV/bin/python" ]; then
   say "creating $VENV"; changed=1
   quietly "$PY" -m venv "$VENV"
   quietly "$VENV/bin/python" -m pip install -q --upgrade "pip==24.3.1" "setuptools==75.6.0" wheel
+  echo "$TF_STACK" > "$stamp"
 fi
 pip() { quietly "$VENV/bin/python" -m pip "$@"; }
 have() { "$VENV/bin/python" - "$@" <<'PYEOF' 2>/dev/null
@@ -85,11 +102,25 @@ if ! have "$tf_pkg==$TF_VERSION"; then
   say "installing $tf_req"; changed=1
   pip install -q "$tf_req"
 fi
+# TensorFlow 2.16+ brings Keras 3; Horovod's Keras API needs Keras 2: tf_keras. --no-deps: it
+# requires the `tensorflow` package, which would install a second copy beside tensorflow-cpu.
+keras_what="keras $("$VENV/bin/python" -c 'from importlib.metadata import version; print(version("keras"))' 2>/dev/null || echo '?')"
+if [ -n "$KERAS_REQ" ]; then
+  keras_what="${KERAS_REQ/==/ }"
+  if ! have "$KERAS_REQ"; then
+    say "installing $KERAS_REQ"; changed=1
+    pip install -q --no-deps "$KERAS_REQ"
+  fi
+fi
 
 # --- Horovod, compiled against that TensorFlow ---
-# --no-build-isolation: the build must see the installed TensorFlow.
+# --no-build-isolation: the build must see the installed TensorFlow. --no-cache-dir: pip would
+# otherwise reuse a Horovod wheel it built earlier against another stack's TensorFlow (its cache
+# key is the source, not the TensorFlow); Horovod records what it was built against.
 # cmake<4: CMake 4 rejects the Gloo that Horovod 0.28.1 bundles.
-if ! have "horovod==$HOROVOD_VERSION" || ! "$VENV/bin/python" -c "import horovod.tensorflow as h; assert h.gloo_built()" 2>/dev/null; then
+built_against() { "$VENV/bin/python" -c 'import horovod, json, os; print(json.load(open(os.path.join(os.path.dirname(horovod.__file__), "metadata.json")))["tensorflow"])' 2>/dev/null; }
+if ! have "horovod==$HOROVOD_VERSION" || [ "$(built_against)" != "$TF_VERSION" ] \
+   || ! "$VENV/bin/python" -c "import horovod.tensorflow as h; assert h.gloo_built()" 2>/dev/null; then
   say "building horovod $HOROVOD_VERSION against TensorFlow $TF_VERSION (2-3 minutes on 2 cores)"; changed=1
   pip install -q "cmake>=3.13,<4"
   export HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITH_MPI=1 \
@@ -104,7 +135,8 @@ if ! have "horovod==$HOROVOD_VERSION" || ! "$VENV/bin/python" -c "import horovod
       export HOROVOD_NCCL_HOME="$nccl"
     fi
   fi
-  PATH="$PWD/$VENV/bin:$PATH" pip install -q --no-build-isolation "horovod==$HOROVOD_VERSION"
+  ! have "horovod==$HOROVOD_VERSION" || pip uninstall -q -y horovod  # a build for another TensorFlow
+  PATH="$PWD/$VENV/bin:$PATH" pip install -q --no-cache-dir --no-build-isolation "horovod==$HOROVOD_VERSION"
 fi
 
 # --- this package and the rest of its pinned dependencies ---
@@ -113,14 +145,16 @@ deps_stamp="$VENV/.hvd_train-deps.sha256"
 deps_sha=$(sha256sum pyproject.toml | cut -d' ' -f1)
 if [ "$(cat "$deps_stamp" 2>/dev/null)" != "$deps_sha" ]; then
   say "installing hvd_train and its dependencies"; changed=1
-  pip install -q -e ".[$device,dev]"
+  pip install -q -e ".[dev]"  # TensorFlow is not a dependency: the stack's, installed above, stays
   echo "$deps_sha" > "$deps_stamp"
 fi
 
 # --- the check the whole install stands on ---
 check="$VENV/horovod-check-build.txt"
 if [ "$changed" = 1 ] || [ ! -s "$check" ]; then
-  "$VENV/bin/horovodrun" --check-build > "$check.new"
+  # Keras 2 as tf_keras where the stack has it (2.18, 2.19); TensorFlow 2.15 honours the variable
+  # too, and without tf_keras installed its tf.keras would then not import.
+  env ${KERAS_REQ:+TF_USE_LEGACY_KERAS=1} "$VENV/bin/horovodrun" --check-build > "$check.new"
   mv "$check.new" "$check"
 fi
 if ! grep -q '\[X\] TensorFlow' "$check"; then
@@ -130,4 +164,4 @@ if ! grep -q '\[X\] TensorFlow' "$check"; then
 fi
 ops=$(sed -n '/Tensor Operations/,$p' "$check" | grep -o '\[X\] [A-Za-z]*' | cut -c5- | tr '\n' ' ' | sed 's/ $//')
 [ "$changed" = 1 ] && what="installed" || what="nothing to install"
-say "$what: horovod $HOROVOD_VERSION with TensorFlow $TF_VERSION ($device); tensor operations: $ops"
+say "$what: horovod $HOROVOD_VERSION with TensorFlow $TF_VERSION and $keras_what ($device) in $VENV; tensor operations: $ops"

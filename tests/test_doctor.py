@@ -11,7 +11,10 @@ import pathlib
 import pytest
 from harness import PYTHON, ROOT, run
 
+from hvd_train import keras_stack
 from hvd_train.doctor import diagnose, version_tuple
+
+pytestmark = pytest.mark.stack  # the doctor is the first check of a new stack
 
 
 def doctor(*args: str, cwd: pathlib.Path, pythonpath: str = "") -> tuple[int, str, str]:
@@ -53,7 +56,7 @@ def test_doctor_prints_a_report_and_exits_0(tmp_path, here) -> None:
     code, out, _ = doctor(cwd=tmp_path)
     assert code == 0
     tf_version = here["facts"]["tensorflow"]["version"]
-    assert f"tensorflow   {tf_version} (keras 2." in out
+    assert f"tensorflow   {tf_version} ({keras_stack.describe()}, built with CUDA: no)" in out
     assert f"built against TensorFlow {tf_version}" in out
     assert "controllers  gloo, mpi" in out
     assert out.rstrip().endswith("ready to train")
@@ -104,31 +107,57 @@ def test_this_machines_facts_have_no_problem(facts) -> None:
     assert errors(facts) == [] and warnings_(facts) == []
 
 
+def on_tensorflow(facts: dict, version: str, keras: str | None) -> dict:
+    facts["tensorflow"].update(version=version, keras=keras)
+    facts["horovod"]["built_against"]["tensorflow"] = version
+    return facts
+
+
 def test_keras_3_is_an_error(facts) -> None:
-    facts["tensorflow"].update(version="2.16.1", keras="keras 3.3.3")
-    assert [m for m in errors(facts) if m.startswith("Keras 3 is active (TensorFlow 2.16.1, keras 3.3.3)")]  # fmt: skip
+    on_tensorflow(facts, "2.18.1", "keras 3.13.1")
+    assert errors(facts) == [
+        "Keras 3 is active (TensorFlow 2.18.1, keras 3.13.1): horovod.tensorflow.keras needs "
+        "Keras 2; install tf_keras 2.18 (HVD_TRAIN_TF=2.18 scripts/install.sh)"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("tf_version", "keras"),
+    [("2.15.1", "keras 2.15.0"), ("2.18.1", "tf_keras 2.18.0"), ("2.19.1", "tf_keras 2.19.0"),
+     ("2.19.0", "tf_keras 2.19.0")],
+)  # fmt: skip
+def test_supported_stacks_have_no_problem(facts, tf_version, keras) -> None:
+    on_tensorflow(facts, tf_version, keras)
+    assert errors(facts) == [] and warnings_(facts) == []
 
 
 def test_tf_216_with_legacy_keras_is_only_untested(facts) -> None:
-    facts["tensorflow"].update(version="2.16.1", keras="tf_keras 2.16.0")
-    facts["env"]["TF_USE_LEGACY_KERAS"] = "1"
-    facts["horovod"]["built_against"]["tensorflow"] = "2.16.1"
+    on_tensorflow(facts, "2.16.1", "tf_keras 2.16.0")
     assert errors(facts) == []
-    assert warnings_(facts) == ["TensorFlow 2.16.1: hvd_train is tested with 2.15.1"]
+    assert warnings_(facts) == ["TensorFlow 2.16.1: hvd_train is tested with 2.15.1, 2.18.1 or 2.19.x"]  # fmt: skip
 
 
-def test_tf_216_whose_keras_cannot_be_read_counts_as_keras_3(facts) -> None:
-    facts["tensorflow"].update(version="2.16.1", keras=None)
-    facts["horovod"]["built_against"]["tensorflow"] = "2.16.1"
-    assert len(errors(facts)) == 1 and errors(facts)[0].startswith("Keras 3 is active")
+def test_tf_keras_of_another_minor_version_is_a_warning(facts) -> None:
+    on_tensorflow(facts, "2.18.1", "tf_keras 2.17.0")
+    assert errors(facts) == []
+    assert warnings_(facts) == ["tf_keras 2.17.0 with TensorFlow 2.18.1: tf_keras should match TensorFlow's minor version"]  # fmt: skip
+
+
+def test_tf_216_without_tf_keras_is_keras_3_only(facts) -> None:
+    # hvd_train sets TF_USE_LEGACY_KERAS=1: without tf_keras, tf.keras does not import at all.
+    on_tensorflow(facts, "2.19.1", None)
+    assert errors(facts) == [
+        "Keras 3 is active (TensorFlow 2.19.1, no tf_keras installed): horovod.tensorflow.keras "
+        "needs Keras 2; install tf_keras 2.19 (HVD_TRAIN_TF=2.19 scripts/install.sh)"
+    ]
 
 
 def test_tf_220_or_newer_is_an_error(facts) -> None:
-    facts["tensorflow"].update(version="2.20.0", keras="tf_keras 2.20.0")
-    facts["horovod"]["built_against"]["tensorflow"] = "2.20.0"
+    on_tensorflow(facts, "2.20.0", "tf_keras 2.20.0")
     assert errors(facts) == [
-        "TensorFlow 2.20.0 is not supported: Horovod 0.28.1, its last release, predates it; "
-        "install tensorflow 2.15.1 (scripts/install.sh)"
+        "TensorFlow 2.20.0 is not supported: Horovod 0.28.1, its last release, does not compile "
+        "against TensorFlow 2.20+; install 2.15.1, 2.18.1 or 2.19.x (HVD_TRAIN_TF=2.18 "
+        "scripts/install.sh)"
     ]
 
 

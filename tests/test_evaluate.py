@@ -56,6 +56,7 @@ def evaluations(trained) -> dict[int, dict]:
     return {n: evaluate(n, trained, *outs.get(n, [])) for n in (1, 2, 3)}
 
 
+@pytest.mark.stack
 def test_metrics_are_identical_at_1_2_and_3_workers(evaluations) -> None:
     one = evaluations[1]
     assert one["examples"] == DIGITS_VAL
@@ -68,6 +69,7 @@ def test_metrics_are_identical_at_1_2_and_3_workers(evaluations) -> None:
         assert (got["loss"], got["accuracy"]) == (one["loss"], one["accuracy"]), (n, got, one)
 
 
+@pytest.mark.stack
 def test_metrics_match_the_runs_final_validation(trained, evaluations) -> None:
     final = json.loads((trained / "summary.json").read_text())["final_metrics"]
     with open(trained / "metrics.csv") as f:
@@ -82,6 +84,7 @@ def test_metrics_match_the_runs_final_validation(trained, evaluations) -> None:
     assert got["loss"] == pytest.approx(final["val_loss"], rel=1e-6)
 
 
+@pytest.mark.stack
 def test_a_checkpoint_evaluates_like_model_keras(trained, evaluations) -> None:
     [ckpt] = (trained / "checkpoints").glob("ckpt-*")  # the last epoch's: model.keras's weights
     got = evaluate(1, trained, "--model", str(ckpt), "--out", str(trained.parent / "ckpt.json"))
@@ -148,6 +151,7 @@ def read_rows(path: pathlib.Path) -> list[list[str]]:
         return list(csv.reader(f))
 
 
+@pytest.mark.stack
 def test_predict_writes_each_image_once_the_same_at_1_2_and_3_workers(
     trained, predict_folder
 ) -> None:

@@ -70,6 +70,7 @@ def checkpoints(run_dir: pathlib.Path) -> list[pathlib.Path]:
     return sorted((run_dir / "checkpoints").glob("ckpt-*"))
 
 
+@pytest.mark.stack
 def test_resume_from_mid_epoch_checkpoint_repeats_the_uninterrupted_run(tmp_path) -> None:
     """Run A trains 4 epochs with a checkpoint every 5 steps. Run B starts from A's checkpoint
     in the middle of epoch 2 and must end with A's final metrics. Tolerance 1e-5 relative:
@@ -96,6 +97,7 @@ def test_resume_from_mid_epoch_checkpoint_repeats_the_uninterrupted_run(tmp_path
     assert not list((a / "checkpoints").glob(".tmp*"))
 
 
+@pytest.mark.stack
 def test_sigterm_and_sigint_stop_at_a_step_checkpoint_and_resume_completes(tmp_path) -> None:
     """Preemption (SIGTERM to every worker), then Ctrl-C (SIGINT to horovodrun, which passes
     SIGTERM on), then the same command runs to the end."""
@@ -153,6 +155,7 @@ def test_sigterm_and_sigint_stop_at_a_step_checkpoint_and_resume_completes(tmp_p
     assert read_state(kept[-1])["epoch"] == 6
 
 
+@pytest.mark.stack
 def test_killed_worker_ends_the_job_within_60_s_naming_the_rank(tmp_path) -> None:
     d = tmp_path / "run"
     proc = start(["horovodrun", "-np", "2", "-H", "localhost:2", "--gloo",
@@ -182,6 +185,7 @@ def test_exception_in_one_rank_ends_the_job_and_the_launcher_names_it(tmp_path) 
     assert s["status"] == "failed" and s["failed_rank"] == 1, s
 
 
+@pytest.mark.stack
 def test_nan_loss_stops_every_worker_with_exit_1_and_keeps_the_last_checkpoint(tmp_path) -> None:
     """NaN planted in rank 1's forward pass at step 30 (epoch 2 of 22-step epochs)."""
     d = tmp_path / "run"
@@ -293,6 +297,7 @@ def _sets(*overrides: str) -> list[str]:
     return [x for o in overrides for x in ("--set", o)]
 
 
+@pytest.mark.stack
 @pytest.mark.timeout(1200)  # a wait and a job, each bounded on its own below
 @pytest.mark.parametrize("rank", [0, 1])
 def test_elastic_goes_on_with_one_worker_after_one_is_killed(tmp_path, rank) -> None:

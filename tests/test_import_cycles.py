@@ -7,6 +7,9 @@ from __future__ import annotations
 import ast
 import pathlib
 
+import pytest
+
+pytestmark = pytest.mark.stack
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "hvd_train"
 
 

@@ -26,7 +26,11 @@ import hvd_train
 
 SINGLE = ROOT / "launch" / "single_node.sh"
 MULTI = ROOT / "launch" / "multi_node.sh"
-VENV_PY = ROOT / ".venv" / "bin" / "python"
+# The virtualenv the scripts default to: the one for the stack HVD_TRAIN_TF names (scripts/stack.sh).
+STACK_VENV = subprocess.check_output(
+    ["bash", str(ROOT / "scripts" / "stack.sh"), "venv"], text=True
+)
+VENV_PY = ROOT / STACK_VENV.strip() / "bin" / "python"
 # The quickstart cut to one epoch of 4 steps: what every real job here trains. The launch is
 # under test, not the training (tests/test_multiworker.py covers that).
 SETS = ["train.epochs=1", "train.steps_per_epoch=4", "train.verbose=false",

@@ -90,6 +90,7 @@ def test_each_builtin_model_trains_a_step_at_2_workers(request, name: str) -> No
     assert (root / name / "model.keras").is_file()
 
 
+@pytest.mark.stack
 @pytest.mark.multiworker
 def test_factory_example_trains_unchanged_at_2_workers(small) -> None:
     root, results = small

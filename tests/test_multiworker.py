@@ -12,7 +12,9 @@ import pytest
 import yaml
 from harness import BIN, PYTHON, QUICKSTART, ROOT, WORKERS, check, horovodrun, run
 
+from hvd_train import keras_stack
 from hvd_train.config import load_config
+from hvd_train.data import load_source
 
 pytestmark = pytest.mark.multiworker
 
@@ -35,6 +37,7 @@ def quickstart(tmp_path_factory) -> tuple[pathlib.Path, str]:
     return root, proc.stdout
 
 
+@pytest.mark.stack
 def test_all_ranks_end_with_identical_weights(quickstart) -> None:
     _, out = quickstart
     lines = re.findall(r"rank (\d): weights identical on 2 ranks: ([0-9a-f]+)", out)
@@ -42,6 +45,7 @@ def test_all_ranks_end_with_identical_weights(quickstart) -> None:
     assert len({d for _, d in lines}) == 1
 
 
+@pytest.mark.stack
 def test_only_rank_zero_wrote_files(quickstart) -> None:
     root, _ = quickstart
     written = {p.name for p in (root / "rank0" / "out").iterdir()}
@@ -52,6 +56,7 @@ def test_only_rank_zero_wrote_files(quickstart) -> None:
     assert rank1 == ["out", "out/logs", "out/logs/rank-1.log"], f"rank 1 wrote {rank1}"
 
 
+@pytest.mark.stack
 def test_loss_goes_down(quickstart) -> None:
     rows = read_metrics(quickstart[0] / "rank0" / "out")
     assert len(rows) == load_config(QUICKSTART).train.epochs
@@ -59,6 +64,7 @@ def test_loss_goes_down(quickstart) -> None:
     assert rows[-1]["val_loss"] < rows[0]["val_loss"], rows
 
 
+@pytest.mark.stack
 def test_summary_is_complete_and_consistent(quickstart) -> None:
     run_dir = quickstart[0] / "rank0" / "out"
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -71,7 +77,12 @@ def test_summary_is_complete_and_consistent(quickstart) -> None:
     assert summary["epochs_completed"] == cfg.train.epochs
     assert summary["train_examples_per_sec"] > 0
     assert summary["wall_time_s"] > 0
-    assert set(summary["versions"]) == {"python", "tensorflow", "horovod"}
+    assert set(summary["versions"]) == {"python", "tensorflow", "keras", "horovod"}
+    # Keras 2 of TensorFlow's own minor version: "keras 2.15.0" on 2.15, "tf_keras 2.18.0" on 2.18.
+    package, keras_version = summary["versions"]["keras"].split()
+    tf_minor = summary["versions"]["tensorflow"].split(".")[:2]
+    assert package == ("keras" if tf_minor == ["2", "15"] else "tf_keras"), summary["versions"]
+    assert keras_version.split(".")[:2] == tf_minor, summary["versions"]
     assert summary["versions"]["horovod"] == "0.28.1"
     final = summary["final_metrics"]
     assert final["val_accuracy"] >= README_VAL_ACCURACY, final
@@ -83,6 +94,7 @@ def test_summary_is_complete_and_consistent(quickstart) -> None:
     assert summary["train_examples_per_sec"] == pytest.approx(expected, rel=1e-3)
 
 
+@pytest.mark.stack
 def test_learning_rate_after_warmup_is_the_scaled_rate(quickstart) -> None:
     run_dir = quickstart[0] / "rank0" / "out"
     rows = read_metrics(run_dir)
@@ -101,23 +113,33 @@ def test_resolved_config_is_written(quickstart) -> None:
     assert load_config(written) == load_config(QUICKSTART, ["run.dir=out"])
 
 
+@pytest.mark.stack
 def test_saved_model_loads_without_horovod(quickstart) -> None:
-    """The exported model loads and predicts with Horovod made unimportable."""
+    """The exported model loads and predicts with Horovod made unimportable, in a process that
+    never imported hvd_train, with the Keras 2 a user has: tf.keras on TensorFlow 2.15, tf_keras
+    on 2.16+ (where tf.keras is Keras 3 unless TF_USE_LEGACY_KERAS=1)."""
     run_dir = quickstart[0] / "rank0" / "out"
     summary = json.loads((run_dir / "summary.json").read_text())
+    src = load_source(load_config(QUICKSTART))
+    np.save(run_dir.parent / "x_val.npy", src.x_val)
+    keras_2 = "import tf_keras as keras" if keras_stack.uses_tf_keras() else "from tensorflow import keras"  # fmt: skip
     script = f"""
 import sys
+from importlib.metadata import version
 sys.modules["horovod"] = None  # any import of horovod now fails
-import numpy as np, tensorflow as tf
-from hvd_train.config import load_config
-from hvd_train.data import load_source
-src = load_source(load_config({str(QUICKSTART)!r}))
-model = tf.keras.models.load_model({str(run_dir / "model.keras")!r})
-acc = float(np.mean(np.argmax(model.predict(src.x_val, verbose=0), -1) == src.y_val))
-print("accuracy", acc)
+import numpy as np
+{keras_2}
+model = keras.models.load_model({str(run_dir / "model.keras")!r})
+package = type(model).__module__.split(".")[0]
+print("loaded by", package, version(package))
+np.save("predicted.npy", np.argmax(model.predict(np.load("x_val.npy"), verbose=0), -1))
 """
-    out = check(run([PYTHON, "-c", script], cwd=run_dir)).stdout
-    acc = float(re.search(r"accuracy ([0-9.]+)", out).group(1))
+    env = ["env", "-u", "TF_USE_LEGACY_KERAS", "-u", "PYTHONPATH"]
+    out = check(run([*env, PYTHON, "-c", script], cwd=run_dir.parent)).stdout
+    assert (
+        f"loaded by {summary['versions']['keras']}" in out
+    ), out  # "keras 2.15.0", "tf_keras 2.18.0"
+    acc = float(np.mean(np.load(run_dir.parent / "predicted.npy") == src.y_val))
     assert acc == pytest.approx(summary["final_metrics"]["val_accuracy"], abs=1e-6)
 
 
@@ -194,6 +216,7 @@ def trained_weights(run_dir: pathlib.Path) -> list[np.ndarray]:
     return tf.keras.models.load_model(run_dir / "model.keras").get_weights()
 
 
+@pytest.mark.stack
 def test_bad_input_exits_2_with_one_line(tmp_path: pathlib.Path) -> None:
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump({"data": {"source": "digits"}, "train": {"batch_size": 5000}}))
@@ -207,6 +230,7 @@ def test_bad_input_exits_2_with_one_line(tmp_path: pathlib.Path) -> None:
     ]
 
 
+@pytest.mark.stack
 def test_bad_config_exits_2_before_loading_tensorflow(tmp_path: pathlib.Path) -> None:
     bad = str(ROOT / "tests/invalid_configs/unknown_key.yaml")
     for command in ([PYTHON, "-m", "hvd_train"], [PYTHON, "-m", "hvd_train.config"],

@@ -1,0 +1,37 @@
+# shellcheck shell=bash disable=SC2034  # the variables are read by the sourcing script
+# The TensorFlow stack HVD_TRAIN_TF names, in one place: sourced by scripts/install.sh and
+# launch/_common.sh; `bash scripts/stack.sh venv` prints the stack's virtualenv (the Makefile).
+#
+#   HVD_TRAIN_TF=2.15 (default)  TensorFlow 2.15.1, its built-in Keras 2          .venv
+#   HVD_TRAIN_TF=2.18            TensorFlow 2.18.1, Keras 2 as tf_keras 2.18.0     .venv-tf2.18
+#   HVD_TRAIN_TF=2.19            TensorFlow 2.19.1, Keras 2 as tf_keras 2.19.0     .venv-tf2.19
+#
+# Each stack has its own virtualenv, so installing one never overwrites another. TensorFlow
+# 2.16+ makes Keras 3 the default; Horovod's Keras API needs Keras 2, which those releases ship
+# as the tf_keras package (hvd_train/keras_stack.py selects it).
+
+# stack_select: sets TF_STACK, TF_VERSION, KERAS_REQ (empty: built into TensorFlow), STACK_VENV
+# and STACK_PYTHONS (the Python minor versions the stack's TensorFlow has wheels for) from
+# HVD_TRAIN_TF; an unknown stack is one line on stderr and status 1.
+stack_select() {
+  TF_STACK=${HVD_TRAIN_TF:-2.15}
+  case "$TF_STACK" in
+    2.15) TF_VERSION=2.15.1 KERAS_REQ="" STACK_VENV=.venv STACK_PYTHONS="3.10 3.11" ;;
+    2.18) TF_VERSION=2.18.1 KERAS_REQ=tf_keras==2.18.0 STACK_VENV=.venv-tf2.18 STACK_PYTHONS="3.10 3.11 3.12" ;;
+    2.19) TF_VERSION=2.19.1 KERAS_REQ=tf_keras==2.19.0 STACK_VENV=.venv-tf2.19 STACK_PYTHONS="3.10 3.11 3.12" ;;
+    *)
+      local why="choose 2.15, 2.18 or 2.19"
+      case "$TF_STACK" in 2.2[0-9]*|2.[3-9]*|[3-9]*)
+        why="Horovod 0.28.1, its last release, does not compile against TensorFlow 2.20+; $why" ;;
+      esac
+      printf 'HVD_TRAIN_TF=%s is not supported: %s\n' "$TF_STACK" "$why" >&2
+      return 1 ;;
+  esac
+}
+
+if [ "${BASH_SOURCE[0]}" = "$0" ]; then
+  case "${1:-}" in
+    venv) stack_select && echo "$STACK_VENV" ;;
+    *) echo "usage: bash scripts/stack.sh venv" >&2; exit 2 ;;
+  esac
+fi
