@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/compare_peers.py            # 3 repeats, both workloads
     .venv/bin/python benchmarks/compare_peers.py --quick    # 1 repeat, few steps: a smoke run
 
-Same model (convnet7), data shape (32x32x3 synthetic, in memory), per-worker batch 64 and
+Same model (convnet), data shape (32x32x3 synthetic, in memory), per-worker batch 64 and
 TensorFlow threads per worker (1 intra-op thread, each worker bound to a core of its own) for:
 plain Keras `model.fit` in one process; hvd_train at 1 and 2 workers (horovodrun --gloo, and
 the recommended CPU settings: --mpi, with gradient accumulation for the heavy workload);
@@ -122,7 +122,7 @@ def main() -> int:
                 save(results, args.out)  # as it goes: a long run can be read while it runs
                 quiet = f", busy {100 * busy:.0f}% before" if busy is not None else ""
                 print(f"[{rep + 1}/{args.repeats}] {workload:5s} {name:26s} "
-                      f"{_rate(rows):8.1f} examples/s  (load {load:.1f}{quiet})", flush=True)  # fmt: skip
+                      f"{job_rate(rows):8.1f} examples/s  (load {load:.1f}{quiet})", flush=True)  # fmt: skip
     report = tables(results, args)
     with open(os.path.join(args.out, "report.md"), "w") as f:
         f.write(report)
@@ -268,7 +268,7 @@ def free_ports(n: int) -> list[int]:
 # --------------------------------------------------------------------------- reporting
 
 
-def _rate(rows: list[dict]) -> float:
+def job_rate(rows: list[dict]) -> float:
     """Examples/s of a job: rank 0's figure (it counts all workers), or the sum of
     independent processes' rates."""
     if len(rows) > 1 and all(r["world"] == 1 for r in rows):
@@ -304,7 +304,7 @@ def tables(results: list[dict], args: argparse.Namespace) -> str:
             ]
             if not reps:
                 continue
-            rates = [_rate(rows) for rows in reps]
+            rates = [job_rate(rows) for rows in reps]
             rate[(workload, name)] = rates
             last = reps[-1]
             rss = max(r["peak_rss_mb"] for rows in reps for r in rows)

@@ -1,6 +1,6 @@
 """One worker of a compare_peers.py measurement; prints `RESULT {json}` when done.
 
-Modes, all training the same convnet7 on in-memory synthetic 32x32x3 images, 10 classes:
+Modes, all training the same convnet on in-memory synthetic 32x32x3 images, 10 classes:
   keras             plain Keras model.fit in one process (no Horovod);
   hvd_train         this project's trainer (hvd_train.trainer.train), launched by horovodrun;
   horovod_example   a minimal Horovod Keras script shaped like Horovod's own examples;
@@ -25,7 +25,11 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import threadstat  # noqa: E402
 
-WORKLOADS = {"light": (256,), "heavy": (2816, 256)}  # convnet7 dense layers: ~1.1 M / ~12.4 M
+# Before TensorFlow: on TensorFlow 2.16+ this makes tf.keras Keras 2 (tf_keras), the Keras
+# Horovod's API needs; hvd_train.keras_stack then gives Horovod's Keras API bound to it.
+import hvd_train  # noqa: E402,F401
+
+WORKLOADS = {"light": (256,), "heavy": (2816, 256)}  # convnet dense layers: ~1.1 M / ~12.4 M
 
 
 def parse() -> argparse.Namespace:
@@ -123,9 +127,9 @@ def wait_for_peers() -> None:
 
 
 def build_model(tf, workload: str):
-    from hvd_train.models import convnet7
+    from hvd_train.models import convnet
 
-    return convnet7((32, 32, 3), 10, dense_units=WORKLOADS[workload])
+    return convnet((32, 32, 3), 10, dense_units=WORKLOADS[workload])
 
 
 def synthetic(np, batch: int):
@@ -153,7 +157,7 @@ def run_keras_like(args: argparse.Namespace) -> dict:
         world = strategy.num_replicas_in_sync
         rank = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
     if args.mode == "horovod_example":
-        import horovod.tensorflow.keras as hvd
+        from hvd_train.keras_stack import hvd
 
         before = threadstat.threads()
         hvd.init()  # Horovod: initialize (starts the background thread)
@@ -194,11 +198,11 @@ def run_keras_like(args: argparse.Namespace) -> dict:
 def run_hvd_train(args: argparse.Namespace) -> dict:
     """This project's trainer, as `python -m hvd_train` would run it, on the same workload."""
     before_tf = threadstat.threads()
-    import horovod.tensorflow.keras as hvd
     import tensorflow as tf
 
     import hvd_train.trainer as trainer
     from hvd_train.config import load_config
+    from hvd_train.keras_stack import hvd
 
     world = int(os.environ.get("HOROVOD_SIZE", os.environ.get("OMPI_COMM_WORLD_SIZE", "1")))
     run_dir = tempfile.mkdtemp(prefix="peer-hvd-train-")
