@@ -253,6 +253,20 @@ multinode() {
   lost_host
 }
 
+# record RUN: "STATUS: ERROR" from RUN's summary.json, once it no longer says `running` (rank 0's
+# keeper writes the end a moment after the job; 30 s at most).
+record() {
+  python3 - "$MN/results/$1/summary.json" <<'PYEOF'
+import json, sys, time
+for _ in range(300):
+    s = json.load(open(sys.argv[1]))
+    if s.get("status") != "running":
+        break
+    time.sleep(0.1)
+print(f"{s.get('status')}: {s.get('error') or s.get('failure') or 'no error'}"[:240])
+PYEOF
+}
+
 # lost_host: `docker kill` node2 mid-run; the job must end by itself within 60 s naming node2,
 # and the same command again (node2 back) must resume from the last checkpoint.
 lost_host() {
@@ -282,6 +296,11 @@ lost_host() {
   local named
   named=$(sed -n '/epoch 5\/40/I,$p' "$log" | grep -m1 'node2' | sed 's/^[[:space:]]*//' | cut -c1-200)
   figure "lost host: docker kill node2 after epoch 5/40: the job ended by itself in $took s (exit $rc), naming it: $named"
+  # The run record must not lie: no `running` (nor `completed`) for a job that lost a host.
+  local record
+  record=$(record lost) || die "after node2 was lost: $record"
+  case "$record" in failed*|interrupted*) ;; *) die "after node2 was lost, summary.json says: $record";; esac
+  figure "lost host: summary.json says: $record"
   # The same command again, node2 back.
   docker rm -f "hvd_train-test-node2-$$" >/dev/null
   worker node2 127.0.0.3 2223
@@ -290,7 +309,9 @@ lost_host() {
   resumed=$(grep -m1 'resuming from' "$MN/resume.log" | sed 's/^.*\(resuming from\)/\1/') ||
     die "the rerun did not resume (log: $MN/resume.log)"
   grep -qi 'epoch 40/40' "$MN/resume.log" || die "the rerun did not finish (log: $MN/resume.log)"
-  figure "lost host: the same command again: $resumed; finished epoch 40/40"
+  record=$(record lost) || die "after the rerun: $record"
+  case "$record" in completed*) ;; *) die "after the rerun, summary.json says: $record";; esac
+  figure "lost host: the same command again: $resumed; finished epoch 40/40; summary.json says: $record"
 }
 
 STEP=${1:-all}
