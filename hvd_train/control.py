@@ -30,9 +30,9 @@ DEFAULT_GRACE_S = 3.5  # horovodrun's SIGKILL follows its SIGTERM after 5 s
 _UNDER_MPI = "OMPI_COMM_WORLD_RANK" in os.environ
 MPIRUN_KILL_WINDOW_S = 3.0
 MPIRUN_KILLED = (
-    "mpirun ended the job (SIGCONT, then SIGTERM, then SIGKILL): another worker failed first, "
-    "or mpirun itself was stopped (stop MPI jobs through hvd-train launch or launch/*.sh, "
-    "which let the workers save a stop checkpoint)"
+    "mpirun ended the job (SIGCONT, then SIGTERM, then SIGKILL): another worker, or its host, "
+    "failed first (mpirun's output names it), or mpirun itself was stopped (to stop an MPI job "
+    "with a stop checkpoint, stop hvd-train launch or launch/*.sh instead)"
 )
 
 
