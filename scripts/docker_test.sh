@@ -306,7 +306,7 @@ lost_host() {
   worker node2 127.0.0.3 2223
   on_launcher "$MN/resume.log" "${cmd[@]}" || { tail -n 40 "$MN/resume.log" >&2; die "the rerun failed (log: $MN/resume.log)"; }
   local resumed
-  resumed=$(grep -m1 'resuming from' "$MN/resume.log" | sed 's/^.*\(resuming from\)/\1/') ||
+  resumed=$(grep -m1 'resuming from' "$MN/resume.log" | sed 's/^.*\(resuming from\)/\1/; s/\[[0-9]*,[0-9]*\]<std[a-z]*>://g') ||
     die "the rerun did not resume (log: $MN/resume.log)"
   grep -qi 'epoch 40/40' "$MN/resume.log" || die "the rerun did not finish (log: $MN/resume.log)"
   record=$(record lost) || die "after the rerun: $record"
