@@ -278,8 +278,12 @@ def test_preflight_names_the_host_whose_versions_differ(tmp_path, ssh_setup) -> 
     folder, key, port = ssh_setup
     # 127.0.0.2 is a host whose hvd_train is another release: its sshd, and so every session
     # it starts, sees a different hvd_train/__init__.py (bind-mounted in a mount namespace).
+    # Only the version differs: the rest of __init__.py (its choice of Keras on TensorFlow 2.16+)
+    # is what the other release would run too.
+    init = (ROOT / "hvd_train" / "__init__.py").read_text()
     other = tmp_path / "other_init.py"
-    other.write_text('__version__ = "0.0.9"\n')
+    other.write_text(re.sub(r'__version__ = "[^"]*"', '__version__ = "0.0.9"', init))
+    assert 'version__ = "0.0.9"' in other.read_text()
     bind = ("unshare", "--mount", "--propagation", "private", "sh", "-c",
             f'mount --bind {other} {ROOT}/hvd_train/__init__.py && exec "$@"', "sh")  # fmt: skip
     hostfile = tmp_path / "hosts"

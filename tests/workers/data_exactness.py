@@ -13,6 +13,9 @@ prints the metrics for the test to compare across worker counts.
 import json
 import sys
 
+import hvd_train  # noqa: F401  (before TensorFlow: on 2.16+ it makes tf.keras Keras 2)
+
+# isort: split
 import numpy as np
 import tensorflow as tf
 

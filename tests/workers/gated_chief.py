@@ -11,6 +11,9 @@ import os
 import sys
 import time
 
+import hvd_train  # noqa: F401  (before TensorFlow: on 2.16+ it makes tf.keras Keras 2)
+
+# isort: split
 import tensorflow as tf
 
 from hvd_train import distributed, trainer

@@ -8,6 +8,9 @@ import json
 import os
 import sys
 
+import hvd_train  # noqa: F401  (before TensorFlow: on 2.16+ it makes tf.keras Keras 2)
+
+# isort: split
 import numpy as np
 import tensorflow as tf
 

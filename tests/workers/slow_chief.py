@@ -22,6 +22,9 @@ import pathlib
 import sys
 import time
 
+import hvd_train  # noqa: F401  (before TensorFlow: on 2.16+ it makes tf.keras Keras 2)
+
+# isort: split
 import tensorflow as tf
 
 from hvd_train import callbacks, distributed, trainer
