@@ -56,21 +56,13 @@ def uses_tf_keras(tf_version: str | None = None) -> bool:
     return version_tuple(tf_version or installed_tensorflow()) >= _LEGACY_FROM
 
 
-_LEGACY_ON = ("1", "true", "True")  # the values TensorFlow reads as set
-_tensorflow_came_first = False  # TensorFlow was imported before select(), without the variable
-
-
 def select() -> None:
     """Makes tf.keras Keras 2 (TF_USE_LEGACY_KERAS=1 on TensorFlow 2.16+).
 
-    Must run before TensorFlow is imported: TensorFlow reads the variable at its import for the
-    module path `tensorflow.keras.*` (`tf.keras` itself reads it later, on first use, so the two
-    would disagree). Set unconditionally there, as Horovod's Keras API cannot work with Keras 3.
+    Must run before TensorFlow is imported: TensorFlow reads the variable once, at its import.
+    Set unconditionally there, as Horovod's Keras API cannot work with Keras 3.
     """
-    global _tensorflow_came_first
     if uses_tf_keras():
-        if "tensorflow" in sys.modules and os.environ.get("TF_USE_LEGACY_KERAS") not in _LEGACY_ON:
-            _tensorflow_came_first = True
         os.environ["TF_USE_LEGACY_KERAS"] = "1"
 
 
@@ -82,11 +74,11 @@ def _load_keras() -> Any:
     import tensorflow as tf
     import tf_keras
 
-    if _tensorflow_came_first or not issubclass(tf.keras.Model, tf_keras.Model):
+    if not issubclass(tf.keras.Model, tf_keras.Model):
         raise ImportError(
-            "TensorFlow was imported before hvd_train set TF_USE_LEGACY_KERAS=1, so tf.keras "
-            "(or tensorflow.keras.*) is Keras 3; import hvd_train first, or set "
-            "TF_USE_LEGACY_KERAS=1 in the environment"
+            "tf.keras is Keras 3: TensorFlow was imported before hvd_train set "
+            "TF_USE_LEGACY_KERAS=1; import hvd_train first, or set TF_USE_LEGACY_KERAS=1 in the "
+            "environment"
         )
     return tf_keras
 

@@ -50,26 +50,6 @@ def test_project_keras_and_tf_keras_are_the_same_keras_2(tmp_path) -> None:
 
 
 @newer_only
-def test_tensorflow_imported_before_hvd_train_is_one_clear_error(tmp_path) -> None:
-    # There `tensorflow.keras.*` is Keras 3 while tf.keras would still become tf_keras: a user's
-    # `from tensorflow.keras import layers` would build Keras 3 layers. Said at once, not later.
-    proc = fresh(["-c", "import tensorflow, hvd_train\nfrom hvd_train.keras_stack import keras"],
-                 tmp_path)  # fmt: skip
-    assert proc.returncode == 1
-    assert proc.stderr.strip().splitlines()[-1] == (
-        "ImportError: TensorFlow was imported before hvd_train set TF_USE_LEGACY_KERAS=1, so tf.keras "
-        "(or tensorflow.keras.*) is Keras 3; import hvd_train first, or set "
-        "TF_USE_LEGACY_KERAS=1 in the environment"
-    )
-    # With the variable set before TensorFlow, the order does not matter.
-    out = lines("import os; os.environ['TF_USE_LEGACY_KERAS'] = '1'\n"
-                "import importlib, tensorflow, hvd_train\nfrom hvd_train.keras_stack import keras\n"
-                "print(importlib.import_module('tensorflow.keras.callbacks').Callback is keras.callbacks.Callback)",
-                tmp_path)  # fmt: skip
-    assert out == ["True"]
-
-
-@newer_only
 def test_users_import_keras_still_means_keras_3(tmp_path) -> None:
     # Before and after Horovod's Keras API is imported: the binding of `keras` to tf_keras lasts
     # only while Horovod imports, and Horovod's own backend is tf_keras's.
