@@ -24,7 +24,7 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-from compare_peers import job_rate  # noqa: E402
+from compare_peers import job_rate, save  # noqa: E402
 
 DEFAULT_CONFIGS = "keras@1,keras@2-independent,hvd_train@1,hvd_train@2,hvd_train@2-mpi"
 
@@ -84,13 +84,6 @@ def run_once(python: str, config: str, workload: str, args: argparse.Namespace) 
                      f"{done.stderr[-3000:]}")  # fmt: skip
         with open(os.path.join(out, "results.json")) as f:
             return json.load(f)
-
-
-def save(rows: list[dict], out: str) -> None:
-    os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, "results.json.tmp"), "w") as f:
-        json.dump(rows, f, indent=1)
-    os.replace(os.path.join(out, "results.json.tmp"), os.path.join(out, "results.json"))
 
 
 def tables(rows: list[dict], stacks: list[str], args: argparse.Namespace) -> str:
