@@ -65,7 +65,7 @@ WORKDIR /opt/hvd_train
 # Numeric, so Kubernetes can verify runAsNonRoot; 1000 is mpiuser.
 USER 1000:1000
 COPY --chown=1000:1000 pyproject.toml ./
-COPY --chown=1000:1000 scripts/install.sh scripts/stack.sh scripts/
+COPY --chown=1000:1000 scripts/install.sh scripts/stack.sh scripts/patch_horovod.py scripts/
 # HOROVOD_CUDA_HOME only for the GPU build: set, Horovod's CMake requires nvcc there.
 # The package is installed editable, so an empty hvd_train/ and README.md (pyproject.toml names
 # it) suffice here: the real ones arrive with the project below, in the place the install

@@ -103,6 +103,8 @@ def main(argv: list[str], prog: str) -> int:
         held = rundir.read_lock(cfg.run.dir)  # the supervisor never takes the lock: rank 0 does
         env[logs.ATTEMPT] = str(attempt + 1)
         code, output = supervisor.run(cmd, env=env, tidy=Tidy)
+        if code == 0 and supervisor.stop_signal:
+            code = _stopped_code(summary_path, supervisor.stop_signal)
         if code == 0:
             _record(summary_path, history, attempt)
             _say(f"job completed after {attempt} restart(s)" if attempt else "job completed")
@@ -315,6 +317,14 @@ def _record(path: str, history: list[dict[str, Any]], restarts: int) -> None:
     if summary:
         summary["launch"] = {"restarts": max(restarts, 0), "failures": history}
         write_json(path, summary)
+
+
+def _stopped_code(summary_path: str, stop_signal: int) -> int:
+    """The exit code of a job that exited 0 after the launcher passed a stop on: 0 if the run
+    completed anyway, else 128 + the signal (a Horovod without scripts/patch_horovod.py may
+    report a stopped job as exit 0)."""
+    completed = _read(summary_path, wait_s=10).get("status") == "completed"
+    return 0 if completed else 128 + stop_signal
 
 
 def _read(path: str, wait_s: float = 0.0) -> dict[str, Any]:

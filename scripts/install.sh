@@ -138,6 +138,9 @@ if ! have "horovod==$HOROVOD_VERSION" || [ "$(built_against)" != "$TF_VERSION" ]
   ! have "horovod==$HOROVOD_VERSION" || pip uninstall -q -y horovod  # a build for another TensorFlow
   PATH="$PWD/$VENV/bin:$PATH" pip install -q --no-cache-dir --no-build-isolation "horovod==$HOROVOD_VERSION"
 fi
+# horovodrun, stopped, could report a stopped worker's exit code as 0 (see the script).
+patched=$("$VENV/bin/python" scripts/patch_horovod.py) || die "cannot patch Horovod's launcher (see above)"
+[ -z "$patched" ] || say "$patched"
 
 # --- this package and the rest of its pinned dependencies ---
 # Reinstalled whenever pyproject.toml (the pinned dependencies) changes.

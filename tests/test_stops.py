@@ -69,8 +69,8 @@ def wait_until(condition, proc, what: str, timeout: float = 240) -> None:
 def ended(run_dir: pathlib.Path, proc) -> dict:
     """Waits for the job, then for its record: rank 0's keeper writes the ending rank 0 could
     not, and frees run.dir, a moment after the job's last process has gone."""
-    # The record is the contract, not the launcher's exit code: horovodrun, given Ctrl-C,
-    # exits 0 or 1 depending on where the KeyboardInterrupt lands in it.
+    # The record is under test here; the launcher's exit code after a stop is asserted in
+    # test_faults.py and test_horovod_patch.py.
     result = finish(proc, JOB_END_LIMIT_S)
     deadline = time.monotonic() + JOB_END_LIMIT_S
     while summary(run_dir).get("status") == "running" or (run_dir / ".hvd_train.lock").exists():
