@@ -99,7 +99,18 @@ def _horovod_facts() -> dict[str, Any]:
         ],
     }
     out.update(_horovod_tensorflow_build())
+    out["keeps_stop_exit_code"] = _keeps_stop_exit_code()
     return out
+
+
+def _keeps_stop_exit_code() -> bool | None:
+    """Whether horovodrun keeps a stopped worker's exit code: Horovod 0.28.1 patched by
+    scripts/patch_horovod.py (None: its launcher does not import)."""
+    try:
+        from horovod.runner.common.util import safe_shell_exec
+    except Exception:  # noqa: BLE001
+        return None
+    return hasattr(safe_shell_exec, "_exited_unreaped")
 
 
 def _horovod_tensorflow_build() -> dict[str, Any]:
@@ -219,6 +230,8 @@ def _horovod_problems(facts: dict[str, Any]) -> list[Problem]:
         out.append(Problem("error", f"horovod.tensorflow does not load: {hv['tensorflow_extension_error']}; rebuild Horovod against the installed TensorFlow (scripts/install.sh)"))  # fmt: skip
     else:
         out += _controller_problems(hv.get("controllers", []), facts["mpirun"])
+    if hv.get("keeps_stop_exit_code") is False:
+        out.append(Problem("warning", "horovodrun may exit 0 after Ctrl-C or SIGTERM (Horovod 0.28.1 can lose a stopped worker's exit code; summary.json still says interrupted): python scripts/patch_horovod.py fixes it, as scripts/install.sh does"))  # fmt: skip
     if hv["version"] != TESTED_HOROVOD:
         out.append(Problem("warning", f"Horovod {hv['version']}: hvd_train is tested with {TESTED_HOROVOD}"))  # fmt: skip
     return out

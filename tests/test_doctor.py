@@ -48,6 +48,7 @@ def test_doctor_reports_this_machine_ready(here) -> None:
     assert facts["horovod"]["frameworks"] == ["tensorflow"]
     assert set(facts["horovod"]["controllers"]) == {"gloo", "mpi"}
     assert {"gloo", "mpi"} <= set(facts["horovod"]["tensor_ops"])
+    assert facts["horovod"]["keeps_stop_exit_code"] is True  # install.sh patched it
     assert facts["tensorflow"]["gpus"] == []  # no GPU on this machine
     assert facts["mpirun"]["version"].startswith("mpirun (Open MPI)")
 
@@ -200,6 +201,16 @@ def test_gpus_without_nccl_are_a_warning(facts) -> None:
     assert warnings_(facts)[0].startswith("TensorFlow sees GPUs but Horovod was built without NCCL")
     facts["horovod"]["tensor_ops"].append("nccl")
     assert warnings_(facts) == []
+
+
+def test_horovodrun_that_loses_a_stopped_workers_exit_code_is_a_warning(facts) -> None:
+    facts["horovod"]["keeps_stop_exit_code"] = False
+    assert errors(facts) == []
+    assert warnings_(facts) == [
+        "horovodrun may exit 0 after Ctrl-C or SIGTERM (Horovod 0.28.1 can lose a stopped "
+        "worker's exit code; summary.json still says interrupted): python "
+        "scripts/patch_horovod.py fixes it, as scripts/install.sh does"
+    ]
 
 
 def test_missing_tensorflow_or_horovod_is_an_error(facts) -> None:
