@@ -1,4 +1,4 @@
-# hvd_train image: Horovod 0.28.1 + TensorFlow 2.15.1 (or 2.18/2.19 with tf_keras: --build-arg
+# hvd_train image: Horovod 0.28.1 + TensorFlow 2.15.1 (or 2.18.1 with tf_keras: --build-arg
 # TF=2.18), installed by scripts/install.sh (the same script CI runs), with Open MPI and an sshd
 # the Kubeflow MPI Operator can use.
 #
@@ -18,7 +18,7 @@ FROM ${BASE_IMAGE}
 
 # gpu: CUDA TensorFlow and Horovod with NCCL GPU operations; cpu: the CPU wheels.
 ARG DEVICE=gpu
-# The TensorFlow stack (scripts/stack.sh): 2.15 (TensorFlow 2.15.1), 2.18 or 2.19 (with
+# The TensorFlow stack (scripts/stack.sh): 2.15 (TensorFlow 2.15.1) or 2.18 (2.18.1 with
 # tf_keras). Kept in the environment, so that install.sh, make and launch/*.sh in the container
 # all pick the image's one stack. The GPU stacks other than 2.15 want another CUDA base image.
 ARG TF=2.15

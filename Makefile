@@ -1,6 +1,6 @@
 # The two Quick-start commands: `make demo` and `make test`. Each first runs the idempotent
 # install (scripts/install.sh: Open MPI, TensorFlow, Horovod compiled against it, this package).
-# HVD_TRAIN_TF=2.18 (or 2.19) picks another TensorFlow stack and its own virtualenv
+# HVD_TRAIN_TF=2.18 picks another TensorFlow stack and its own virtualenv
 # (scripts/stack.sh): `HVD_TRAIN_TF=2.18 make demo`.
 export HVD_TRAIN_TF ?= 2.15
 # Empty for an unsupported HVD_TRAIN_TF: then the install says why, in one line.

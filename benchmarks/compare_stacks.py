@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/compare_stacks.py     # 2.15 (.venv) against 2.18 (.venv-tf2.18)
     .venv/bin/python benchmarks/compare_stacks.py --stack 2.15=.venv/bin/python \\
-        --stack 2.19=.venv-tf2.19/bin/python --workloads light --repeats 5
+        --stack 2.18=.venv-tf2.18/bin/python --workloads light --repeats 5
 
 Each stack is a virtualenv made by `HVD_TRAIN_TF=<stack> make install`. For every repeat,
 workload and configuration, each stack runs once in turn (`<its python> compare_peers.py

@@ -26,9 +26,9 @@ import hvd_train
 from hvd_train.horovodrun import count_gpus
 from hvd_train.keras_stack import version_tuple
 
-# The stacks scripts/install.sh installs (scripts/stack.sh, HVD_TRAIN_TF); 2.19: any 2.19.x.
-SUPPORTED_TENSORFLOW = ("2.15.1", "2.18.1", "2.19")
-SUPPORTED_TEXT = "2.15.1, 2.18.1 or 2.19.x"
+# The stacks scripts/install.sh installs (scripts/stack.sh, HVD_TRAIN_TF).
+SUPPORTED_TENSORFLOW = ("2.15.1", "2.18.1")
+SUPPORTED_TEXT = "2.15.1 or 2.18.1"
 TESTED_HOROVOD = "0.28.1"
 # Horovod's compiled extensions, one per framework (horovod/<framework>/<name>*.so).
 _FRAMEWORK_LIBS = {"tensorflow": "mpi_lib", "torch": "mpi_lib_v2", "mxnet": "mpi_lib"}
@@ -185,10 +185,10 @@ def diagnose(facts: dict[str, Any]) -> list[Problem]:
 
 
 def _python_problems(facts: dict[str, Any]) -> list[Problem]:
-    # TensorFlow's wheels: 2.15 for Python 3.9-3.11, 2.18 and 2.19 for 3.9-3.12.
+    # TensorFlow's wheels: 2.15 for Python 3.9-3.11, 2.18 for 3.9-3.12.
     newer = version_tuple(facts["tensorflow"].get("version")) >= (2, 16)
     if version_tuple(facts["python"])[:2] not in ((3, 10), (3, 11), *([(3, 12)] if newer else [])):
-        return [Problem("warning", f"Python {facts['python']}: hvd_train supports 3.10-3.11 with TensorFlow 2.15, 3.10-3.12 with 2.18 and 2.19")]  # fmt: skip
+        return [Problem("warning", f"Python {facts['python']}: hvd_train supports 3.10-3.11 with TensorFlow 2.15, 3.10-3.12 with 2.18")]  # fmt: skip
     return []
 
 
@@ -203,7 +203,12 @@ def _tensorflow_problems(facts: dict[str, Any]) -> list[Problem]:
     # or does not import at all when only Keras 3 is installed.
     if version_tuple(keras.rpartition(" ")[2])[:1] >= (3,) or (v >= (2, 16) and not keras):
         minor = ".".join(map(str, v[:2]))
-        return [Problem("error", f"Keras 3 is active (TensorFlow {tf['version']}, {keras or 'no tf_keras installed'}): horovod.tensorflow.keras needs Keras 2; install tf_keras {minor} (HVD_TRAIN_TF={minor} scripts/install.sh)")]  # fmt: skip
+        how = (
+            f"HVD_TRAIN_TF={minor} scripts/install.sh"
+            if minor == "2.18"
+            else "or HVD_TRAIN_TF=2.18 scripts/install.sh: TensorFlow 2.18.1 with tf_keras"
+        )
+        return [Problem("error", f"Keras 3 is active (TensorFlow {tf['version']}, {keras or 'no tf_keras installed'}): horovod.tensorflow.keras needs Keras 2; install tf_keras {minor} ({how})")]  # fmt: skip
     out = []
     if keras.startswith("tf_keras ") and version_tuple(keras[9:])[:2] != v[:2]:
         out.append(Problem("warning", f"{keras} with TensorFlow {tf['version']}: tf_keras should match TensorFlow's minor version"))  # fmt: skip

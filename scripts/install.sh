@@ -6,7 +6,7 @@
 #   scripts/install.sh            # CPU build unless an NVIDIA GPU is present
 #   HVD_TRAIN_DEVICE=gpu scripts/install.sh   # force the CUDA build (Docker GPU image)
 #   HVD_TRAIN_TF=2.18 scripts/install.sh      # TensorFlow 2.18.1 + tf_keras in .venv-tf2.18
-#                                             # (2.15, 2.18, 2.19: scripts/stack.sh)
+#                                             # (2.15, 2.18: scripts/stack.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -155,7 +155,7 @@ fi
 # --- the check the whole install stands on ---
 check="$VENV/horovod-check-build.txt"
 if [ "$changed" = 1 ] || [ ! -s "$check" ]; then
-  # Keras 2 as tf_keras where the stack has it (2.18, 2.19); TensorFlow 2.15 honours the variable
+  # Keras 2 as tf_keras where the stack has it (2.18); TensorFlow 2.15 honours the variable
   # too, and without tf_keras installed its tf.keras would then not import.
   env ${KERAS_REQ:+TF_USE_LEGACY_KERAS=1} "$VENV/bin/horovodrun" --check-build > "$check.new"
   mv "$check.new" "$check"

@@ -124,18 +124,23 @@ def test_keras_3_is_an_error(facts) -> None:
 
 @pytest.mark.parametrize(
     ("tf_version", "keras"),
-    [("2.15.1", "keras 2.15.0"), ("2.18.1", "tf_keras 2.18.0"), ("2.19.1", "tf_keras 2.19.0"),
-     ("2.19.0", "tf_keras 2.19.0")],
+    [("2.15.1", "keras 2.15.0"), ("2.18.1", "tf_keras 2.18.0")],
 )  # fmt: skip
 def test_supported_stacks_have_no_problem(facts, tf_version, keras) -> None:
     on_tensorflow(facts, tf_version, keras)
     assert errors(facts) == [] and warnings_(facts) == []
 
 
-def test_tf_216_with_legacy_keras_is_only_untested(facts) -> None:
-    on_tensorflow(facts, "2.16.1", "tf_keras 2.16.0")
+@pytest.mark.parametrize("tf_version", ["2.16.1", "2.19.1"])
+def test_tf_216_to_219_with_legacy_keras_is_only_untested(facts, tf_version) -> None:
+    # 2.19: Horovod 0.28.1 does not compile against it from pip (scripts/stack.sh); one that
+    # was built some other way and loads is only untested.
+    minor = tf_version.rpartition(".")[0]
+    on_tensorflow(facts, tf_version, f"tf_keras {minor}.0")
     assert errors(facts) == []
-    assert warnings_(facts) == ["TensorFlow 2.16.1: hvd_train is tested with 2.15.1, 2.18.1 or 2.19.x"]  # fmt: skip
+    assert warnings_(facts) == [
+        f"TensorFlow {tf_version}: hvd_train is tested with 2.15.1 or 2.18.1"
+    ]
 
 
 def test_tf_keras_of_another_minor_version_is_a_warning(facts) -> None:
@@ -149,7 +154,8 @@ def test_tf_216_without_tf_keras_is_keras_3_only(facts) -> None:
     on_tensorflow(facts, "2.19.1", None)
     assert errors(facts) == [
         "Keras 3 is active (TensorFlow 2.19.1, no tf_keras installed): horovod.tensorflow.keras "
-        "needs Keras 2; install tf_keras 2.19 (HVD_TRAIN_TF=2.19 scripts/install.sh)"
+        "needs Keras 2; install tf_keras 2.19 (or HVD_TRAIN_TF=2.18 scripts/install.sh: "
+        "TensorFlow 2.18.1 with tf_keras)"
     ]
 
 
@@ -157,7 +163,7 @@ def test_tf_220_or_newer_is_an_error(facts) -> None:
     on_tensorflow(facts, "2.20.0", "tf_keras 2.20.0")
     assert errors(facts) == [
         "TensorFlow 2.20.0 is not supported: Horovod 0.28.1, its last release, does not compile "
-        "against TensorFlow 2.20+; install 2.15.1, 2.18.1 or 2.19.x (HVD_TRAIN_TF=2.18 "
+        "against TensorFlow 2.20+; install 2.15.1 or 2.18.1 (HVD_TRAIN_TF=2.18 "
         "scripts/install.sh)"
     ]
 
