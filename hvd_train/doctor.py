@@ -29,6 +29,7 @@ from hvd_train.keras_stack import version_tuple
 # The stacks scripts/install.sh installs (scripts/stack.sh, HVD_TRAIN_TF).
 SUPPORTED_TENSORFLOW = ("2.15.1", "2.18.1")
 SUPPORTED_TEXT = "2.15.1 or 2.18.1"
+STACKS = tuple(v.rpartition(".")[0] for v in SUPPORTED_TENSORFLOW)  # the HVD_TRAIN_TF values
 TESTED_HOROVOD = "0.28.1"
 # Horovod's compiled extensions, one per framework (horovod/<framework>/<name>*.so).
 _FRAMEWORK_LIBS = {"tensorflow": "mpi_lib", "torch": "mpi_lib_v2", "mxnet": "mpi_lib"}
@@ -205,8 +206,9 @@ def _tensorflow_problems(facts: dict[str, Any]) -> list[Problem]:
         minor = ".".join(map(str, v[:2]))
         how = (
             f"HVD_TRAIN_TF={minor} scripts/install.sh"
-            if minor == "2.18"
-            else "or HVD_TRAIN_TF=2.18 scripts/install.sh: TensorFlow 2.18.1 with tf_keras"
+            if minor in STACKS
+            else f"or HVD_TRAIN_TF={STACKS[-1]} scripts/install.sh: TensorFlow "
+            f"{SUPPORTED_TENSORFLOW[-1]} with tf_keras"
         )
         return [Problem("error", f"Keras 3 is active (TensorFlow {tf['version']}, {keras or 'no tf_keras installed'}): horovod.tensorflow.keras needs Keras 2; install tf_keras {minor} ({how})")]  # fmt: skip
     out = []
