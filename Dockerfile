@@ -70,12 +70,13 @@ COPY --chown=1000:1000 scripts/install.sh scripts/stack.sh scripts/patch_horovod
 # The package is installed editable, so an empty hvd_train/ and README.md (pyproject.toml names
 # it) suffice here: the real ones arrive with the project below, in the place the install
 # points to. The stack's virtualenv (.venv-tf2.18 for TF=2.18) is also reachable as .venv, the
-# one name PATH holds.
+# one name PATH holds. pip's cache and the compiled Horovod wheel install.sh keeps for other
+# clones go: an image holds one install.
 RUN mkdir hvd_train && touch hvd_train/__init__.py README.md \
  && if [ "$DEVICE" = gpu ]; then export HOROVOD_CUDA_HOME="$CUDA_HOME"; fi \
  && HVD_TRAIN_DEVICE=${DEVICE} bash scripts/install.sh \
  && { [ -e .venv ] || ln -s "$(bash scripts/stack.sh venv)" .venv; } \
- && rm -rf /home/mpiuser/.cache/pip
+ && rm -rf /home/mpiuser/.cache/pip /home/mpiuser/.cache/hvd_train
 ENV PATH=/opt/hvd_train/.venv/bin:${PATH}
 
 # The rest of the project: configs, launch scripts, examples, tests.

@@ -9,7 +9,7 @@ PY     := $(VENV)/bin/python
 NP     ?= 2
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: install demo test test-stack lint format bench clean docker-test
+.PHONY: install demo test test-quick test-stack lint format bench clean docker-test
 
 install:
 	@bash scripts/install.sh
@@ -19,9 +19,16 @@ demo: install
 	@echo "Results: runs/quickstart (summary.json, metrics.csv, config.yaml, model.keras, tensorboard/, logs/)"
 
 # The multi-node launch tests start private ssh servers: the install adds openssh-server.
+# The end of the output: the 30 slowest tests, then the time, processes and jobs of each file.
 test: export HVD_TRAIN_WITH_SSHD = 1
 test: install
-	$(PY) -m pytest -q -ra tests
+	$(PY) -m pytest -q -ra --durations=30 tests
+
+# The edit loop's tier: every test that runs in the test process alone (one that starts Python
+# or a job is skipped when it would: tests/conftest.py). Not a substitute for `make test`.
+test-quick: export HVD_TRAIN_TEST_TIER = quick
+test-quick: install
+	$(PY) -m pytest -q tests
 
 # The short suite (tests marked `stack`: 2-worker training, resume, faults, evaluate, the Keras
 # choice, the doctor): what CI runs on the other stack, `HVD_TRAIN_TF=2.18 make test-stack`.

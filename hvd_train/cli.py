@@ -37,11 +37,14 @@ def _cmd_train(argv: list[str], prog: str) -> int:
     from hvd_train.config import load_config
 
     cfg = load_config(args.config, args.overrides)  # before TensorFlow loads: fast to fail
-    from hvd_train import logs
+    from hvd_train import logs, startup
+
+    startup.mark("config")
 
     logs.hold()  # a launcher's worker: its output waits for its log in run.dir (logs.py)
     from hvd_train.trainer import train
 
+    startup.mark("imports")  # TensorFlow, Horovod and the trainer
     train(cfg, config_path=args.config)
     return 0
 

@@ -32,7 +32,7 @@ import sys
 import time
 from typing import Any
 
-from hvd_train import horovodrun, logs, rundir
+from hvd_train import horovodrun, logs, rundir, startup
 from hvd_train.config import Config, add_config_arguments, load_config
 from hvd_train.errors import ANOTHER_FIRST, KNOCK_ON, NO_STATUS, UserError, error_class
 from hvd_train.horovodrun import on_loopback
@@ -102,6 +102,9 @@ def main(argv: list[str], prog: str) -> int:
         _say(f"attempt {attempt + 1} of {args.max_restarts + 1}: {_short(cmd)}")
         held = rundir.read_lock(cfg.run.dir)  # the supervisor never takes the lock: rank 0 does
         env[logs.ATTEMPT] = str(attempt + 1)
+        # The workers' start-up record counts from the user's command (the first attempt) or
+        # from this restart.
+        env[startup.LAUNCHED_AT] = str(startup.process_created() if not attempt else time.time())
         code, output = supervisor.run(cmd, env=env, tidy=Tidy)
         if code == 0 and supervisor.stop_signal:
             code = _stopped_code(summary_path, supervisor.stop_signal)

@@ -15,7 +15,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from hvd_train import distributed
+from hvd_train import distributed, startup
 from hvd_train.config import Config, Derived
 from hvd_train.keras_stack import keras
 
@@ -48,6 +48,7 @@ class StepTimer(keras.callbacks.Callback):
         now = time.perf_counter()
         self.steps[-1].append(now - self._last)
         self._last = now
+        startup.mark("first_step")  # the first only
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         steps = self.steps[-1]

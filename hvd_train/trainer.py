@@ -13,7 +13,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from hvd_train import distributed, logs, perf, rundir, tuning
+from hvd_train import distributed, logs, perf, rundir, startup, tuning
 from hvd_train.callbacks import Checkpointer, RunCallbacks, build_callbacks
 from hvd_train.checkpoint import (
     PREFIX,
@@ -63,13 +63,17 @@ def train(cfg: Config, config_path: str | None = None) -> tuple[keras.Model, dic
     """
     with _running() as run:
         device = _start_worker(cfg, run)
+        startup.mark("horovod_init")
         source = load_source(cfg)
+        startup.mark("data")
         plan = derive(cfg, distributed.size(), source.num_train)
         _open_run_dir(cfg, config_path, run, plan, device)
+        startup.mark("run_dir")
         try:
             _log_plan(cfg, plan, source, device)
             tuning.log_knobs(cfg, plan)
             model = build_compiled_model(cfg, plan, source.input_shape, source.num_classes, device)
+            startup.mark("model")
             if note := weights_note(cfg):
                 distributed.log(note)  # rank 0; a resume below then restores the checkpoint
             start = _resume(cfg, model, plan)
@@ -202,6 +206,7 @@ def _summarize(
     summary = _results(history, cfg, callbacks.control, callbacks.user_stop)
     summary.update(data_summary(history, source.skipped_files))
     summary.update(perf.throughput_summary(callbacks.timer, cfg))
+    summary["startup_s"] = startup.phases()  # rank 0's: from its process's start to its first step
     perf.log_throughput(summary)
     return summary
 

@@ -114,29 +114,54 @@ if [ -n "$KERAS_REQ" ]; then
 fi
 
 # --- Horovod, compiled against that TensorFlow ---
-# --no-build-isolation: the build must see the installed TensorFlow. --no-cache-dir: pip would
-# otherwise reuse a Horovod wheel it built earlier against another stack's TensorFlow (its cache
-# key is the source, not the TensorFlow); Horovod records what it was built against.
-# cmake<4: CMake 4 rejects the Gloo that Horovod 0.28.1 bundles.
+# --no-build-isolation: the build must see the installed TensorFlow. cmake<4: CMake 4 rejects
+# the Gloo that Horovod 0.28.1 bundles. The compiled wheel is kept in a cache outside the clone
+# ($HVD_TRAIN_CACHE, default ~/.cache/hvd_train), keyed by everything that changes the build:
+# Horovod's version, the TensorFlow package and version, the Python ABI, the machine, CPU or GPU
+# and the build flags. A second clone, or a second virtualenv of the same stack, installs it in
+# seconds; a changed key builds again. (pip's own wheel cache is keyed by the source alone, so it
+# would hand a build for one TensorFlow to another: --no-cache-dir.) scripts/patch_horovod.py
+# patches the installed files after the install, so the cached wheel is Horovod's own build.
 built_against() { "$VENV/bin/python" -c 'import horovod, json, os; print(json.load(open(os.path.join(os.path.dirname(horovod.__file__), "metadata.json")))["tensorflow"])' 2>/dev/null; }
+export HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITH_MPI=1 \
+       HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 CMAKE_POLICY_VERSION_MINIMUM=3.5
+if [ "$device" = gpu ]; then
+  # Not run on this project's machines (no GPU): NCCL all-reduce, from the system (the CUDA
+  # Docker base images) or from the nvidia-nccl wheel that tensorflow[and-cuda] installs.
+  export HOROVOD_GPU_OPERATIONS=NCCL
+fi
+wheel_key() {
+  { echo "horovod==$HOROVOD_VERSION $tf_pkg==$TF_VERSION device=$device"
+    "$VENV/bin/python" -c 'import platform, sys, sysconfig; print(sys.implementation.cache_tag, sysconfig.get_platform(), platform.libc_ver())'
+    env | grep -E '^(HOROVOD_|CMAKE_POLICY)' | grep -v '^HOROVOD_NCCL_HOME=' | sort
+  } | sha256sum | cut -c1-16
+}
 if ! have "horovod==$HOROVOD_VERSION" || [ "$(built_against)" != "$TF_VERSION" ] \
    || ! "$VENV/bin/python" -c "import horovod.tensorflow as h; assert h.gloo_built()" 2>/dev/null; then
-  say "building horovod $HOROVOD_VERSION against TensorFlow $TF_VERSION (2-3 minutes on 2 cores)"; changed=1
-  pip install -q "cmake>=3.13,<4"
-  export HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITH_MPI=1 \
-         HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 CMAKE_POLICY_VERSION_MINIMUM=3.5
-  if [ "$device" = gpu ]; then
-    # Not run on this project's machines (no GPU): NCCL all-reduce, from the system (the CUDA
-    # Docker base images) or from the nvidia-nccl wheel that tensorflow[and-cuda] installs.
-    export HOROVOD_GPU_OPERATIONS=NCCL
-    if [ -z "${HOROVOD_NCCL_HOME:-}" ] && [ ! -e /usr/include/nccl.h ]; then
+  changed=1
+  wheels="${HVD_TRAIN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/hvd_train}/horovod-wheels/$(wheel_key)"
+  wheel=$(ls "$wheels"/horovod-"$HOROVOD_VERSION"-*.whl 2>/dev/null | head -n 1 || true)
+  if [ -z "$wheel" ]; then
+    say "building horovod $HOROVOD_VERSION against TensorFlow $TF_VERSION (2-3 minutes on 2 cores; cached in $wheels)"
+    pip install -q "cmake>=3.13,<4"
+    if [ "$device" = gpu ] && [ -z "${HOROVOD_NCCL_HOME:-}" ] && [ ! -e /usr/include/nccl.h ]; then
       nccl=$("$VENV/bin/python" -c "import nvidia.nccl as n; print(list(n.__path__)[0])")
       ln -sf libnccl.so.2 "$nccl/lib/libnccl.so"  # the wheel ships only the versioned name
       export HOROVOD_NCCL_HOME="$nccl"
     fi
+    mkdir -p "$wheels"
+    tmp=$(mktemp -d "$wheels/.build.XXXXXX")
+    PATH="$PWD/$VENV/bin:$PATH" pip wheel -q --no-deps --no-cache-dir --no-build-isolation \
+      -w "$tmp" "horovod==$HOROVOD_VERSION"
+    built=$(ls "$tmp"/horovod-*.whl)
+    mv "$built" "$wheels/"  # a rename: another install never sees half a wheel
+    rm -rf "$tmp"
+    wheel="$wheels/$(basename "$built")"
+  else
+    say "installing horovod $HOROVOD_VERSION built earlier against TensorFlow $TF_VERSION ($wheel)"
   fi
   ! have "horovod==$HOROVOD_VERSION" || pip uninstall -q -y horovod  # a build for another TensorFlow
-  PATH="$PWD/$VENV/bin:$PATH" pip install -q --no-cache-dir --no-build-isolation "horovod==$HOROVOD_VERSION"
+  pip install -q "$wheel"
 fi
 # horovodrun, stopped, could report a stopped worker's exit code as 0 (see the script).
 patched=$("$VENV/bin/python" scripts/patch_horovod.py) || die "cannot patch Horovod's launcher (see above)"

@@ -1,19 +1,34 @@
-"""Fixes horovodrun exiting 0 after it was stopped (Ctrl-C, SIGTERM) in Horovod 0.28.1. Run by
-install.sh after Horovod is installed; does nothing twice.
+"""Three changes to Horovod 0.28.1, made by install.sh after Horovod is installed; each is
+made once, and a second run changes nothing.
 
     python scripts/patch_horovod.py
 
-horovodrun starts each worker through a "middleman" process that runs `sh -c "env ... python
-..."` and reports the shell's exit code. When horovodrun is stopped, a second thread of the
-middleman terminates the shell and then waits for it with psutil, which reaps it (the shell is
-its child). When that thread reaps first, the main thread's `Popen.wait()` finds no child and
-subprocess reports exit code 0: the worker's 143 is lost. With every rank lost that way,
-horovodrun exits 0, and a script that runs it takes an interrupted run for a completed one.
-Measured here: 34 of 100 stopped workers came back with exit code 0 (tests/workers/stop_codes.py,
-which tests/test_horovod_patch.py runs). The fix waits without reaping (waitid with WNOWAIT),
-leaving the exit code to the main thread.
+1. horovodrun exited 0 after it was stopped (Ctrl-C, SIGTERM). It starts each worker through a
+"middleman" process that runs `sh -c "env ... python ..."` and reports the shell's exit code.
+When horovodrun is stopped, a second thread of the middleman terminates the shell and then
+waits for it with psutil, which reaps it (the shell is its child). When that thread reaps
+first, the main thread's `Popen.wait()` finds no child and subprocess reports exit code 0: the
+worker's 143 is lost. With every rank lost that way, horovodrun exits 0, and a script that runs
+it takes an interrupted run for a completed one. Measured here: 34 of 100 stopped workers came
+back with exit code 0 (tests/workers/stop_codes.py, which tests/test_horovod_patch.py runs). The
+fix waits without reaping (waitid with WNOWAIT), leaving the exit code to the main thread.
 
-Exit code 0: patched (now or before); 1: the file is neither Horovod 0.28.1's nor patched.
+2. Every horovodrun job imported TensorFlow once before starting a worker: to check that Horovod
+was built with Gloo (or MPI), it forks a process that imports `horovod.tensorflow`, a whole
+TensorFlow import (3 s here) that every job, restart and sweep point paid, serially, before its
+workers started. The answers are now kept in a file beside Horovod's code (written when the check
+first runs: install.sh runs it with `horovodrun --check-build`), keyed by the size and time of
+the extension's compiled library and the installed framework's version, so a rebuilt Horovod or
+another TensorFlow checks again. `--verbose` (which prints the check) always checks.
+
+3. Every job's first step built each gradient's all-reduce inside a `tf.cond` on "more than one
+worker?", both branches, through autograph: 12 gradients of the quickstart's model cost 3.8 s
+of its first step here. Outside Horovod Elastic that answer is a constant when the graph is
+built (Horovod evaluated it in Python already), so the branch is now chosen in Python: the same
+graph, less the branch never taken. Under Elastic the worker count can change after the trace,
+and the tf.cond stays.
+
+Exit code 0: patched (now or before); 1: a file is neither Horovod 0.28.1's nor patched.
 """
 
 from __future__ import annotations
@@ -21,10 +36,17 @@ from __future__ import annotations
 import importlib.util
 import pathlib
 import sys
+from typing import NamedTuple
 
-MODULE = "horovod.runner.common.util.safe_shell_exec"
 
-OLD = """\
+class Patch(NamedTuple):
+    module: str
+    old: str
+    new: str
+    what: str  # what the patched file now does, for install.sh's line
+
+
+STOPPED_CODE_OLD = """\
     try:
         p.wait(timeout=GRACEFUL_TERMINATION_TIME_S)
     except psutil.TimeoutExpired:
@@ -34,7 +56,7 @@ OLD = """\
             pass
 """
 
-NEW = """\
+STOPPED_CODE_NEW = """\
     # hvd_train's fix (scripts/patch_horovod.py): wait without reaping; the middleman's main
     # thread reaps the shell for its exit code (reaped here first, it would read 0).
     if not _exited_unreaped(pid, GRACEFUL_TERMINATION_TIME_S):
@@ -59,23 +81,205 @@ def _exited_unreaped(pid, timeout):
 """
 
 
-def main() -> int:
-    spec = importlib.util.find_spec(MODULE)
+BUILT_CHECK_OLD = """\
+def _check_extension_lambda(ext_base_name, fn, fn_desc, verbose):
+    \"\"\"
+    Tries to load the extension in a new process.  If successful, puts fn(ext)
+    to the queue or False otherwise.  Mutes all stdout/stderr.
+    \"\"\"
+"""
+
+BUILT_CHECK_NEW = """\
+def _check_extension_lambda(ext_base_name, fn, fn_desc, verbose):
+    \"\"\"hvd_train's change (scripts/patch_horovod.py): the answer kept from an earlier check of
+    the same compiled extension and framework version; the check itself imports the framework
+    (TensorFlow: seconds), which every horovodrun job paid before starting its workers.\"\"\"
+    key = None if verbose else _built_check_key(ext_base_name, fn_desc)
+    answers = _built_check_answers() if key else {}
+    if key in answers:
+        return answers[key]
+    result = _check_extension_lambda_uncached(ext_base_name, fn, fn_desc, verbose)
+    if key and result in (True, False):
+        _keep_built_check_answer(key, result)
+    return result
+
+
+_BUILT_CHECKS = os.path.join(os.path.dirname(os.path.abspath(__file__)), '.built_checks.json')
+_FRAMEWORKS = {'tensorflow': ('tensorflow', 'tensorflow-cpu', 'tensorflow-gpu', 'tensorflow-intel'),
+               'torch': ('torch',), 'mxnet': ('mxnet',)}
+
+
+def _built_check_key(ext_base_name, fn_desc):
+    \"\"\"What the answer depends on: the extension's compiled library (size, time) and the
+    framework's installed version; None when either cannot be read (then no answer is kept).\"\"\"
+    import glob
+    from importlib import metadata
+    libs = sorted(glob.glob(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                         ext_base_name, 'mpi_lib*')))
+    versions = []
+    for name in _FRAMEWORKS.get(ext_base_name, ()):
+        try:
+            versions.append('%s==%s' % (name, metadata.version(name)))
+        except metadata.PackageNotFoundError:
+            pass
+    if not libs or not versions:
+        return None
+    stats = ['%s:%d:%d' % (os.path.basename(p), os.stat(p).st_size, os.stat(p).st_mtime_ns) for p in libs]
+    return '|'.join([ext_base_name, fn_desc, sys.version.split()[0], *stats, *versions])
+
+
+def _built_check_answers():
+    try:
+        with open(_BUILT_CHECKS) as f:
+            answers = json.load(f)
+        return answers if isinstance(answers, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _keep_built_check_answer(key, result):
+    \"\"\"Written whole (a rename); where Horovod's folder is read-only the check runs each time.\"\"\"
+    answers = _built_check_answers()
+    answers[key] = result
+    tmp = '%s.%d' % (_BUILT_CHECKS, os.getpid())
+    try:
+        with open(tmp, 'w') as f:
+            json.dump(answers, f, indent=1, sort_keys=True)
+        os.replace(tmp, _BUILT_CHECKS)
+    except OSError:
+        try:
+            os.remove(tmp)
+        except OSError:
+            pass
+
+
+def _check_extension_lambda_uncached(ext_base_name, fn, fn_desc, verbose):
+    \"\"\"
+    Tries to load the extension in a new process.  If successful, puts fn(ext)
+    to the queue or False otherwise.  Mutes all stdout/stderr.
+    \"\"\"
+"""
+
+ALLREDUCE_COND_OLD = """\
+def _allreduce_cond(tensor, *args, process_set=global_process_set, **kwargs):
+    def allreduce_fn():
+        return allreduce(tensor, *args, process_set=process_set, **kwargs)
+
+    def id_fn():
+        return tensor
+
+    with tf.device("cpu"):
+        if int(os.environ.get("HOROVOD_ELASTIC", 0)):
+            cond = tf.logical_and(
+                tf.equal(process_set_included_op(process_set.process_set_id), 1),
+                tf.greater(size_op(process_set.process_set_id), 1)
+            )
+        else:
+            cond = tf.convert_to_tensor(process_set.included() and process_set.size() > 1)
+
+    return tf.cond(cond, allreduce_fn, id_fn)
+
+
+def _grouped_allreduce_cond(tensors, *args, process_set=global_process_set, **kwargs):
+    def allreduce_fn():
+        return grouped_allreduce(tensors, *args, process_set=process_set, **kwargs)
+
+    def id_fn():
+        return tensors
+
+    with tf.device("cpu"):
+        if int(os.environ.get("HOROVOD_ELASTIC", 0)):
+            cond = tf.logical_and(
+                tf.equal(process_set_included_op(process_set.process_set_id), 1),
+                tf.greater(size_op(process_set.process_set_id), 1)
+            )
+        else:
+            cond = tf.convert_to_tensor(process_set.included() and process_set.size() > 1)
+
+    return tf.cond(cond, allreduce_fn, id_fn)
+"""
+
+ALLREDUCE_COND_NEW = """\
+def _allreduce_cond(tensor, *args, process_set=global_process_set, **kwargs):
+    def allreduce_fn():
+        return allreduce(tensor, *args, process_set=process_set, **kwargs)
+
+    def id_fn():
+        return tensor
+
+    return _static_or_cond(process_set, allreduce_fn, id_fn)
+
+
+def _grouped_allreduce_cond(tensors, *args, process_set=global_process_set, **kwargs):
+    def allreduce_fn():
+        return grouped_allreduce(tensors, *args, process_set=process_set, **kwargs)
+
+    def id_fn():
+        return tensors
+
+    return _static_or_cond(process_set, allreduce_fn, id_fn)
+
+
+def _static_or_cond(process_set, allreduce_fn, id_fn):
+    \"\"\"hvd_train's change (scripts/patch_horovod.py): outside Horovod Elastic the answer to
+    "all-reduce?" is a constant when the graph is built, so the branch is chosen here; a tf.cond
+    on it built both branches for every gradient (seconds of every job's first step). Under
+    Elastic the number of workers can change after the trace, so the tf.cond stays.\"\"\"
+    if not int(os.environ.get("HOROVOD_ELASTIC", 0)):
+        return allreduce_fn() if process_set.included() and process_set.size() > 1 else id_fn()
+    with tf.device("cpu"):
+        cond = tf.logical_and(
+            tf.equal(process_set_included_op(process_set.process_set_id), 1),
+            tf.greater(size_op(process_set.process_set_id), 1)
+        )
+
+    return tf.cond(cond, allreduce_fn, id_fn)
+"""
+
+PATCHES = [
+    Patch(
+        "horovod.runner.common.util.safe_shell_exec",
+        STOPPED_CODE_OLD,
+        STOPPED_CODE_NEW,
+        "horovodrun keeps a stopped worker's exit code",
+    ),
+    Patch(
+        "horovod.common.util",
+        BUILT_CHECK_OLD,
+        BUILT_CHECK_NEW,
+        "horovodrun checks once, not at every job, that Horovod was built with Gloo and MPI",
+    ),
+    Patch(
+        "horovod.tensorflow",
+        ALLREDUCE_COND_OLD,
+        ALLREDUCE_COND_NEW,
+        "a gradient's all-reduce is built without a tf.cond outside Horovod Elastic",
+    ),
+]
+
+
+def apply(patch: Patch) -> int:
+    """Patches one module: 0 when it is patched (now or before), 1 when it is not 0.28.1's."""
+    spec = importlib.util.find_spec(patch.module)
     if spec is None or spec.origin is None:
-        print(f"patch_horovod: {MODULE} is not installed", file=sys.stderr)
+        print(f"patch_horovod: {patch.module} is not installed", file=sys.stderr)
         return 1
     path = pathlib.Path(spec.origin)
     text = path.read_text()
-    if NEW in text:
+    if patch.new in text:
         return 0
-    if text.count(OLD) != 1:
+    if text.count(patch.old) != 1:
         print(f"patch_horovod: {path} is not Horovod 0.28.1's: not patched", file=sys.stderr)
         return 1
     tmp = path.with_suffix(".py.hvd_train")
-    tmp.write_text(text.replace(OLD, NEW))
+    tmp.write_text(text.replace(patch.old, patch.new))
     tmp.replace(path)  # whole or not at all
-    print(f"patched {path}: horovodrun keeps a stopped worker's exit code")
+    print(f"patched {path}: {patch.what}")
     return 0
+
+
+def main() -> int:
+    return max(apply(patch) for patch in PATCHES)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,81 @@ it is imported: tf.keras and the module path `tensorflow.keras.*` are then Keras
 A test module that imported TensorFlow first would leave `tensorflow.keras.*` as Keras 3 for
 the whole test process (the first `import tensorflow.keras.callbacks` even rebinds tf.keras),
 which no trainer process ever sees.
+
+Also the suite's cost report: at the end of a run, per test file, its time, and the processes
+and the training jobs it started (start-up is what most of the suite's time pays for). And the
+quick tier (`make test-quick`, HVD_TRAIN_TEST_TIER=quick): a test that starts a Python process
+or a job is skipped at that moment, so the tier is every test that runs in this process alone,
+with no list to keep; `make test` runs them all.
 """
 
+from __future__ import annotations
+
+import collections
+import os
+import subprocess
+
+import pytest
+
 import hvd_train  # noqa: F401
+
+QUICK = os.environ.get("HVD_TRAIN_TEST_TIER") == "quick"
+
+_current = {"file": "(collection)"}
+_cost = collections.defaultdict(lambda: {"tests": 0, "seconds": 0.0, "processes": 0, "jobs": 0})
+_popen_init = subprocess.Popen.__init__
+
+
+def _words(args) -> list[str]:
+    return [os.path.basename(str(a)) for a in ([args] if isinstance(args, (str, bytes)) else args)]
+
+
+def _is_job(args) -> bool:
+    """A training job: horovodrun, mpirun, `hvd_train launch` or a launch/ script."""
+    words = _words(args)
+    return any(w in ("horovodrun", "mpirun", "single_node.sh", "multi_node.sh") for w in words) or (
+        "hvd_train" in words and "launch" in words
+    )
+
+
+def _is_heavy(args) -> bool:
+    """A process that pays seconds of start-up: a job, Python, or hvd-train."""
+    return _is_job(args) or any(w.startswith("python") or w == "hvd-train" for w in _words(args))
+
+
+def _counting_popen_init(self, args, *rest, **kwargs):
+    if QUICK and _is_heavy(args):
+        raise pytest.skip.Exception("starts a process: in `make test`, not the quick tier")
+    cost = _cost[_current["file"]]
+    cost["processes"] += 1
+    cost["jobs"] += _is_job(args)
+    _popen_init(self, args, *rest, **kwargs)
+
+
+subprocess.Popen.__init__ = _counting_popen_init
+
+
+def pytest_runtest_logstart(nodeid, location) -> None:
+    _current["file"] = nodeid.split("::")[0]
+
+
+def pytest_runtest_logreport(report) -> None:
+    cost = _cost[report.nodeid.split("::")[0]]
+    cost["seconds"] += report.duration
+    cost["tests"] += report.when == "call" or (report.when == "setup" and report.skipped)
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    rows = sorted(_cost.items(), key=lambda kv: -kv[1]["seconds"])
+    if not rows:
+        return
+    w = terminalreporter
+    w.section("time per test file (processes: all started; jobs: horovodrun, mpirun, launchers)")
+    w.write_line(f"{'file':40} {'tests':>5} {'seconds':>8} {'processes':>9} {'jobs':>5}")
+    for name, c in rows:
+        w.write_line(
+            f"{name:40} {c['tests']:5d} {c['seconds']:8.1f} {c['processes']:9d} {c['jobs']:5d}"
+        )
+    total = {k: sum(c[k] for _, c in rows) for k in ("tests", "seconds", "processes", "jobs")}
+    w.write_line(f"{'total':40} {total['tests']:5d} {total['seconds']:8.1f} "
+                 f"{total['processes']:9d} {total['jobs']:5d}")  # fmt: skip

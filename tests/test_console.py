@@ -8,6 +8,7 @@ workers: stdout is a pipe) and under a pseudo-terminal; the line rules run on a 
 from __future__ import annotations
 
 import csv
+import json
 import os
 import pathlib
 import pty
@@ -59,6 +60,18 @@ def test_quickstart_prints_one_short_line_per_epoch_and_no_warning(quickstart) -
         ), mine[0]
     shown = [key for key in BOOKKEEPING if key in whole]
     assert shown == [], whole
+
+
+@pytest.mark.multiworker
+def test_the_record_says_where_start_up_went(quickstart) -> None:
+    """summary.json's startup_s: rank 0's phases in the order they run, each ending after the
+    one before, from its process's start (no `process` phase: no `hvd-train launch` here)."""
+    _, run_dir = quickstart
+    startup = json.loads((run_dir / "summary.json").read_text())["startup_s"]
+    phases = ["config", "imports", "horovod_init", "data", "run_dir", "model", "first_step"]
+    assert list(startup) == phases, startup
+    ends = [startup[p] for p in phases]
+    assert 0 < ends[0] and ends == sorted(ends), startup
 
 
 @pytest.mark.multiworker

@@ -381,3 +381,17 @@ def test_file_urls_go_through_gfile_and_read_what_local_paths_read(data) -> None
     proc = check(run([PYTHON, str(WORKERS / "gfile_paths.py"), str(data["ids"]),
                       str(data["root"] / "ids_tfr" / "train")], data["root"]))  # fmt: skip
     assert "gfile image_folder:" in proc.stdout and "gfile tfrecord:" in proc.stdout, proc.stdout
+
+
+def test_digits_read_from_their_file_are_scikit_learns_load_digits() -> None:
+    """The quickstart's digits come from the CSV scikit-learn ships, read without importing
+    scikit-learn's datasets: the same images, labels and types as `load_digits` gives."""
+    from sklearn.datasets import load_digits
+
+    from hvd_train.sources import _digits_arrays
+
+    expected = load_digits()
+    images, target = _digits_arrays()
+    assert images.dtype == expected.images.dtype and target.dtype == expected.target.dtype
+    np.testing.assert_array_equal(images, expected.images)
+    np.testing.assert_array_equal(target, expected.target)

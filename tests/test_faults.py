@@ -37,8 +37,12 @@ pytestmark = pytest.mark.multiworker
 # checkpoint cannot hold: with dropout a resumed run is equivalent, not identical.)
 BASE = ["--config", str(QUICKSTART), "--set", "model.dropout=0", "--set", "train.verbose=false",
         "--set", "logging.tensorboard=false"]  # fmt: skip
-# Synthetic 32x32x3 data, 64 steps/epoch at 2 workers: epochs long enough to stop in.
-LONG = [*BASE, "--set", "data.source=synthetic", "--set", "train.epochs=6"]
+# Synthetic 32x32x3 data, 24 steps per epoch (a full epoch is 64 at 2 workers, 128 at one):
+# epochs long enough to stop in, and a fault after epoch 1 or 2 leaves at least 3 epochs (72
+# steps, seconds) to run, so the stop or the kill lands mid-training. What is trained after the
+# fault (the restart, the elastic survivor alone, the resumed run) is short.
+LONG = [*BASE, "--set", "data.source=synthetic", "--set", "train.epochs=6",
+        "--set", "train.steps_per_epoch=24"]  # fmt: skip
 JOB_END_LIMIT_S = 60  # a dead worker must end the whole job within this
 
 

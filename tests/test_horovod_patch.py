@@ -1,13 +1,17 @@
-"""horovodrun keeps a stopped worker's exit code (scripts/patch_horovod.py, which install.sh
-applies to Horovod 0.28.1). Unpatched, 34 of 100 stops here came back as exit code 0, so 20
-stops that all keep their 143 would happen by chance about once in 4,000 runs."""
+"""scripts/patch_horovod.py, which install.sh applies to Horovod 0.28.1: horovodrun keeps a
+stopped worker's exit code (unpatched, 34 of 100 stops here came back as exit code 0, so 20
+stops that all keep their 143 would happen by chance about once in 4,000 runs), and it starts a
+job without importing TensorFlow to check how Horovod was built."""
 
 from __future__ import annotations
 
 import json
+import os
+import pathlib
 import subprocess
 
-from harness import PYTHON, ROOT, WORKERS
+import pytest
+from harness import BIN, PYTHON, ROOT, WORKERS, check, run
 
 
 def test_a_stopped_worker_keeps_its_exit_code() -> None:
@@ -21,3 +25,40 @@ def test_the_patch_is_applied_and_applies_once() -> None:
     patch = [PYTHON, str(ROOT / "scripts" / "patch_horovod.py")]
     proc = subprocess.run(patch, capture_output=True, text=True, timeout=60)
     assert (proc.returncode, proc.stdout, proc.stderr) == (0, "", "")  # already patched
+
+
+@pytest.mark.parametrize("controller", ["--gloo", "--mpi"])
+def test_horovodrun_starts_a_job_without_importing_tensorflow(tmp_path, controller) -> None:
+    """With a TensorFlow that cannot be imported first on the path, horovodrun still starts the
+    job: it answers "built with Gloo/MPI?" from the check kept earlier (unpatched, it imports
+    horovod.tensorflow for that at every job, gets None, and refuses to start)."""
+    job = [str(BIN / "horovodrun"), "-np", "2", "-H", "localhost:2", controller, "true"]
+    check(run(job, tmp_path))  # keeps the answer, if no job has yet
+    broken = tmp_path / "broken" / "tensorflow"
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text("raise ImportError('this TensorFlow cannot be imported')\n")
+    env = {**os.environ, "PYTHONPATH": str(broken.parent)}
+    proc = subprocess.run(job, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def test_a_kept_answer_belongs_to_one_build_of_one_framework_version() -> None:
+    """The key names the compiled library's size and time and the framework's version, so a
+    rebuilt Horovod or another TensorFlow checks again; an extension not built keeps nothing."""
+    from importlib import metadata
+
+    from horovod.common import util
+
+    lib = next((pathlib.Path(util.__file__).parents[1] / "tensorflow").glob("mpi_lib*"))
+    key = util._built_check_key("tensorflow", "built with Gloo")
+    tf_dist = next(n for n in ("tensorflow-cpu", "tensorflow") if _installed(metadata, n))
+    assert f"{lib.name}:{lib.stat().st_size}:{lib.stat().st_mtime_ns}" in key.split("|")
+    assert f"{tf_dist}=={metadata.version(tf_dist)}" in key.split("|")
+    assert util._built_check_key("torch", "built with Gloo") is None  # no horovod.torch here
+
+
+def _installed(metadata, name: str) -> bool:
+    try:
+        return bool(metadata.version(name))
+    except metadata.PackageNotFoundError:
+        return False

@@ -9,6 +9,7 @@ code, with shell syntax planted in the value and in the folder around it.
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import re
@@ -218,6 +219,9 @@ def test_launch_on_loopback_under_mpi_trains_with_no_rank_listening_beyond_loopb
             if set(map(int, re.findall(r"pid=(\d+)", line))) & set(ranks.values())]  # fmt: skip
     assert all(addr.startswith("127.") for addr in mine), mine
     assert "--mca btl_base_include self,vader" in result.stderr  # the printed horovodrun command
+    # The launch's start reached the workers through mpirun: start-up counts from the command.
+    startup = json.loads((run_dir / "summary.json").read_text())["startup_s"]
+    assert list(startup)[:2] == ["process", "config"] and startup["process"] > 0, startup
 
 
 def mpi_ranks(marker: str) -> dict[int, int]:
