@@ -163,9 +163,10 @@ if ! have "horovod==$HOROVOD_VERSION" || [ "$(built_against)" != "$TF_VERSION" ]
   ! have "horovod==$HOROVOD_VERSION" || pip uninstall -q -y horovod  # a build for another TensorFlow
   pip install -q "$wheel"
 fi
-# horovodrun, stopped, could report a stopped worker's exit code as 0 (see the script).
-patched=$("$VENV/bin/python" scripts/patch_horovod.py) || die "cannot patch Horovod's launcher (see above)"
-[ -z "$patched" ] || say "$patched"
+# Four changes to Horovod 0.28.1 (see the script): horovodrun keeps a stopped worker's exit
+# code and checks once how Horovod was built; the all-reduce is traced without a tf.cond or autograph.
+patched=$("$VENV/bin/python" scripts/patch_horovod.py) || die "cannot patch Horovod (see above)"
+[ -z "$patched" ] || while IFS= read -r line; do say "$line"; done <<< "$patched"
 
 # --- this package and the rest of its pinned dependencies ---
 # Reinstalled whenever pyproject.toml (the pinned dependencies) changes.

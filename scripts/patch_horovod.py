@@ -1,4 +1,4 @@
-"""Three changes to Horovod 0.28.1, made by install.sh after Horovod is installed; each is
+"""Four changes to Horovod 0.28.1, made by install.sh after Horovod is installed; each is
 made once, and a second run changes nothing.
 
     python scripts/patch_horovod.py
@@ -27,6 +27,12 @@ of its first step here. Outside Horovod Elastic that answer is a constant when t
 built (Horovod evaluated it in Python already), so the branch is now chosen in Python: the same
 graph, less the branch never taken. Under Elastic the worker count can change after the trace,
 and the tf.cond stays.
+
+4. The all-reduce of the gradients and the broadcast of the variables are traced as
+`tf.function`s, which autograph rewrites first in every process (0.7 s of the quickstart's
+first step here). Their only branches and loops are on Python values, so the rewrite gives the
+same graph: they are now traced without it. (hvd_train also tells autograph to leave the rest
+of Horovod's code alone: hvd_train/distributed.py.)
 
 Exit code 0: patched (now or before); 1: a file is neither Horovod 0.28.1's nor patched.
 """
@@ -236,6 +242,20 @@ def _static_or_cond(process_set, allreduce_fn, id_fn):
     return tf.cond(cond, allreduce_fn, id_fn)
 """
 
+SUBGRAPH_OLD = """\
+def _make_subgraph(f):
+    return tf.function(f)
+"""
+
+SUBGRAPH_NEW = """\
+def _make_subgraph(f):
+    # hvd_train's change (scripts/patch_horovod.py): the functions made into subgraphs (the
+    # gradients' all-reduce, the variables' broadcast) branch and loop on Python values only;
+    # autograph would rewrite them in every process (0.7 s of the first step here) into the
+    # same graph.
+    return tf.function(f, autograph=False)
+"""
+
 PATCHES = [
     Patch(
         "horovod.runner.common.util.safe_shell_exec",
@@ -255,16 +275,21 @@ PATCHES = [
         ALLREDUCE_COND_NEW,
         "a gradient's all-reduce is built without a tf.cond outside Horovod Elastic",
     ),
+    Patch(
+        "horovod.tensorflow.util",
+        SUBGRAPH_OLD,
+        SUBGRAPH_NEW,
+        "the all-reduce and broadcast subgraphs are traced without autograph",
+    ),
 ]
 
 
 def apply(patch: Patch) -> int:
     """Patches one module: 0 when it is patched (now or before), 1 when it is not 0.28.1's."""
-    spec = importlib.util.find_spec(patch.module)
-    if spec is None or spec.origin is None:
+    path = _module_file(patch.module)
+    if path is None:
         print(f"patch_horovod: {patch.module} is not installed", file=sys.stderr)
         return 1
-    path = pathlib.Path(spec.origin)
     text = path.read_text()
     if patch.new in text:
         return 0
@@ -276,6 +301,17 @@ def apply(patch: Patch) -> int:
     tmp.replace(path)  # whole or not at all
     print(f"patched {path}: {patch.what}")
     return 0
+
+
+def _module_file(module: str) -> pathlib.Path | None:
+    """The file of Horovod's `module`, found without importing it (importing horovod.tensorflow
+    would import TensorFlow: seconds)."""
+    spec = importlib.util.find_spec("horovod")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    base = pathlib.Path(spec.submodule_search_locations[0], *module.split(".")[1:])
+    found = [p for p in (base.with_suffix(".py"), base / "__init__.py") if p.is_file()]
+    return found[0] if found else None
 
 
 def main() -> int:

@@ -1,0 +1,61 @@
+"""The first step's cost: the train step is traced once, and autograph leaves Horovod's code
+alone, with the same results as before (the seconds these save are in docs/benchmarks.md)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hvd_train import distributed  # noqa: F401 - installs the autograph rule, as the trainer does
+from hvd_train.keras_stack import hvd, keras
+from hvd_train.training_step import _build_loss_and_metrics
+
+pytestmark = pytest.mark.stack  # Keras 2's compile containers: built in on 2.15, tf_keras after
+
+CLASSES = 10
+
+
+def _fit_one_step(build_first: bool) -> tuple[int, dict, list[np.ndarray]]:
+    """A small compiled model, as the trainer compiles it, fit one step from fixed weights and
+    data: how often its train step was traced, its history and its weights after the step."""
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((8, 8, 1))
+    x = keras.layers.Conv2D(4, 3, activation="relu")(inputs)
+    outputs = keras.layers.Dense(CLASSES)(keras.layers.Flatten()(x))
+    model = keras.Model(inputs, outputs)
+    model.compile(
+        optimizer=keras.optimizers.Adam(0.01),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"],
+    )
+    model.optimizer.build(model.trainable_variables)  # as the trainer's resume does
+    if build_first:
+        _build_loss_and_metrics(model, CLASSES)
+    traced = []
+    step = model.train_step
+    model.train_step = lambda data: traced.append(1) or step(data)
+    rng = np.random.default_rng(0)
+    xs = rng.random((16, 8, 8, 1), dtype=np.float32)
+    ys = rng.integers(0, CLASSES, 16).astype(np.int32)
+    history = model.fit(xs, ys, batch_size=16, epochs=1, shuffle=False, verbose=0).history
+    return len(traced), history, model.get_weights()
+
+
+def test_built_loss_and_metrics_trace_the_step_once_with_the_same_results() -> None:
+    """Keras creates the loss's and metrics' variables inside the first traced step, and a
+    tf.function that creates variables is traced twice; built before, once. The step's loss,
+    accuracy and new weights are the same either way."""
+    traces, history, weights = _fit_one_step(build_first=True)
+    before_traces, before_history, before_weights = _fit_one_step(build_first=False)
+    assert (traces, before_traces) == (1, 2)
+    assert history == before_history
+    for got, expected in zip(weights, before_weights, strict=True):
+        np.testing.assert_array_equal(got, expected)
+
+
+def test_autograph_does_not_convert_horovods_functions() -> None:
+    from tensorflow.python.autograph.impl import conversion
+
+    assert conversion.is_allowlisted(hvd.allreduce)
+    assert conversion.is_allowlisted(hvd.DistributedOptimizer)
+    assert not conversion.is_allowlisted(_fit_one_step)  # the rule names Horovod, not everyone
