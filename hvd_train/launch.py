@@ -130,12 +130,16 @@ def main(argv: list[str], prog: str) -> int:
             _say(f"restarting ({attempt + 1} of {args.max_restarts}) from the newest checkpoint")
     if ours:
         _record(summary_path, history, len(history) - 1)
-    return _exit_code(history[-1]) if history else 1
+    return _exit_code(history[-1], supervisor.stop_signal) if history else 1
 
 
-def _exit_code(failure: dict[str, Any]) -> int:
-    """The launcher's exit code: 2 when the rank that failed first says the user's input is at
-    fault (as a worker alone does), else horovodrun's or mpirun's (1 for any failed worker)."""
+def _exit_code(failure: dict[str, Any], stop_signal: int) -> int:
+    """The launcher's exit code: 128 + the signal when it passed a stop on (130 for Ctrl-C, 143
+    for SIGTERM, as a shell reports a program a signal ended: a script can tell a stop from a
+    failure); 2 when the rank that failed first says the user's input is at fault (as a worker
+    alone does); else horovodrun's or mpirun's (1 for any failed worker)."""
+    if stop_signal:
+        return 128 + stop_signal
     user = UserError.exit_code
     return user if failure["rank_exit_code"] == user else failure["exit_code"]
 

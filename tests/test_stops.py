@@ -69,8 +69,8 @@ def wait_until(condition, proc, what: str, timeout: float = 240) -> None:
 def ended(run_dir: pathlib.Path, proc) -> dict:
     """Waits for the job, then for its record: rank 0's keeper writes the ending rank 0 could
     not, and frees run.dir, a moment after the job's last process has gone."""
-    # The record is under test here; the launcher's exit code after a stop is asserted in
-    # test_faults.py and test_horovod_patch.py.
+    # The record is under test here, and the exit code of `hvd-train launch` (the MPI stops);
+    # horovodrun's after a stop is asserted in test_faults.py and test_horovod_patch.py.
     result = finish(proc, JOB_END_LIMIT_S)
     deadline = time.monotonic() + JOB_END_LIMIT_S
     while summary(run_dir).get("status") == "running" or (run_dir / ".hvd_train.lock").exists():
@@ -78,6 +78,7 @@ def ended(run_dir: pathlib.Path, proc) -> dict:
         time.sleep(0.1)
     s = summary(run_dir)
     s["_output"] = result.stdout[-3000:] + result.stderr[-5000:]
+    s["_exit_code"] = result.returncode
     return s
 
 
@@ -122,6 +123,7 @@ def test_stop_in_the_first_seconds_records_interrupted(tmp_path, controller) -> 
     assert_stop_recorded(s, d)
     if controller == "mpi":  # through hvd-train launch, which says what it passed on
         assert "[hvd_train launch] attempt 1 stopped by SIGTERM" in s["_output"], s["_output"]
+        assert s["_exit_code"] == 128 + signal.SIGTERM, s
 
 
 @pytest.mark.parametrize("controller", CONTROLLERS)
@@ -137,6 +139,8 @@ def test_stop_right_after_a_resume_keeps_the_checkpoint_it_resumed_from(
     s = ended(d, proc)
     assert_stop_recorded(s, d)
     assert s["resumed_from"] == resumed_from
+    if controller == "mpi":  # `hvd-train launch`, stopped by SIGTERM
+        assert s["_exit_code"] == 128 + signal.SIGTERM, s
     if "nothing to save" in s.get("stop_detail", ""):
         assert s["stopped_at"] == {"epoch": 2, "step": 0}, s
         assert str(assert_checkpoints_load(d)[-1]) == resumed_from
