@@ -139,7 +139,7 @@ wheel_key() {
 if ! have "horovod==$HOROVOD_VERSION" || [ "$(built_against)" != "$TF_VERSION" ] \
    || ! "$VENV/bin/python" -c "import horovod.tensorflow as h; assert h.gloo_built()" 2>/dev/null; then
   changed=1
-  wheels="${HVD_TRAIN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/hvd_train}/horovod-wheels/$(wheel_key)"
+  wheels="${HVD_TRAIN_CACHE:-${XDG_CACHE_HOME:-${HOME:-/tmp}/.cache}/hvd_train}/horovod-wheels/$(wheel_key)"
   wheel=$(ls "$wheels"/horovod-"$HOROVOD_VERSION"-*.whl 2>/dev/null | head -n 1 || true)
   if [ -z "$wheel" ]; then
     say "building horovod $HOROVOD_VERSION against TensorFlow $TF_VERSION (2-3 minutes on 2 cores; cached in $wheels)"
