@@ -19,10 +19,12 @@ demo: install
 	@echo "Results: runs/quickstart (summary.json, metrics.csv, config.yaml, model.keras, tensorboard/, logs/)"
 
 # The multi-node launch tests start private ssh servers: the install adds openssh-server.
-# The end of the output: the 30 slowest tests, then the time, processes and jobs of each file.
+# Two test files at a time (pytest-xdist; a file's tests stay together, so a fixture that trains
+# once serves the whole file): most of a job's time is start-up and waiting, which leaves a core
+# idle. The end of the output: the 30 slowest tests, then the time, processes and jobs of each file.
 test: export HVD_TRAIN_WITH_SSHD = 1
 test: install
-	$(PY) -m pytest -q -ra --durations=30 tests
+	$(PY) -m pytest -q -ra --durations=30 -n 2 --dist loadfile tests
 
 # The edit loop's tier: every test that runs in the test process alone (one that starts Python
 # or a job is skipped when it would: tests/conftest.py). Not a substitute for `make test`.

@@ -25,8 +25,8 @@ import hvd_train  # noqa: F401
 
 QUICK = os.environ.get("HVD_TRAIN_TEST_TIER") == "quick"
 
-_current = {"file": "(collection)"}
 _cost = collections.defaultdict(lambda: {"tests": 0, "seconds": 0.0, "processes": 0, "jobs": 0})
+_started = {"processes": 0, "jobs": 0}  # by this process since its last test report
 _popen_init = subprocess.Popen.__init__
 
 
@@ -50,23 +50,39 @@ def _is_heavy(args) -> bool:
 def _counting_popen_init(self, args, *rest, **kwargs):
     if QUICK and _is_heavy(args):
         raise pytest.skip.Exception("starts a process: in `make test`, not the quick tier")
-    cost = _cost[_current["file"]]
-    cost["processes"] += 1
-    cost["jobs"] += _is_job(args)
+    _started["processes"] += 1
+    _started["jobs"] += _is_job(args)
     _popen_init(self, args, *rest, **kwargs)
 
 
 subprocess.Popen.__init__ = _counting_popen_init
 
 
-def pytest_runtest_logstart(nodeid, location) -> None:
-    _current["file"] = nodeid.split("::")[0]
+def pytest_collection_finish(session) -> None:
+    """Processes started while collecting: a row of their own (not under pytest-xdist, whose
+    workers each collect, and report only their tests)."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        _cost["(collection)"].update(_started)
+    _started.update(processes=0, jobs=0)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Each report carries the processes its phase started: under pytest-xdist the reports
+    reach the controlling process, which prints the table, and the counts with them."""
+    report = (yield).get_result()
+    report.user_properties.append(("started", dict(_started)))
+    _started.update(processes=0, jobs=0)
 
 
 def pytest_runtest_logreport(report) -> None:
     cost = _cost[report.nodeid.split("::")[0]]
     cost["seconds"] += report.duration
     cost["tests"] += report.when == "call" or (report.when == "setup" and report.skipped)
+    for name, value in report.user_properties:
+        if name == "started":
+            cost["processes"] += value["processes"]
+            cost["jobs"] += value["jobs"]
 
 
 def pytest_terminal_summary(terminalreporter) -> None:
