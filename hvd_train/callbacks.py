@@ -167,7 +167,9 @@ class Checkpointer(keras.callbacks.Callback):
         self.last: str | None = store.newest()
         best = store.best()
         self.best_value = read_state(best)["metrics"][checkpoint.monitor] if best else None
-        self.best_model: str | None = None
+        # A resumed run's best.keras, exported by an earlier job, stays its best until beaten.
+        resumed = self.last is not None and os.path.exists(best_path)
+        self.best_model: str | None = best_path if resumed else None
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
         c = self.control

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from hvd_train import inference
-from hvd_train.errors import Interrupted, OneLineError, UserError
+from hvd_train.errors import Interrupted, OneLineError, UserError, users_frame
 
 if TYPE_CHECKING:
     from hvd_train.config import Config
@@ -264,7 +264,9 @@ def _bug(e: Exception) -> int:
     if not logs.attached():
         logs.release(replay=True)
         raise
-    logs.failed(f"{type(e).__name__}: {' '.join(str(e).split())} (a bug? traceback in the log)", e)
+    where = users_frame(e)
+    hint = f"at {where}; traceback in the log" if where else "a bug? traceback in the log"
+    logs.failed(f"{type(e).__name__}: {' '.join(str(e).split())} ({hint})", e)
     return 1
 
 

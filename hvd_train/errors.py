@@ -4,6 +4,12 @@ summary.json's `error_type` is the class name of the error that ended a run; the
 the class up (`error_class`) to tell whether a restart from the last checkpoint could help.
 """
 
+from __future__ import annotations
+
+import os
+import sysconfig
+import traceback
+
 
 class OneLineError(Exception):
     """An expected failure: one line on stderr (or the rank's failure line), no traceback."""
@@ -83,4 +89,20 @@ def error_class(name: str) -> type[OneLineError] | None:
         if cls.__name__ == name:
             return cls
         todo += cls.__subclasses__()
+    return None
+
+
+def users_frame(e: BaseException) -> str | None:
+    """`file:line` of the innermost frame of `e`'s traceback in the user's code (a model
+    factory, a callback): outside this package, Python's library and installed packages."""
+    ours = os.path.dirname(os.path.abspath(__file__))
+    library = {sysconfig.get_path(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    for frame in reversed(traceback.extract_tb(e.__traceback__)):
+        path = os.path.abspath(frame.filename)
+        if frame.filename.startswith("<") or any(
+            path.startswith(d + os.sep) for d in (ours, *library)
+        ):
+            continue
+        shown = os.path.relpath(path) if path.startswith(os.getcwd() + os.sep) else path
+        return f"{shown}:{frame.lineno}"
     return None

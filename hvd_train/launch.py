@@ -34,7 +34,14 @@ from typing import Any
 
 from hvd_train import horovodrun, logs, rundir, startup
 from hvd_train.config import Config, add_config_arguments, load_config
-from hvd_train.errors import ANOTHER_FIRST, KNOCK_ON, NO_STATUS, UserError, error_class
+from hvd_train.errors import (
+    ANOTHER_FIRST,
+    KNOCK_ON,
+    NO_STATUS,
+    RunDirError,
+    UserError,
+    error_class,
+)
 from hvd_train.horovodrun import on_loopback
 from hvd_train.record import read_json, write_json
 from hvd_train.supervise import Supervisor
@@ -93,6 +100,7 @@ def main(argv: list[str], prog: str) -> int:
         print(shlex.join(_command(cfg, args, np_, args.overrides)[0]))
         return 0
     summary_path = os.path.join(cfg.run.dir, "summary.json")
+    before = read_json(summary_path)  # unchanged by a job that had nothing to train
     history: list[dict[str, Any]] = []
     supervisor = Supervisor()  # SIGTERM/SIGINT to the launcher reach the workers
     ours = False  # whether an attempt claimed run.dir: its summary.json is then this job's
@@ -108,6 +116,9 @@ def main(argv: list[str], prog: str) -> int:
         code, output = supervisor.run(cmd, env=env, tidy=Tidy)
         if code == 0 and supervisor.stop_signal:
             code = _stopped_code(summary_path, supervisor.stop_signal)
+        if code == 0 and before and read_json(summary_path) == before:
+            _say("nothing was trained: run.dir is as it was")
+            return 0
         if code == 0:
             _record(summary_path, history, attempt)
             _say(f"job completed after {attempt} restart(s)" if attempt else "job completed")
@@ -117,7 +128,7 @@ def main(argv: list[str], prog: str) -> int:
         failure.update(attempt=attempt + 1, exit_code=code, time=time.time())
         history.append(failure)
         if ours:
-            _mark_ended(summary_path, failure, supervisor.stop_signal)
+            _mark_ended(summary_path, failure, supervisor.stop_signal, cfg, np_)
         reason = _no_restart_reason(failure, summary_path, supervisor.stop_signal)
         last = attempt == args.max_restarts or bool(reason)
         hosts = None if cfg.elastic.enabled else args.hosts or f"localhost:{np_}"
@@ -137,11 +148,12 @@ def _exit_code(failure: dict[str, Any], stop_signal: int) -> int:
     """The launcher's exit code: 128 + the signal when it passed a stop on (130 for Ctrl-C, 143
     for SIGTERM, as a shell reports a program a signal ended: a script can tell a stop from a
     failure); 2 when the rank that failed first says the user's input is at fault (as a worker
-    alone does); else horovodrun's or mpirun's (1 for any failed worker)."""
+    alone does); else 1, as horovodrun says any failure (mpirun passes on a killed rank's
+    137, which would read as a stop by SIGKILL)."""
     if stop_signal:
         return 128 + stop_signal
     user = UserError.exit_code
-    return user if failure["rank_exit_code"] == user else failure["exit_code"]
+    return user if failure["rank_exit_code"] == user else 1
 
 
 def _command(
@@ -294,24 +306,73 @@ def _no_restart_reason(failure: dict[str, Any], summary_path: str, stop_signal: 
     return cls.recurs if cls else ""
 
 
-def _mark_ended(path: str, failure: dict[str, Any], stop_signal: int) -> None:
+def _mark_ended(
+    path: str, failure: dict[str, Any], stop_signal: int, cfg: Config, np_: int
+) -> None:
     """summary.json tells how the attempt ended, with the first failure as its cause.
 
     Rank 0 (or the keeper it left behind) has usually written the ending; the launcher knows
-    what they cannot: which rank failed first, and whether the stop was asked for.
+    what they cannot: which rank failed first, and whether the stop was asked for. A worker
+    that died first makes the ending `failed`, also when rank 0 took the launcher's SIGTERM
+    that followed for a stop. A job that ended before rank 0 started the record gets one here,
+    unless it was refused for the user's input (run.dir another job's or not a run's, a bad
+    config: nothing of the job's is there).
     """
     summary = _read(path, wait_s=10)
-    if not summary or summary.get("status") == "completed":
+    if summary.get("status") == "completed":
         return
+    if not summary:
+        if failure["rank_exit_code"] == UserError.exit_code or not _may_record_in(cfg.run.dir):
+            return
+        summary = _record_for_an_early_end(cfg, np_)
     if stop_signal and summary.get("status") in ("running", "failed"):
         summary.update(status="interrupted", stopped_by=_SIGNALS[stop_signal])
-    elif summary.get("status") != "interrupted":
+    elif not stop_signal and (summary.get("status") != "interrupted" or _died(failure)):
+        summary.pop("stopped_by", None)  # rank 0's stop was the launcher's, after the failure
         summary.update(status="failed", failed_rank=failure["rank"], failure=describe(failure))
         error = summary.get("error") or ""
         if failure.get("error") and (not error or _is_knock_on(error)):
             summary["error"] = f"rank {failure['rank']}: {failure['error']}"
             summary.pop("error_type", None)  # rank 0's knock-on error's, not the cause's
-    write_json(path, summary)
+    if summary["status"] == "failed" and not summary.get("error"):
+        summary["error"] = "the job ended in its start-up, before rank 0 started the record"
+    try:
+        os.makedirs(cfg.run.dir, exist_ok=True)
+        write_json(path, summary)
+    except OSError as e:
+        _say(f"cannot write {path}: {e.strerror or e}")
+
+
+def _died(failure: dict[str, Any]) -> bool:
+    """Whether the rank that ended first died or failed, rather than stopped (SIGTERM/SIGINT,
+    which a scheduler may send the workers themselves)."""
+    code = failure["rank_exit_code"]
+    stops = {128 + signal.SIGTERM, 128 + signal.SIGINT, -signal.SIGTERM, -signal.SIGINT}
+    return failure["rank"] is not None and code is not None and code not in stops
+
+
+def _may_record_in(run_dir: str) -> bool:
+    """Whether run.dir is absent or an earlier run's: the launcher may start a record there."""
+    if not os.path.exists(run_dir):
+        return True
+    try:
+        return not rundir.foreign_files(run_dir)
+    except RunDirError:
+        return False
+
+
+def _record_for_an_early_end(cfg: Config, np_: int) -> dict[str, Any]:
+    """summary.json for a job that ended before rank 0 wrote one (in its first seconds)."""
+    return {
+        "status": "failed",
+        "started_at": startup.process_created(),
+        "world_size": np_,
+        "epochs": cfg.train.epochs,
+        "epochs_completed": 0,
+        "resumed_from": None,
+        "last_checkpoint": None,
+        "recorded_by": "launcher",
+    }
 
 
 def _is_knock_on(error: str) -> bool:

@@ -20,7 +20,7 @@ import numpy as np
 import tensorflow as tf
 
 from hvd_train.config import Config
-from hvd_train.errors import ConfigError
+from hvd_train.errors import ConfigError, users_frame
 from hvd_train.keras_stack import keras, version_tuple
 
 
@@ -185,8 +185,10 @@ def import_user_module(name: str, key: str = "model.factory"):
     try:
         return importlib.import_module(name)
     except ImportError as e:
+        where = users_frame(e)  # the user's module imports what is missing
+        at = f" at {where}" if where else ""
         raise ConfigError(
-            f"{key}: cannot import module {name!r} ({e}); it must be importable "
+            f"{key}: cannot import module {name!r} ({e}{at}); it must be importable "
             "from the working directory or PYTHONPATH, or be given as path/to/file.py"
         ) from None
 

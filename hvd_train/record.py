@@ -154,6 +154,48 @@ def read_json(path: str) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
+def nothing_to_train(summary: dict[str, Any], epochs: int, run_dir: str) -> str | None:
+    """Why a rerun with `train.epochs: epochs` of the run whose record is `summary` has nothing
+    to train (one line), or None when it has.
+
+    Nothing to train: the run ended (completed, failed or interrupted) with `epochs` or more
+    epochs done, or its users' callbacks ended it early and `epochs` is no more than it was
+    asked for. A rerun then changes nothing in run.dir, whatever its worker count.
+    """
+    status, done = summary.get("status"), summary.get("epochs_completed")
+    if status not in ENDINGS or not isinstance(done, int):
+        return None
+    asked = summary.get("epochs", done)
+    early = summary.get("stopped_early") if status == "completed" else None
+    if early and epochs <= asked:
+        return (
+            f"{run_dir} already completed: its callbacks stopped it early at epoch "
+            f"{early.get('epoch')} of {asked} ({early.get('by')}); nothing to train (raise "
+            f"train.epochs above {asked} to continue)"
+        )
+    if epochs > done:
+        return None
+    more = (
+        "raise train.epochs to continue"
+        if epochs == done
+        else f"train.epochs is {epochs}: raise it above {done} to continue"
+    )
+    if status == "completed":
+        return f"{run_dir} already completed {done} of {asked} epochs; nothing to train ({more})"
+    return (
+        f"{run_dir} already has {done} epochs done (its last job: {status}); nothing to train "
+        f"({more})"
+    )
+
+
+def earlier_job(summary: dict[str, Any]) -> dict[str, Any]:
+    """What summary.json's `earlier_jobs` keeps of a job that trained the run before."""
+    keys = ("started_at", "status", "world_size", "controller", "global_batch_size",
+            "trained_from", "epochs_completed", "stopped_at", "train_examples_per_sec",
+            "wall_time_s")  # fmt: skip
+    return {k: summary[k] for k in keys if summary.get(k) is not None}
+
+
 def _reserve(run_dir: str) -> None:
     with open(os.path.join(run_dir, RESERVE), "wb") as f:
         os.posix_fallocate(f.fileno(), 0, RESERVE_BYTES)  # real blocks, not a sparse file

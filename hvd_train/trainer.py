@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import os
 import signal
@@ -37,19 +38,31 @@ from hvd_train.errors import (
     Interrupted,
     TrainingError,
     UserError,
+    users_frame,
 )
 from hvd_train.fitting import fit_from
 from hvd_train.input_diagnostics import data_summary
 from hvd_train.keras_stack import keras
 from hvd_train.models import weights_note
-from hvd_train.record import RecordError, RunRecord
+from hvd_train.record import (
+    ENDINGS,
+    SUMMARY,
+    RecordError,
+    RunRecord,
+    earlier_job,
+    nothing_to_train,
+    read_json,
+)
 from hvd_train.schedules import lr_multiplier
 from hvd_train.training_step import build_compiled_model
 from hvd_train.user_callbacks import AgreedStop
 
 
-def train(cfg: Config, config_path: str | None = None) -> tuple[keras.Model, dict[str, Any]]:
+def train(cfg: Config, config_path: str | None = None) -> tuple[keras.Model | None, dict[str, Any]]:
     """Trains as one worker of the job horovodrun started (or alone); returns model and summary.
+
+    A rerun of a run that has nothing left to train (see record.nothing_to_train) says so in
+    one line and returns (None, the run's summary) with run.dir untouched.
 
     Args:
         cfg: the loaded config.
@@ -64,6 +77,8 @@ def train(cfg: Config, config_path: str | None = None) -> tuple[keras.Model, dic
     with _running() as run:
         device = _start_worker(cfg, run)
         startup.mark("horovod_init")
+        if (finished := _nothing_to_train(cfg)) is not None:
+            return None, finished
         source = load_source(cfg)
         startup.mark("data")
         plan = derive(cfg, distributed.size(), source.num_train)
@@ -100,6 +115,7 @@ class _Run:
     record: RunRecord | None = None  # rank 0's
     base: dict[str, Any] = field(default_factory=dict)  # summary.json's opening fields
     callbacks: RunCallbacks | None = None  # the latest build (one per elastic membership)
+    earlier: list[dict[str, Any]] = field(default_factory=list)  # jobs that trained run.dir
 
     def release(self) -> None:
         for claim in self.claims:
@@ -113,8 +129,13 @@ class _Run:
         """Where training begins, for a stop's record and for summary.json."""
         self.signals.abandon = functools.partial(_abandon, self.record, start)
         if self.record:
-            self.record.update(epochs_completed=start.epoch, resumed_from=start.checkpoint,
-                               last_checkpoint=start.checkpoint)  # fmt: skip
+            self.record.update(
+                epochs_completed=start.epoch,
+                resumed_from=start.checkpoint,
+                last_checkpoint=start.checkpoint,
+                trained_from={"epoch": start.epoch + 1, "step": start.step},
+                earlier_jobs=self.earlier if start.checkpoint else [],
+            )
 
 
 @contextlib.contextmanager
@@ -137,7 +158,13 @@ def _running() -> Iterator[_Run]:
 def _start_worker(cfg: Config, run: _Run) -> str:
     """Starts Horovod and TensorFlow on this worker; returns its device ("gpu" or "cpu")."""
     tuning.before_init(cfg)  # core binding: before Horovod and TensorFlow start threads
-    distributed.init(cfg.horovod, cfg.run.dir)
+    knobs = cfg.horovod
+    if _finished_here(cfg):
+        # Horovod would empty the timeline (horovod.timeline, or a launcher's flag) at init,
+        # and this job trains nothing.
+        os.environ.pop("HOROVOD_TIMELINE", None)
+        knobs = dataclasses.replace(knobs, timeline=False)
+    distributed.init(knobs, cfg.run.dir)
     run.signals.chief = distributed.is_chief()
     run.signals.abandon = functools.partial(_abandon, None, None)
     device = distributed.configure_devices(
@@ -161,11 +188,43 @@ def _open_run_dir(
     run.base = _summary_base(cfg, plan, device)
     if not distributed.is_chief():
         return
+    # What the jobs before this one did, kept when this one resumes (note_start).
+    previous = read_json(os.path.join(cfg.run.dir, SUMMARY))
+    if previous.get("status") in ENDINGS:
+        run.earlier = [*previous.get("earlier_jobs", []), earlier_job(previous)]
     record = run.record = RunRecord(cfg.run.dir, run.base)
     # Hooks first: a stop that comes while the record starts is recorded.
     run.signals.on_signal = lambda signum: record.note(signal=signum)
     run.signals.abandon = functools.partial(_abandon, record, None)
     record.start()
+
+
+def _finished_here(cfg: Config) -> bool:
+    """Whether run.dir, as this host sees it, holds a run with nothing left to train."""
+    if cfg.train.resume != "auto" or cfg.run.overwrite:
+        return False
+    summary = read_json(os.path.join(cfg.run.dir, SUMMARY))
+    return nothing_to_train(summary, cfg.train.epochs, cfg.run.dir) is not None
+
+
+def _nothing_to_train(cfg: Config) -> dict[str, Any] | None:
+    """With train.resume auto, rank 0 reads run.dir's record: when the run has nothing left to
+    train, it says why in one line, and every rank gets the record as it is; else None.
+    Nothing is written: not the config, not a log line, not the record."""
+    if cfg.train.resume != "auto" or cfg.run.overwrite:
+        return None
+
+    def look() -> dict[str, Any] | None:  # (_finished_here, with the reason and the record)
+        summary = read_json(os.path.join(cfg.run.dir, SUMMARY))
+        why = nothing_to_train(summary, cfg.train.epochs, cfg.run.dir)
+        return {"why": why, "summary": summary} if why else None
+
+    found = distributed.chief_computes(look, "hvd_train.nothing_to_train")
+    if found is None:
+        return None
+    logs.release(replay=False)  # a launcher's worker: its held start-up output is just noise
+    distributed.log(found["why"])
+    return found["summary"]
 
 
 def _fit(
@@ -298,9 +357,11 @@ def _fail(run: _Run, e: BaseException) -> None:
     came first and was not a consequence of another rank's failure); rank 0 records it. A
     traceback goes to the rank's log only, and not for the errors that are one line by design."""
     one_line = isinstance(e, (UserError, TrainingError))
-    logs.failed(_console_cause(e), None if one_line else e)
+    where = None if one_line else users_frame(e)  # in a model factory, a callback
+    at = f" (at {where})" if where else ""
+    logs.failed(_console_cause(e) + at, None if one_line else e)
     try:
-        _end_record(run, status="failed", error=_cause(e), error_type=type(e).__name__)
+        _end_record(run, status="failed", error=_cause(e) + at, error_type=type(e).__name__)
     except RecordError as e2:
         logs.say(f"hvd_train: error: {e2}")
 

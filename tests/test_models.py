@@ -269,3 +269,33 @@ def test_every_applications_name_has_its_base_and_preprocessing() -> None:
     from hvd_train import config, models
 
     assert set(models._BASES) == set(config.APPLICATIONS) == set(models._PREPROCESS)
+
+
+def test_a_factory_that_raises_at_import_is_named_by_file_and_line(tmp_path, monkeypatch) -> None:
+    """The user's module raising while imported: the error says where in their code; a module
+    that imports what is missing says where too."""
+    from hvd_train.errors import users_frame
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "bad.py").write_text("import os\nraise RuntimeError('my bug')\n")
+    with pytest.raises(RuntimeError, match="my bug") as raised:
+        build_model(load_config(None, ["model.factory=bad.py:build"]), (8, 8, 1), 10)
+    assert users_frame(raised.value) == "bad.py:2"
+    (tmp_path / "needs.py").write_text("\nimport no_such_package_xyz\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ConfigError, match=r"No module named 'no_such_package_xyz' at needs.py:2\)"):
+        build_model(load_config(None, ["model.factory=needs:build"]), (8, 8, 1), 10)
+
+
+def test_a_job_whose_factory_raises_names_the_users_line(tmp_path) -> None:
+    (tmp_path / "bad.py").write_text("import os\nraise RuntimeError('my bug')\n")
+    d = tmp_path / "run"
+    proc = run([PYTHON, "-m", "hvd_train", "--config", str(ROOT / "configs" / "quickstart.yaml"),
+                "--set", "model.factory=bad.py:build", "--set", f"run.dir={d}"], tmp_path)  # fmt: skip
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert proc.stderr.splitlines()[-1] == (
+        f"[rank 0] failed: RuntimeError: my bug (at bad.py:2); full log: {d}/logs/rank-0.log"
+    ), proc.stderr[-3000:]
+    assert 'File "' in (d / "logs" / "rank-0.log").read_text()  # the traceback, in the log
+    error = json.loads((d / "summary.json").read_text())["error"]
+    assert error == "RuntimeError: my bug (at bad.py:2)", error

@@ -230,3 +230,25 @@ def test_a_killed_launcher_leaves_a_true_record(tmp_path, controller) -> None:
     else:
         assert s["status"] == "failed" and s["recorded_by"] == "keeper", s
         assert_checkpoints_load(d)
+
+
+@pytest.mark.parametrize("controller", CONTROLLERS)
+@pytest.mark.parametrize("moment", ["start-up", "before the first step"])
+def test_a_rank_killed_early_under_launch_is_recorded_failed(tmp_path, controller, moment) -> None:
+    """SIGKILL to rank 1 as soon as its process exists (rank 0 may not have started the record
+    yet: the launcher then writes it), or as soon as the record says `running`. Either way
+    the launcher's SIGTERM then reaches rank 0, which must not make the ending a stop."""
+    d = tmp_path / "run"
+    proc = start([PYTHON, "-m", "hvd_train", "launch", "--np", "2", f"--{controller}",
+                  "--config", str(QUICKSTART), *sets(f"run.dir={d}", "data.source=synthetic")],
+                 tmp_path)  # fmt: skip
+    if moment == "start-up":
+        wait_until(lambda: 1 in workers(str(d)), proc, "rank 1's process")
+    else:
+        wait_until(lambda: summary(d).get("status") == "running", proc, "a running record")
+    os.kill(workers(str(d))[1], signal.SIGKILL)
+    s = ended(d, proc)
+    assert s["status"] == "failed" and s["failed_rank"] == 1, s
+    assert "rank 1 failed first" in s["failure"] and "SIGKILL" in s["failure"], s
+    assert "stopped_by" not in s and s["epochs_completed"] == 0, s
+    assert s["_exit_code"] == 1, s
