@@ -158,15 +158,17 @@ def nothing_to_train(summary: dict[str, Any], epochs: int, run_dir: str) -> str 
     """Why a rerun with `train.epochs: epochs` of the run whose record is `summary` has nothing
     to train (one line), or None when it has.
 
-    Nothing to train: the run ended (completed, failed or interrupted) with `epochs` or more
-    epochs done, or its users' callbacks ended it early and `epochs` is no more than it was
-    asked for. A rerun then changes nothing in run.dir, whatever its worker count.
+    Nothing to train: the run completed with `epochs` or more epochs done, or its users'
+    callbacks ended it early and `epochs` is no more than it was asked for. A rerun then
+    changes nothing in run.dir, whatever its worker count. A run that failed or was
+    interrupted past its last step (writing model.keras, say) has its end still to do: a rerun
+    resumes and does it.
     """
-    status, done = summary.get("status"), summary.get("epochs_completed")
-    if status not in ENDINGS or not isinstance(done, int):
+    done = summary.get("epochs_completed")
+    if summary.get("status") != "completed" or not isinstance(done, int):
         return None
     asked = summary.get("epochs", done)
-    early = summary.get("stopped_early") if status == "completed" else None
+    early = summary.get("stopped_early")
     if early and epochs <= asked:
         return (
             f"{run_dir} already completed: its callbacks stopped it early at epoch "
@@ -180,12 +182,7 @@ def nothing_to_train(summary: dict[str, Any], epochs: int, run_dir: str) -> str 
         if epochs == done
         else f"train.epochs is {epochs}: raise it above {done} to continue"
     )
-    if status == "completed":
-        return f"{run_dir} already completed {done} of {asked} epochs; nothing to train ({more})"
-    return (
-        f"{run_dir} already has {done} epochs done (its last job: {status}); nothing to train "
-        f"({more})"
-    )
+    return f"{run_dir} already completed {done} of {asked} epochs; nothing to train ({more})"
 
 
 def earlier_job(summary: dict[str, Any]) -> dict[str, Any]:

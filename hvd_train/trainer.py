@@ -97,7 +97,7 @@ def train(cfg: Config, config_path: str | None = None) -> tuple[keras.Model | No
         except BaseException as e:
             _fail(run, e)
             raise
-        summary = _summarize(cfg, history, source, run.callbacks)
+        summary = _summarize(cfg, history, source, run.callbacks, start)
         if summary["status"] == "interrupted":
             _stop(run, summary)  # raises Interrupted once rank 0 has recorded the stop
         _complete(cfg, model, summary, run)
@@ -259,10 +259,18 @@ def _fit(
 
 
 def _summarize(
-    cfg: Config, history: dict[str, list[float]], source: Source, callbacks: RunCallbacks
+    cfg: Config,
+    history: dict[str, list[float]],
+    source: Source,
+    callbacks: RunCallbacks,
+    start: Start,
 ) -> dict[str, Any]:
     """summary.json's results: how the run ended, its metrics, data and throughput."""
     summary = _results(history, cfg, callbacks.control, callbacks.user_stop)
+    # A resume with nothing left to train (its end still to do): the run's own figures.
+    summary["epochs_completed"] = max(summary["epochs_completed"], start.epoch)
+    if not summary["final_metrics"]:
+        summary["final_metrics"] = dict(start.metrics)
     summary.update(data_summary(history, source.skipped_files))
     summary.update(perf.throughput_summary(callbacks.timer, cfg))
     summary["startup_s"] = startup.phases()  # rank 0's: from its process's start to its first step
@@ -399,6 +407,7 @@ class Start:
     epoch: int = 0
     step: int = 0
     checkpoint: str | None = None
+    metrics: dict[str, float] = field(default_factory=dict)  # the checkpoint's epoch-end metrics
 
 
 def _resume(cfg: Config, model: keras.Model, plan: Derived) -> Start:
@@ -447,7 +456,7 @@ def _resume(cfg: Config, model: keras.Model, plan: Derived) -> Start:
         f"(saved with {state['world_size']} worker(s), global batch {state['global_batch']})"
         f"{aside}"
     )
-    return Start(epoch=epoch, step=step, checkpoint=found["path"])
+    return Start(epoch=epoch, step=step, checkpoint=found["path"], metrics=state.get("metrics", {}))
 
 
 def _read_checkpoint(cfg: Config, model: keras.Model) -> dict[str, Any]:

@@ -185,7 +185,9 @@ def test_no_room_for_model_keras_fails_and_a_rerun_writes_it(tmp_path, tmpfs) ->
     second = run(cmd, tmp_path)
     assert second.returncode == 0, second.stderr[-6000:]
     assert f"resuming from {final}: epoch 2, step 0" in second.stdout
-    assert summary(d)["status"] == "completed"
+    s = summary(d)
+    assert s["status"] == "completed" and s["epochs_completed"] == 1, s
+    assert {"loss", "val_loss", "val_accuracy"} <= set(s["final_metrics"]), s  # the checkpoint's
     assert tf.keras.models.load_model(d / "model.keras").count_params() > 0
 
 

@@ -48,8 +48,8 @@ def summary(run_dir: pathlib.Path) -> dict:
         ({"status": "completed", "epochs": 40, "epochs_completed": 40}, 3,
          "runs/x already completed 40 of 40 epochs; nothing to train (train.epochs is 3: raise it above 40 to continue)"),
         ({"status": "completed", "epochs": 12, "epochs_completed": 12}, 13, None),
-        ({"status": "interrupted", "epochs": 12, "epochs_completed": 5}, 5,
-         "runs/x already has 5 epochs done (its last job: interrupted); nothing to train (raise train.epochs to continue)"),
+        ({"status": "interrupted", "epochs": 12, "epochs_completed": 5}, 5, None),  # its end to do
+        ({"status": "failed", "epochs": 1, "epochs_completed": 1}, 1, None),
         ({"status": "interrupted", "epochs": 12, "epochs_completed": 5}, 12, None),
         ({"status": "failed", "epochs": 12, "epochs_completed": 0}, 12, None),
         ({"status": "completed", "epochs": 12, "epochs_completed": 7,
