@@ -8,19 +8,21 @@ turns the local observations into one decision that every worker then acts on.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import signal
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Callable
 
 import numpy as np
 import tensorflow as tf
 
 from hvd_train import distributed
-from hvd_train.errors import TrainingError
+from hvd_train.errors import ANOTHER_FIRST, TrainingError
 from hvd_train.keras_stack import keras
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -118,6 +120,9 @@ class StopSignals:
     def _first(self, signum: int) -> None:
         self.signum = self.signum or signum
         self.on_signal(signum)
+        first = horovodrun_first_failure() if signum == signal.SIGTERM else None
+        if first is not None:  # not a stop: horovodrun is ending the job after a failure
+            self._exit(signum, _failed_first(first), failed=True, failed_rank=first["rank"])
         if self.steps_run == 0:
             self._exit(signum, "before any step ran: nothing to save")
         if not self.chief:
@@ -129,17 +134,50 @@ class StopSignals:
                 "before SIGKILL): no stop checkpoint",
             )
 
-    def _exit(self, signum: int, reason: str, failed: bool = False) -> None:
+    def _exit(
+        self, signum: int, reason: str, failed: bool = False, failed_rank: int | None = None
+    ) -> None:
         if self.done.is_set():
             return  # the run wrote its own ending meanwhile: let it exit as it does
         try:
-            self.abandon(signum, reason, self.steps_run > 0, failed)
+            if failed_rank is None:
+                self.abandon(signum, reason, self.steps_run > 0, failed)
+            else:
+                self.abandon(signum, reason, self.steps_run > 0, failed, failed_rank=failed_rank)
             for release in self.before_exit:
                 release()
         finally:
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(128 + signum)
+
+
+def horovodrun_first_failure() -> dict | None:
+    """The worker that failed first, as horovodrun (Gloo) noted it in its rendezvous server
+    before it sent the others SIGTERM ({"rank", "exit_code"}; scripts/patch_horovod.py);
+    None when there is no such note: a stop, another launcher, or an unpatched Horovod."""
+    addr = os.environ.get("HOROVOD_GLOO_RENDEZVOUS_ADDR")
+    port = os.environ.get("HOROVOD_GLOO_RENDEZVOUS_PORT")
+    if not addr or not port or os.environ.get("HOROVOD_ELASTIC") == "1":
+        return None
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never a proxy
+    try:
+        with opener.open(f"http://{addr}:{port}/hvd_train/first_failure", timeout=2) as r:
+            found = json.loads(r.read())
+    except (OSError, ValueError):  # 404: no failure noted
+        return None
+    ok = isinstance(found, dict) and all(
+        isinstance(found.get(k), int) for k in ("rank", "exit_code")
+    )
+    return found if ok else None
+
+
+def _failed_first(first: dict) -> str:
+    code = first["exit_code"]
+    signum = code - 128 if code > 128 else -code
+    name = signal.Signals(signum).name if signum in signal.valid_signals() else None
+    how = f"exit code {code}" + (f", killed by {name}" if name else "")
+    return f"{ANOTHER_FIRST}: rank {first['rank']} ({how}); horovodrun then ended the job"
 
 
 def stop_grace_s() -> float:

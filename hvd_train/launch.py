@@ -48,6 +48,9 @@ from hvd_train.supervise import Supervisor
 
 GLOO_FIRST = re.compile(r"Terminating remaining workers after failure of Process (\d+)")
 GLOO_NAMED = re.compile(r"Process name: (\d+)\s+Exit code: (-?\d+)")
+# The same, in the one line that ends the job under Horovod as scripts/patch_horovod.py leaves it.
+GLOO_ENDING = re.compile(r"^horovodrun: process (\d+) exited first, with code (-?\d+)", re.M)
+HOROVODRUN_ENDING = re.compile(r"horovodrun: (?:process \d+ exited first|mpirun failed)")
 GLOO_EXIT = re.compile(r"Process (\d+) exit with status code (-?\d+)")
 MPI_NAMED = re.compile(r"Process name:\s+\[\[\d+,\d+\],(\d+)\]\s+Exit code:\s+(-?\d+)")
 # mpirun's report of a rank killed by a signal (it names no exit code): 128 + the signal's.
@@ -186,7 +189,7 @@ def first_failure(output: str) -> dict[str, Any]:
     such a consequence wins over the exit order.
     """
     codes = {int(r): int(c) for r, c in GLOO_EXIT.findall(output)}
-    m = MPI_NAMED.search(output) or GLOO_NAMED.search(output)
+    m = MPI_NAMED.search(output) or GLOO_NAMED.search(output) or GLOO_ENDING.search(output)
     signaled = MPI_SIGNALED.search(output)
     if m:
         rank, code = int(m.group(1)), int(m.group(2))
@@ -281,10 +284,10 @@ class Tidy:
             rank, text = int(m.group(1)), line[m.end() :]
             mark = f"[rank {rank}]"
             return text if rank == 0 or text.startswith(mark) else f"{mark} {text}"
-        # horovodrun's traceback (its RuntimeError, with the process that exited first) ends
-        # its output: nothing of it is shown.
+        # horovodrun's traceback (its RuntimeError, with the process that exited first), or the
+        # one line it is patched to, ends its output: nothing of it is shown.
         self.traceback = self.traceback or line.startswith("Traceback (most recent call last)")
-        if self.traceback or GLOO_EXIT.match(line) or GLOO_FIRST.match(line):
+        if self.traceback or any(p.match(line) for p in (GLOO_EXIT, GLOO_FIRST, HOROVODRUN_ENDING)):
             return None
         return line
 

@@ -319,11 +319,13 @@ def _abandon(
     reason: str,
     ran: bool,
     failed: bool,
+    failed_rank: int | None = None,
 ) -> None:
     """Called by the stop watcher just before it ends this process: records the ending.
 
     `ran`: whether any step ran; without one, training continues where `start` says.
-    `failed`: the launcher is ending the job after a failure elsewhere, not stopping it.
+    `failed`: the launcher is ending the job after a failure elsewhere, not stopping it;
+    `failed_rank`: the rank that failed first, when the launcher said.
     """
     name = signal.Signals(signum).name
     if record is None:
@@ -331,8 +333,9 @@ def _abandon(
             logs.say(f"hvd_train: stopped by {name} during start-up; nothing was written")
         return
     if failed:
-        _end_quietly(record, status="failed", error=reason)
-        logs.failed(f"{ANOTHER_FIRST}, or the job was stopped: {reason}")
+        known = {} if failed_rank is None else {"failed_rank": failed_rank}
+        _end_quietly(record, status="failed", error=reason, **known)
+        logs.failed(reason if known else f"{ANOTHER_FIRST}, or the job was stopped: {reason}")
         return
     fields: dict[str, Any] = {"status": "interrupted", "stopped_by": name, "stop_detail": reason}
     if not ran and start is not None:

@@ -1,4 +1,4 @@
-"""Four changes to Horovod 0.28.1, made by install.sh after Horovod is installed; each is
+"""Six changes to Horovod 0.28.1, made by install.sh after Horovod is installed; each is
 made once, and a second run changes nothing.
 
     python scripts/patch_horovod.py
@@ -33,6 +33,17 @@ and the tf.cond stays.
 first step here). Their only branches and loops are on Python values, so the rewrite gives the
 same graph: they are now traced without it. (hvd_train also tells autograph to leave the rest
 of Horovod's code alone: hvd_train/distributed.py.)
+
+5. A job whose worker failed ended with 15 lines of horovodrun's own Python traceback, after the
+workers' own one-line errors. horovodrun now ends such a job in one line, with the same facts
+(`horovodrun: process 1 exited first, with code 137 (killed by SIGKILL), and ended the job; ...`)
+and exit code 1, as before; `--verbose` keeps the traceback, and any other error keeps it.
+
+6. When a worker failed, horovodrun (Gloo) sent the others SIGTERM, just as after a Ctrl-C: rank 0
+could not tell the two apart, and recorded a worker killed in the first epoch as a user's stop.
+horovodrun now notes the first failure in its rendezvous server (which the workers already
+talk to) before it sends SIGTERM; hvd_train's rank 0 asks for that note when a SIGTERM comes
+(hvd_train/control.py) and records `failed`, naming the rank, instead of `interrupted`.
 
 Exit code 0: patched (now or before); 1: a file is neither Horovod 0.28.1's nor patched.
 """
@@ -256,6 +267,110 @@ def _make_subgraph(f):
     return tf.function(f, autograph=False)
 """
 
+ENDING_OLD = """\
+def run_commandline():
+    args = parse_args()
+
+    if args.log_level:
+        logging.addLevelName(logging.NOTSET, 'TRACE')
+        logging.basicConfig(level=logging.getLevelName(args.log_level))
+
+    _run(args)
+"""
+
+ENDING_NEW = """\
+def run_commandline():
+    args = parse_args()
+
+    if args.log_level:
+        logging.addLevelName(logging.NOTSET, 'TRACE')
+        logging.basicConfig(level=logging.getLevelName(args.log_level))
+
+    try:
+        _run(args)
+    except RuntimeError as e:
+        # hvd_train's change (scripts/patch_horovod.py): a failed worker ends the job in one
+        # line, not in a traceback of horovodrun's own code (--verbose keeps it).
+        line = None if args.verbose else _failed_job_line(str(e))
+        if line is None:
+            raise
+        print(line, file=sys.stderr, flush=True)
+        sys.exit(1)
+
+
+def _failed_job_line(message):
+    \"\"\"One line for the RuntimeError that ends a job whose worker failed; None for another.\"\"\"
+    import re
+    import signal
+    m = re.search(r'Process name: (\\S+)\\s+Exit code: (-?\\d+)', message)
+    if m:
+        code = int(m.group(2))
+        signum = code - 128 if code > 128 else -code
+        how = ''
+        if signum > 0:
+            try:
+                how = ' (killed by %s)' % signal.Signals(signum).name
+            except ValueError:
+                pass
+        return ('horovodrun: process %s exited first, with code %d%s, and ended the job; its '
+                'output is above, and in <run.dir>/logs/rank-%s.log for hvd_train'
+                % (m.group(1), code, how, m.group(1)))
+    m = re.match(r'mpirun failed with exit code (-?\\d+)$', message)
+    if m:
+        return ('horovodrun: mpirun failed with exit code %s; its report and the output of '
+                'the workers are above' % m.group(1))
+    return None
+"""
+
+FIRST_FAILURE_OLD = """\
+        if exit_code != 0 and terminate_all_event:
+            if not any(ev.is_set() for ev in all_events):
+                print('Terminating remaining workers after failure of Process {idx}.'.format(idx=index))
+            terminate_all_event.set()
+        return exit_code, time.time()
+
+    return _exec_command
+"""
+
+FIRST_FAILURE_NEW = """\
+        if exit_code != 0 and terminate_all_event:
+            if not any(ev.is_set() for ev in all_events):
+                print('Terminating remaining workers after failure of Process {idx}.'.format(idx=index))
+                _note_first_failure(index, exit_code)
+            terminate_all_event.set()
+        return exit_code, time.time()
+
+    return _exec_command
+
+
+# hvd_train's change (scripts/patch_horovod.py): the rendezvous server of the running job, where
+# the first failure is noted for the workers before they are sent SIGTERM (as after a Ctrl-C).
+_RENDEZVOUS = []
+
+
+def _note_first_failure(rank, exit_code):
+    \"\"\"GET /hvd_train/first_failure on the rendezvous server: {"rank": R, "exit_code": C}.\"\"\"
+    value = ('{"rank": %d, "exit_code": %d}' % (rank, exit_code)).encode()
+    for rendezvous in _RENDEZVOUS:
+        httpd = getattr(rendezvous, '_httpd', None)
+        if httpd is not None:
+            with httpd.cache_lock:
+                httpd.cache.setdefault('hvd_train', {})['first_failure'] = value
+"""
+
+RENDEZVOUS_OLD = """\
+    global_rendezv_port = rendezvous.start()
+    rendezvous.init(host_alloc_plan)
+    run_command = get_run_command(command, server_ip, nics, global_rendezv_port)
+"""
+
+RENDEZVOUS_NEW = """\
+    global_rendezv_port = rendezvous.start()
+    rendezvous.init(host_alloc_plan)
+    _RENDEZVOUS[:] = [rendezvous]  # hvd_train's change: see _note_first_failure
+    run_command = get_run_command(command, server_ip, nics, global_rendezv_port)
+"""
+
 PATCHES = [
     Patch(
         "horovod.runner.common.util.safe_shell_exec",
@@ -280,6 +395,24 @@ PATCHES = [
         SUBGRAPH_OLD,
         SUBGRAPH_NEW,
         "the all-reduce and broadcast subgraphs are traced without autograph",
+    ),
+    Patch(
+        "horovod.runner.launch",
+        ENDING_OLD,
+        ENDING_NEW,
+        "horovodrun ends a job whose worker failed in one line, not a traceback",
+    ),
+    Patch(
+        "horovod.runner.gloo_run",
+        FIRST_FAILURE_OLD,
+        FIRST_FAILURE_NEW,
+        "horovodrun (Gloo) notes the first failure for the workers before it stops them",
+    ),
+    Patch(
+        "horovod.runner.gloo_run",
+        RENDEZVOUS_OLD,
+        RENDEZVOUS_NEW,
+        "horovodrun (Gloo) keeps its rendezvous server for that note",
     ),
 ]
 

@@ -23,6 +23,11 @@ RuntimeError: Horovod detected that one or more processes exited with non-zero s
 Process name: {rank}
 Exit code: {code}
 """
+# The same ending as Horovod is patched at install (scripts/patch_horovod.py): one line.
+GLOO_ENDING = (
+    "horovodrun: process {rank} exited first, with code {code}{how}, and ended the job; its "
+    "output is above, and in <run.dir>/logs/rank-{rank}.log for hvd_train\n"
+)
 MPI_ABORTED = """\
 --------------------------------------------------------------------------
 Primary job  terminated normally, but 1 process returned
@@ -64,6 +69,14 @@ Process 1 exit with status code 137.
 Terminating remaining workers after failure of Process 1.
 Process 0 exit with status code 1.
 """ + GLOO_TRACEBACK.format(rank=1, code=137),
+    # The same as horovodrun ends it once patched.
+    "gloo-killed-patched": GLOO_STARTED + """\
+[1]<stderr>:Killed
+Process 1 exit with status code 137.
+Terminating remaining workers after failure of Process 1.
+[0]<stderr>:Terminated
+Process 0 exit with status code 143.
+""" + GLOO_ENDING.format(rank=1, code=137, how=" (killed by SIGKILL)"),
     # A user error on rank 1 (exit code 2): its own line, and it exited first.
     "gloo-user-error": GLOO_STARTED + """\
 [1]<stderr>:[rank 1] failed: DataError: data.train_examples: 40 examples are fewer than one global batch; full log: /tmp/run/logs/rank-1.log
@@ -125,6 +138,7 @@ KILLED = "rank 1 failed first (exit code 137, killed by SIGKILL)"
 CASES = {
     "gloo-killed": (1, 137, None, 1, KILLED),
     "gloo-killed-with-knock-on": (1, 137, None, 1, KILLED),
+    "gloo-killed-patched": (1, 137, None, 1, KILLED),
     "gloo-user-error": (1, 2, FEW, 1, f"rank 1 failed first: {FEW}"),
     "gloo-cause-exits-last": (1, 1, NAN, 1, f"rank 1 failed first: {NAN}"),
     "gloo-no-such-program": (1, 127, None, 1, "rank 1 failed first (exit code 127)"),

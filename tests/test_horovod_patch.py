@@ -62,3 +62,17 @@ def _installed(metadata, name: str) -> bool:
         return bool(metadata.version(name))
     except metadata.PackageNotFoundError:
         return False
+
+
+def test_a_failed_worker_ends_horovodrun_in_one_line(tmp_path) -> None:
+    """Rank 1 killed: horovodrun's last line names it, its code and its signal, and no
+    traceback of horovodrun's own code follows; the exit code stays 1."""
+    die = 'if [ "$HOROVOD_RANK" = 1 ]; then kill -9 $$; fi; sleep 5'
+    job = [str(BIN / "horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo", "sh", "-c", die]
+    proc = run(job, tmp_path)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr + proc.stdout
+    assert proc.stderr.splitlines()[-1] == (
+        "horovodrun: process 1 exited first, with code 137 (killed by SIGKILL), and ended the "
+        "job; its output is above, and in <run.dir>/logs/rank-1.log for hvd_train"
+    ), proc.stderr

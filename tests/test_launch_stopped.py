@@ -18,11 +18,15 @@ class StoppedJob:
 
     code = 0
     signum = signal.SIGINT
+    record: tuple | None = None  # (summary.json, its status): what the job's rank 0 writes
 
     def __init__(self) -> None:
         self.stop_signal = 0
 
     def run(self, cmd, env=None, tidy=None) -> tuple[int, str]:
+        if self.record:
+            path, status = self.record
+            path.write_text(json.dumps({"status": status, "started_at": 2.0}))
         self.stop_signal = self.signum
         return self.code, ""
 
@@ -33,8 +37,9 @@ def test_a_job_stopped_then_exiting_0_exits_as_its_record_says(
 ) -> None:
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    (run_dir / "summary.json").write_text(json.dumps({"status": status}))
-    monkeypatch.setattr(launch, "Supervisor", StoppedJob)
+    (run_dir / "summary.json").write_text(json.dumps({"status": "failed", "started_at": 1.0}))
+    job = type("Job", (StoppedJob,), {"record": (run_dir / "summary.json", status)})
+    monkeypatch.setattr(launch, "Supervisor", job)
     argv = ["--config", str(QUICKSTART), "--np", "2", "--set", f"run.dir={run_dir}"]
     assert launch.main(argv, "hvd-train launch") == code
     said = capsys.readouterr().err
@@ -55,3 +60,56 @@ def test_a_stopped_job_that_horovodrun_ends_with_1_exits_128_plus_the_signal(
     argv = ["--config", str(QUICKSTART), "--np", "2", "--set", f"run.dir={run_dir}"]
     assert launch.main(argv, "hvd-train launch") == code
     assert json.loads((run_dir / "summary.json").read_text())["status"] == "interrupted"
+
+
+def _failure(rank, rank_exit_code, error=None) -> dict:
+    return {"rank": rank, "rank_exit_code": rank_exit_code, "error": error, "exit_code": 1}
+
+
+@pytest.mark.parametrize(
+    ("before", "failure", "stop", "after"),
+    [
+        # rank 0 took horovodrun's SIGTERM, after rank 1 died, for a stop
+        ({"status": "interrupted", "stopped_by": "SIGTERM"}, _failure(1, 137), 0,
+         {"status": "failed", "failed_rank": 1}),
+        # a scheduler's SIGTERM to the workers themselves: a stop
+        ({"status": "interrupted", "stopped_by": "SIGTERM"}, _failure(0, 143), 0,
+         {"status": "interrupted", "stopped_by": "SIGTERM"}),
+        # the launcher passed a stop on: the workers' failures only echo it
+        ({"status": "failed"}, _failure(1, 137), signal.SIGINT,
+         {"status": "interrupted", "stopped_by": "SIGINT"}),
+        # no record yet: the launcher writes one
+        (None, _failure(1, 137), 0, {"status": "failed", "failed_rank": 1,
+                                     "recorded_by": "launcher", "epochs_completed": 0}),
+        (None, _failure(1, -9), signal.SIGTERM, {"status": "interrupted", "stopped_by": "SIGTERM",
+                                                  "recorded_by": "launcher"}),
+    ],
+)  # fmt: skip
+def test_the_launcher_makes_the_record_say_how_the_attempt_ended(
+    tmp_path, before, failure, stop, after
+) -> None:
+    run_dir = tmp_path / "run"
+    path = run_dir / "summary.json"
+    if before is not None:
+        run_dir.mkdir()
+        path.write_text(json.dumps(before))
+    cfg = launch.load_config(str(QUICKSTART), [f"run.dir={run_dir}"])
+    launch._mark_ended(str(path), failure, stop, cfg, 2)
+    got = json.loads(path.read_text())
+    assert {k: got.get(k) for k in after} == after, got
+    if after["status"] == "failed":
+        assert "stopped_by" not in got and got["failure"].startswith("rank 1 failed first"), got
+
+
+@pytest.mark.parametrize("case", ["user error", "foreign files"])
+def test_the_launcher_writes_no_record_where_the_job_was_refused(tmp_path, case) -> None:
+    """Exit code 2 (a bad config, run.dir another job's): nothing of the job's is in run.dir.
+    A folder with files that are not a run's gets none either."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    if case == "foreign files":
+        (run_dir / "notes.txt").write_text("mine")
+    failure = _failure(0, 2 if case == "user error" else 137)
+    cfg = launch.load_config(str(QUICKSTART), [f"run.dir={run_dir}"])
+    launch._mark_ended(str(run_dir / "summary.json"), failure, 0, cfg, 2)
+    assert not (run_dir / "summary.json").exists()
