@@ -234,6 +234,15 @@ def two_epochs(tmp_path_factory) -> dict[str, pathlib.Path]:
     return {"base": base, "direct": direct, "other": other / "checkpoints" / "ckpt-00000088"}
 
 
+def crashed_copy(run_dir: pathlib.Path, to: pathlib.Path) -> None:
+    """A copy of the finished run as a crash while writing its last checkpoint leaves it:
+    summary.json says failed (a completed run's rerun would have nothing to train)."""
+    shutil.copytree(run_dir, to)
+    s = summary(to)
+    s.update(status="failed", epochs_completed=1, error="killed while writing its checkpoint")
+    (to / "summary.json").write_text(json.dumps(s))
+
+
 def _truncate_data(ckpt: pathlib.Path, other: pathlib.Path) -> str:
     data = next(ckpt.glob("ckpt.data-*"))
     os.truncate(data, data.stat().st_size // 2)
@@ -264,7 +273,7 @@ def test_resume_passes_over_a_damaged_newest_checkpoint_to_the_older_one(
     tmp_path, two_epochs, damage
 ) -> None:
     d = tmp_path / "run"
-    shutil.copytree(two_epochs["base"], d)
+    crashed_copy(two_epochs["base"], d)
     newest = d / "checkpoints" / "ckpt-00000088"
     why = damage(newest, two_epochs["other"])
     proc = run(train_cmd(d), tmp_path)
@@ -293,7 +302,7 @@ def test_resume_passes_over_a_damaged_newest_checkpoint_to_the_older_one(
 def test_resume_auto_fails_in_one_line_when_no_checkpoint_loads(tmp_path, two_epochs) -> None:
     """Rather than start afresh over the run's metrics.csv and checkpoints."""
     d = tmp_path / "run"
-    shutil.copytree(two_epochs["base"], d)
+    crashed_copy(two_epochs["base"], d)
     newest = d / "checkpoints" / "ckpt-00000088"
     why = _truncate_data(newest, two_epochs["other"])
     _corrupt_state(d / "checkpoints" / "ckpt-00000044", two_epochs["other"])
