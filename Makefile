@@ -36,7 +36,7 @@ test-quick: install
 # choice, the doctor): what CI runs on the other stack, `HVD_TRAIN_TF=2.18 make test-stack`.
 # On this project's shared 2-core machine (niced): 13 min on 2.18, 18 min on 2.15.
 test-stack: install
-	$(PY) -m pytest -q -ra --durations=15 -m stack tests
+	$(PY) -m pytest -q -ra --durations=15 -n 2 --dist loadfile -m stack tests
 
 # The Docker image built and run for real (CPU image, its quickstart, a two-container multi-node
 # job, a lost host): the image's build took 12 min here with apt's layer cached (54 min with no
