@@ -93,7 +93,7 @@ class OptimizerConfig:
     """The optimizer (wrapped in Horovod's DistributedOptimizer) and its learning rate: scaled
     for the worker count, warmed up, then scheduled (docs/models.md)."""
 
-    name: Literal["sgd", "adam", "adamw", "rmsprop"] = "sgd"
+    name: Literal["sgd", "adam", "adamw", "rmsprop"] = "sgd"  # Keras' optimizer of that name
     # The rate for one worker's batch; scaled by lr_scaling for the batch an update takes.
     learning_rate: float = field(default=0.01, metadata={"min_exclusive": 0.0})
     momentum: float = field(default=0.9, metadata={"min": 0.0, "max": 1.0})  # sgd's and rmsprop's
