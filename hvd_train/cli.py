@@ -230,7 +230,7 @@ DOCS = {
 
 
 def usage(prog: str) -> str:
-    """The top-level help: how to train, then every command with its one line."""
+    """The top-level help: how to train, every command with its one line, the docs pages."""
     width = max(map(len, COMMANDS))
     rows = "\n".join(f"  {name:<{width}}  {summary}" for name, (_, summary) in COMMANDS.items())
     wide = max(map(len, DOCS))

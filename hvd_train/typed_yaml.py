@@ -447,17 +447,19 @@ def reference(cls: type) -> str:
     hints = typing.get_type_hints(cls)
     parts = []
     for f in dataclasses.fields(cls):
-        tp = hints[f.name]
-        section = tp if dataclasses.is_dataclass(tp) else None
-        keys = _keys(section, f"{f.name}.") if section else _keys(cls, "", only=f.name)
-        doc = _docstring(section) if section else ""
-        rows = "\n".join(_row(k) for k in keys)
-        parts.append(
-            f"## `{f.name}`\n\n{doc + chr(10) * 2 if doc else ''}"
-            "| key | type | default | allowed | meaning |\n|---|---|---|---|---|\n"
-            f"{rows}\n"
-        )
+        section = hints[f.name]
+        if dataclasses.is_dataclass(section):
+            parts.append(_section(f.name, _docstring(section), _keys(section, f"{f.name}.")))
+        else:  # a key at the top, such as a list of items
+            parts.append(_section(f.name, "", _keys(cls, "", only=f.name)))
     return "\n".join(parts)
+
+
+def _section(name: str, doc: str, keys: list[Key]) -> str:
+    intro = f"{doc}\n\n" if doc else ""
+    rows = "".join(f"{_row(k)}\n" for k in keys)
+    header = "| key | type | default | allowed | meaning |\n|---|---|---|---|---|\n"
+    return f"## `{name}`\n\n{intro}{header}{rows}"
 
 
 @dataclass(frozen=True)
