@@ -9,7 +9,7 @@
 #
 # Built and run on this project's machine by `make docker-test` (scripts/docker_test.sh): the CPU
 # image, its quickstart and a two-container multi-node job. The GPU image is not built there
-# (no nvcc can be installed from the registries it reaches): see the README's Docker section.
+# (no nvcc can be installed from the registries it reaches): see docs/docker.md.
 
 # GPU (default): CUDA 12.2's devel image (nvcc, the CUDA runtime, Ubuntu 22.04's Python 3.10),
 # the CUDA TensorFlow 2.15.1 is built against. CPU: any Debian or Ubuntu with Python 3.10-3.11.

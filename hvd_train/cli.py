@@ -20,11 +20,14 @@ if TYPE_CHECKING:
     from hvd_train.config import Config
 
 
-def _train_parser(prog: str) -> argparse.ArgumentParser:
+def _train_parser(
+    prog: str, docs: str = "docs/config.md (every key), docs/launching.md"
+) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=prog,
         description="Train a Keras model with Horovod. Launch with "
         "`horovodrun -np N hvd-train --config FILE`, or run alone as one worker.",
+        epilog=f"Docs: {docs}",
     )
     from hvd_train.config import add_config_arguments
 
@@ -72,6 +75,7 @@ def _cmd_convert_tfrecord(argv: list[str], prog: str) -> int:
         prog=prog,
         description="Write an image folder (one sub-folder per class) as sharded TFRecord "
         "files for data.source: tfrecord (layout: docs/data.md).",
+        epilog="Docs: docs/data.md",
     )
     p.add_argument("src", metavar="SRC_IMAGE_FOLDER", help="training images, a folder per class")
     p.add_argument("dst", metavar="DST", help="output folder: DST/train (and DST/val)")
@@ -96,7 +100,7 @@ def _cmd_convert_tfrecord(argv: list[str], prog: str) -> int:
 
 
 def _cmd_data_bench(argv: list[str], prog: str) -> int:
-    p = _train_parser(prog)
+    p = _train_parser(prog, docs="docs/data.md")
     p.description = (
         "Measure the input pipeline alone (examples/s per worker) beside the rate the model "
         "consumes. Run it under horovodrun with the job's worker count."
@@ -113,7 +117,7 @@ def _cmd_data_bench(argv: list[str], prog: str) -> int:
 
 
 def _cmd_lr_plot(argv: list[str], prog: str) -> int:
-    p = _train_parser(prog)
+    p = _train_parser(prog, docs="docs/models.md")
     p.description = "Draw the learning-rate schedule a run would follow, without training."
     p.add_argument("--workers", type=int, default=1, help="worker count (default 1)")
     p.add_argument(
@@ -165,6 +169,7 @@ def _cmd_compare(argv: list[str], prog: str) -> int:
         prog=prog,
         description="Compare runs: validation accuracy and loss against epoch and time "
         "(one PNG), and a table of batches, best accuracy, time to reach it and throughput.",
+        epilog="Docs: docs/models.md",
     )
     p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run.dir of each run")
     p.add_argument("--out", default="compare.png", help="PNG to write")
@@ -205,18 +210,39 @@ COMMANDS: dict[str, tuple[Command, str]] = {
 }
 HELP_FLAGS = ("-h", "--help", "help")
 
+# The documentation, in the repository: each page and the task it serves. Every command's
+# --help ends with its page.
+DOCS = {
+    "README.md": "what hvd_train is, the quick start and a short tour",
+    "docs/install.md": "the install, the TensorFlow stacks, `hvd-train doctor`",
+    "docs/config.md": "every config key: its type, default and meaning",
+    "docs/data.md": "your data: sources, TFRecords, sharding, input speed",
+    "docs/models.md": "models, callbacks, schedules, augmentation, evaluate, predict",
+    "docs/launching.md": "one node, several nodes, Kubernetes",
+    "docs/docker.md": "the Docker image and its test",
+    "docs/faults.md": "what a run writes, exit codes, resume, restarts, elastic",
+    "docs/performance.md": "what a run measures, the speed knobs, settings",
+    "docs/security.md": "what a config may run, what listens on the network",
+    "docs/benchmarks.md": "measurements, with their commands and dates",
+    "docs/validation.md": "what was run where: Docker, several hosts, stacks",
+    "docs/development.md": "the code's layout and the test suite",
+}
+
 
 def usage(prog: str) -> str:
-    """The top-level help: how to train, then every command with its one line."""
+    """The top-level help: how to train, every command with its one line, the docs pages."""
     width = max(map(len, COMMANDS))
     rows = "\n".join(f"  {name:<{width}}  {summary}" for name, (_, summary) in COMMANDS.items())
+    wide = max(map(len, DOCS))
+    pages = "\n".join(f"  {page:<{wide}}  {task}" for page, task in DOCS.items())
     return (
         f"usage: {prog} --config FILE [--set KEY=VALUE ...]\n"
         f"       {prog} COMMAND [ARGS ...]\n\n"
         "Train Keras models with Horovod. Without a command it trains:\n"
         f"`{prog} --config FILE` is `{prog} train --config FILE`.\n\n"
         f"commands:\n{rows}\n\n"
-        f"`{prog} COMMAND --help` or `{prog} help COMMAND`: a command's arguments.\n"
+        f"`{prog} COMMAND --help` or `{prog} help COMMAND`: a command's arguments.\n\n"
+        f"docs (in the repository):\n{pages}\n"
     )
 
 

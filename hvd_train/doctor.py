@@ -323,7 +323,9 @@ def _list(items: list[str] | None) -> str:
 
 def main(argv: list[str] | None = None, prog: str = "hvd-train doctor") -> int:
     """Prints the report (or JSON, or the versions line); exit 1 when training cannot work."""
-    p = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        prog=prog, description=__doc__.splitlines()[0], epilog="Docs: docs/install.md"
+    )
     out = p.add_mutually_exclusive_group()
     out.add_argument("--json", action="store_true", help="print facts and problems as JSON")
     out.add_argument(

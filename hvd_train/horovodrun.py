@@ -153,7 +153,7 @@ def network_flags(
     NCCL_SOCKET_IFNAME from them, and mpirun's own traffic follows oob_tcp_if_include. Else,
     when every host is this machine's loopback: `--network-interfaces lo` and, under MPI,
     LOOPBACK_MPI_ARGS. What stays on all interfaces, whatever the flags: horovodrun's
-    rendezvous server (Gloo) and mpirun's out-of-band listener (README, Security).
+    rendezvous server (Gloo) and mpirun's out-of-band listener (docs/security.md).
     """
     args = list(mpi_args or [])
     if nics:

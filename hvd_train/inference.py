@@ -36,7 +36,7 @@ _MODEL_HINT = "model.keras, best.keras or a checkpoints/ckpt-NNNNNNNN folder of 
 
 
 def _parser(prog: str, description: str) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=prog, description=description)
+    p = argparse.ArgumentParser(prog=prog, description=description, epilog="Docs: docs/models.md")
     add_config_arguments(p, config_help="the run's YAML config (run.dir/config.yaml will do)")
     p.add_argument(
         "--model", default="", metavar="PATH",

@@ -64,7 +64,11 @@ WORKER_PREFIX = re.compile(r"\[(?:\d+,)?(\d+)\]<(?:stdout|stderr)>:")
 
 
 def parser(prog: str) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog=prog,
+        description=__doc__.split("\n\n")[0],
+        epilog="Docs: docs/launching.md (restarts and elastic: docs/faults.md)",
+    )
     add_config_arguments(p)
     p.add_argument("--np", type=int, help="workers (default: GPUs here, else launch.cpu_workers)")
     p.add_argument("--hosts", help="horovodrun -H, e.g. host1:4,host2:4 (default localhost:NP)")

@@ -44,6 +44,7 @@ def parser(prog: str) -> argparse.ArgumentParser:
         prog=prog,
         description="Run a scaling grid (workers x batch sizes), each point a horovodrun job on "
         "this host; write scaling.csv, scaling.md and plots into one folder.",
+        epilog="Docs: docs/performance.md",
     )
     add_config_arguments(
         p, "YAML config every point starts from", "config override for every point (repeatable)"

@@ -4,8 +4,13 @@
 `--set a.b=value` override in order, and builds `cls`: every key must be a field (an unknown
 one fails with a did-you-mean), every value is coerced to its field's type and checked
 against the field's metadata (`min`, `min_exclusive`, `max`, `bool_as_int`, `executable`,
-`aliases` for old names of a choice, `parse` for a field that reads its own YAML). Every
+`aliases` for old names of a choice, `parse` for a field that reads its own YAML, and `key`
+for a YAML key that is not the field's name, such as `class`). Every
 leaf keeps the file or override it came from, so an error names it with the dotted key.
+
+`reference(cls)` writes the schema as Markdown tables: every key with its type, default,
+allowed values and the comment the source puts beside its field (the comment lines right above
+it and the one at the end of its line), so the reference is the code's own words.
 
 The schema (which sections and keys, their defaults) and the rules that span keys are in
 config.py.
@@ -13,12 +18,17 @@ config.py.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import difflib
+import inspect
+import io
 import math
 import os
 import re
 import reprlib
+import textwrap
+import tokenize
 import types
 import typing
 from dataclasses import dataclass
@@ -425,3 +435,168 @@ def plain(tree: Any) -> dict[str, Any]:
         return v
 
     return convert(dataclasses.asdict(tree))
+
+
+# --------------------------------------------------------------------------- reference
+
+
+def reference(cls: type) -> str:
+    """The schema under dataclass `cls` as Markdown: a section per field of `cls` (its
+    docstring, then a table of its keys), each key with its type, default, allowed values and
+    the comment beside it in the source."""
+    hints = typing.get_type_hints(cls)
+    parts = []
+    for f in dataclasses.fields(cls):
+        section = hints[f.name]
+        if dataclasses.is_dataclass(section):
+            parts.append(_section(f.name, _docstring(section), _keys(section, f"{f.name}.")))
+        else:  # a key at the top, such as a list of items
+            parts.append(_section(f.name, "", _keys(cls, "", only=f.name)))
+    return "\n".join(parts)
+
+
+def _section(name: str, doc: str, keys: list[Key]) -> str:
+    intro = f"{doc}\n\n" if doc else ""
+    rows = "".join(f"{_row(k)}\n" for k in keys)
+    header = "| key | type | default | allowed | meaning |\n|---|---|---|---|---|\n"
+    return f"## `{name}`\n\n{intro}{header}{rows}"
+
+
+@dataclass(frozen=True)
+class Key:
+    """One key of a schema, as its reference shows it."""
+
+    path: str  # dotted, with `[i]` for an item of a list: callbacks[i].class
+    type: str
+    default: str  # as YAML writes it; "required" for a field without a default
+    allowed: str  # the choices or bounds; "" when the type says it all
+    doc: str  # the comment beside the field in the source
+
+
+def _keys(cls: type, prefix: str, only: str | None = None) -> list[Key]:
+    hints = typing.get_type_hints(cls)
+    comments = field_comments(cls)
+    out = []
+    for f in dataclasses.fields(cls):
+        if only is not None and f.name != only:
+            continue
+        tp, path = hints[f.name], f"{prefix}{f.metadata.get('key', f.name)}"
+        if dataclasses.is_dataclass(tp):
+            out += _keys(tp, f"{path}.")
+            continue
+        kind = _type_name(tp)
+        out.append(Key(path, kind, _default(f, kind), _allowed(tp, f), comments.get(f.name, "")))
+        item = _item_class(tp)
+        if item is not None:
+            out += _keys(item, f"{path}[i].")
+    return out
+
+
+def field_comments(cls: type) -> dict[str, str]:
+    """Each field of dataclass `cls` -> its comment in the source: the comment lines right
+    above the field and any comment at the end of its lines, joined into one line (formatter
+    and linter pragmas left out)."""
+    source = textwrap.dedent(inspect.getsource(cls))
+    lines = source.splitlines()
+    comments = {
+        t.start[0]: t.string.lstrip("#").strip()
+        for t in tokenize.generate_tokens(io.StringIO(source).readline)
+        if t.type == tokenize.COMMENT
+    }
+    body = ast.parse(source).body[0].body  # the class's statements
+    out = {}
+    for node in body:
+        if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)):
+            continue
+        above, n = [], node.lineno - 1
+        while n in comments and lines[n - 1].lstrip().startswith("#"):
+            above.insert(0, comments[n])
+            n -= 1
+        beside = [comments[n] for n in range(node.lineno, node.end_lineno + 1) if n in comments]
+        text = " ".join(c for c in above + beside if not c.startswith(_PRAGMAS))
+        out[node.target.id] = text
+    return out
+
+
+_PRAGMAS = ("fmt:", "noqa", "type:")
+
+
+def _docstring(cls: type) -> str:
+    doc = cls.__dict__.get("__doc__") or ""
+    # A dataclass without a docstring gets its signature as one: not a description.
+    return "" if doc.startswith(f"{cls.__name__}(") else inspect.cleandoc(doc)
+
+
+def _item_class(tp: Any) -> type | None:
+    """The dataclass of a `tuple[Item, ...]` field's items, or None."""
+    if typing.get_origin(tp) is tuple:
+        item = typing.get_args(tp)[0]
+        return item if dataclasses.is_dataclass(item) else None
+    return None
+
+
+def _type_name(tp: Any) -> str:
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in _UNIONS:
+        inner = next(a for a in args if a is not type(None))
+        return f"{_type_name(inner)} or null"
+    if origin is Literal:
+        return _type_name(type(args[0]))
+    if origin is tuple and typing.get_origin(args[0]) is tuple:
+        return "mapping"  # kept as (key, value) pairs: the tree is frozen
+    if origin is tuple:
+        item = args[0]
+        return (
+            "list of mappings" if dataclasses.is_dataclass(item) else f"list of {_type_name(item)}"
+        )
+    return getattr(tp, "__name__", str(tp))
+
+
+def _default(f: dataclasses.Field, kind: str) -> str:
+    if f.default is not dataclasses.MISSING:
+        value = f.default
+    elif f.default_factory is not dataclasses.MISSING:
+        value = f.default_factory()
+    else:
+        return "required"
+    return yaml_value(dict(value) if kind == "mapping" else value)
+
+
+def yaml_value(value: Any) -> str:
+    """`value` as YAML writes it on one line: `null`, `true`, `[32, 32]`, `''`."""
+    if isinstance(value, tuple):
+        value = list(value)
+    text = yaml.safe_dump(value, default_flow_style=True, width=math.inf)
+    return text.removesuffix("\n...\n").strip()
+
+
+def _allowed(tp: Any, f: dataclasses.Field) -> str:
+    """What the loader accepts beyond the type: the choices, the bounds, the old names."""
+    meta, args = f.metadata, typing.get_args(tp)
+    if typing.get_origin(tp) in _UNIONS:
+        tp = next(a for a in args if a is not type(None))
+        args = typing.get_args(tp)
+    if typing.get_origin(tp) is Literal:
+        text = ", ".join(f"`{yaml_value(a)}`" for a in args)
+        if meta.get("bool_as_int"):
+            text += " (`true`/`false`: `1`/`0`)"
+        for old, new in meta.get("aliases", {}).items():
+            text += f" (`{old}`: `{new}`'s old name)"
+        return text
+    if typing.get_origin(tp) is tuple and args[0] is int:
+        return "integers >= 1"
+    if meta.get("executable"):
+        return "the path of one executable: no spaces, arguments or shell syntax"
+    if "min" in meta and "max" in meta:
+        return f"{yaml_value(meta['min'])} to {yaml_value(meta['max'])}"
+    bounds = [f"{op} {yaml_value(meta[k])}" for k, op in _BOUNDS if k in meta]
+    return " and ".join(bounds)
+
+
+_BOUNDS = (("min", ">="), ("min_exclusive", ">"), ("max", "<="))
+
+
+def _row(key: Key) -> str:
+    cells = (f"`{key.path}`", key.type, f"`{key.default}`" if key.default != "required" else "required",
+             key.allowed, key.doc)  # fmt: skip
+    return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"

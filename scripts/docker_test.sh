@@ -11,7 +11,7 @@
 #             registries. The project's Dockerfile never sees them: they are build arguments.
 # build-cpu:  docker build --build-arg BASE_IMAGE=$TEST_BASE --build-arg DEVICE=cpu (timed, sized).
 # build-gpu:  the same with DEVICE=gpu on $GPU_BASE (default $TEST_BASE, which has no nvcc: the
-#             build fails there, see the README): `horovodrun --check-build` must list NCCL.
+#             build fails there, see docs/docker.md): `horovodrun --check-build` must list NCCL.
 #             Not part of `all`.
 # quickstart: `docker run` with no arguments trains the quickstart into a mounted volume, owned
 #             by the invoking user; the final val_accuracy must reach $MIN_ACCURACY.

@@ -1,9 +1,12 @@
-"""The command line is discoverable: `hvd-train --help` lists every command with one line, and
-every command has its own `--help`."""
+"""The command line is discoverable: `hvd-train --help` lists every command with one line and
+every docs page, and every command has its own `--help`, which names its docs page."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
+from harness import ROOT
 
 from hvd_train.cli import COMMANDS, main
 
@@ -33,6 +36,27 @@ def test_each_command_has_its_own_help(name, capsys) -> None:
     assert out.startswith(f"usage: hvd-train {name} ")
     description = out.split("\n\n")[1]  # argparse: usage, description, arguments
     assert description.strip() and not description.startswith(("options:", "positional"))
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_each_command_s_help_names_its_docs_page(name, capsys) -> None:
+    """Each command's `--help` ends with the docs page that explains it, a page that exists."""
+    with pytest.raises(SystemExit):
+        main([name, "--help"])
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    pages = re.findall(r"docs/[\w-]+\.md", last)
+    assert last.startswith("Docs: ") and pages, last
+    assert all((ROOT / page).is_file() for page in pages), pages
+
+
+def test_help_lists_every_docs_page(capsys) -> None:
+    """`hvd-train --help` ends with the README and every page of docs/, each with its task."""
+    assert main(["--help"]) == 0
+    pages = capsys.readouterr().out.split("docs (in the repository):\n")[1].splitlines()
+    listed = [line.split()[0] for line in pages]
+    assert all(len(line.split()) > 1 for line in pages)
+    on_disk = ["README.md", *(f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md"))]
+    assert sorted(listed) == sorted(on_disk)
 
 
 def test_help_command_shows_a_command_s_help(capsys) -> None:

@@ -84,7 +84,7 @@ def test_single_node_mpi_controller_runs_as_root_without_busy_polling(tmp_path) 
     proc = expect(run([str(SINGLE), str(QUICKSTART), "--mpi", *ONE_EPOCH], cwd=tmp_path), 0)
     cmd = printed_command(proc.stdout)
     # Shared memory only between the ranks: no rank opens Open MPI's TCP transport, which
-    # would listen on every interface (README, Security).
+    # would listen on every interface (docs/security.md).
     assert cmd[5:9] == ["--mpi", "--mpi-args=--mca mpi_yield_when_idle 1 --mca btl_base_include "
                         "self,vader", "--network-interfaces", "lo"], cmd  # fmt: skip
     s = summary(tmp_path / "out")

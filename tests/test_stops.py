@@ -249,7 +249,7 @@ def test_a_rank_killed_early_is_recorded_failed(tmp_path, launcher, controller, 
     that horovodrun or mpirun then sends rank 0 must not make the ending a stop: under
     `hvd-train launch` the launcher knows better; under raw horovodrun (Gloo), horovodrun has
     noted the failure for rank 0 first (scripts/patch_horovod.py). Raw horovodrun in the first
-    seconds leaves no record: rank 0 had not claimed run.dir (README, the run record)."""
+    seconds leaves no record: rank 0 had not claimed run.dir (docs/faults.md, the run record)."""
     d = tmp_path / "run"
     if launcher == "horovodrun":
         cmd = horovodrun(controller, trainer(d, "data.source=synthetic"))

@@ -9,15 +9,19 @@ from typing import Literal
 import pytest
 
 from hvd_train.errors import ConfigError
-from hvd_train.typed_yaml import choices, get, load
+from hvd_train.typed_yaml import choices, field_comments, get, load, reference
 
 
 @dataclass(frozen=True)
 class Inner:
-    size: int = field(default=3, metadata={"min": 1})
+    """The inner section."""
+
+    size: int = field(default=3, metadata={"min": 1})  # how many
+    # The kind of thing;
+    # tiny is its old name.
     kind: Literal["small", "large"] = field(
         default="small", metadata={"aliases": {"tiny": "small"}}
-    )
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -52,3 +56,24 @@ def test_values_are_checked_against_type_and_range() -> None:
 
 def test_choices_are_the_literals_values() -> None:
     assert choices(Inner, "kind") == ("small", "large")
+
+
+def test_a_field_s_comment_is_the_lines_above_it_and_the_one_beside_it() -> None:
+    assert field_comments(Inner) == {
+        "size": "how many",
+        "kind": "The kind of thing; tiny is its old name.",  # the formatter's pragma left out
+    }
+
+
+def test_the_reference_shows_each_key_s_type_default_bounds_and_comment() -> None:
+    text = reference(Outer)
+    assert (
+        "## `inner`\n\nThe inner section.\n\n| key | type | default | allowed | meaning |" in text
+    )
+    assert "| `inner.size` | int | `3` | >= 1 | how many |" in text
+    assert (
+        "| `inner.kind` | str | `small` | `small`, `large` (`tiny`: `small`'s old name) | "
+        "The kind of thing; tiny is its old name. |"
+    ) in text
+    assert "## `name`\n\n| key | type | default | allowed | meaning |" in text
+    assert "| `name` | str | `x` |  |  |" in text
