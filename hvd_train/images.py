@@ -363,13 +363,26 @@ def file_problems(paths: Sequence[str]) -> list[str | None]:
 # --------------------------------------------------------------------------- decoding
 
 
+_read_failures: list[BaseException] = []
+
+
+def read_failure() -> BaseException | None:
+    """The first error a `per_batch` read raised in this process (a file changed or gone
+    under the job), which reached the training loop as a TensorFlow UnknownError."""
+    return _read_failures[0] if _read_failures else None
+
+
 def per_batch(get: Callable[[int], bytes]):
     """A TensorFlow function: indices (int64 `[k]`) -> `get` of each (string `[k]`), in one
     `numpy_function` call: reading is Python, and a call per example costs more than the read."""
     import tensorflow as tf
 
     def get_many(idx: np.ndarray) -> np.ndarray:
-        return np.array([get(i) for i in idx], dtype=object).reshape(len(idx))
+        try:
+            return np.array([get(i) for i in idx], dtype=object).reshape(len(idx))
+        except Exception as e:
+            _read_failures.append(e)  # TensorFlow reports it as an UnknownError
+            raise
 
     def fetch(idx):
         return tf.ensure_shape(tf.numpy_function(get_many, [idx], tf.string, False), idx.shape)

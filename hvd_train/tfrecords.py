@@ -192,11 +192,17 @@ class Records:
         """Record i's serialized `tf.train.Example` (one positioned read of its file)."""
         path = self.files[self.file_of[i]]
         raw = _pread(path, int(self.offsets[i]), int(self.sizes[i]))
+        if len(raw) != int(self.sizes[i]):
+            raise DataError(
+                f"{path}: record at byte {self.offsets[i]} is cut short ({len(raw)} of "
+                f"{self.sizes[i]} bytes): the file is shorter than when it was indexed "
+                "(truncated or rewritten while the job ran?)"
+            )
         (length,) = struct.unpack("<Q", raw[:8])
-        if len(raw) != int(self.sizes[i]) or length + _HEADER + 4 != len(raw):
+        if length + _HEADER + 4 != len(raw):
             raise DataError(
                 f"{path}: record at byte {self.offsets[i]} does not match its index "
-                f"{path}{INDEX_SUFFIX}; delete the index to rebuild it"
+                f"{path}{INDEX_SUFFIX} (the file was rewritten?); delete the index to rebuild it"
             )
         return raw[_HEADER : _HEADER + length]
 

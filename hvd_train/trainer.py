@@ -14,7 +14,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from hvd_train import distributed, logs, perf, rundir, startup, tuning
+from hvd_train import distributed, images, logs, perf, rundir, startup, tuning
 from hvd_train.callbacks import Checkpointer, RunCallbacks, build_callbacks
 from hvd_train.checkpoint import (
     PREFIX,
@@ -95,7 +95,10 @@ def train(cfg: Config, config_path: str | None = None) -> tuple[keras.Model | No
             run.note_start(start)
             history = _fit(cfg, model, source, plan, start, run)
         except BaseException as e:
-            _fail(run, e)
+            cause = _reading_cause(e)
+            _fail(run, cause)
+            if cause is not e:
+                raise cause from e
             raise
         summary = _summarize(cfg, history, source, run.callbacks, start)
         if summary["status"] == "interrupted":
@@ -375,6 +378,17 @@ def _fail(run: _Run, e: BaseException) -> None:
         _end_record(run, status="failed", error=_cause(e) + at, error_type=type(e).__name__)
     except RecordError as e2:
         logs.say(f"hvd_train: error: {e2}")
+
+
+def _reading_cause(e: BaseException) -> BaseException:
+    """For a TensorFlow error of the input pipeline, the error the data reader raised (a
+    DataError names the file and what changed); else `e`."""
+    failure = images.read_failure() if isinstance(e, tf.errors.OpError) else None
+    if failure is None:
+        return e
+    if isinstance(failure, UserError):
+        return failure
+    return DataError(f"reading the data failed: {_one_line(failure)}")
 
 
 def _cause(e: BaseException) -> str:
