@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import pathlib
 import re
+import shutil
+import time
 
 import numpy as np
 import pytest
-from harness import PYTHON, QUICKSTART, WORKERS, check, horovodrun, run
+from harness import BIN, PYTHON, QUICKSTART, WORKERS, check, finish, horovodrun, run, start
 from PIL import Image
 
 pytestmark = pytest.mark.multiworker
@@ -395,3 +398,29 @@ def test_digits_read_from_their_file_are_scikit_learns_load_digits() -> None:
     assert images.dtype == expected.images.dtype and target.dtype == expected.target.dtype
     np.testing.assert_array_equal(images, expected.images)
     np.testing.assert_array_equal(target, expected.target)
+
+
+def test_a_shard_cut_short_under_a_running_job_ends_it_with_a_data_error(data, tmp_path) -> None:
+    """A hostile trial of the batched reader: a TFRecord file truncated while 2 workers read it
+    ends the job with one line naming the file (exit code 2, summary.json `failed`), never a
+    silently shorter epoch. (Renamed over, the job reads the file it opened to the end.)"""
+    shutil.copytree(data["root"] / "digits_tfr", tmp_path / "tfr")
+    d = tmp_path / "run"
+    proc = start([str(BIN / "horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo", PYTHON,
+                  *train_args("data.source=tfrecord", f"data.train_dir={tmp_path / 'tfr' / 'train'}",
+                              "data.cache=none", "train.epochs=40",
+                              f"run.dir={d}")], tmp_path)  # fmt: skip
+    deadline = time.monotonic() + 240
+    while not (d / "metrics.csv").exists():  # epoch 1 done: the workers are reading
+        assert proc.poll() is None and time.monotonic() < deadline, "no first epoch"
+        time.sleep(0.1)
+    shard = sorted((tmp_path / "tfr" / "train").glob("*.tfrecord"))[0]
+    os.truncate(shard, shard.stat().st_size // 2)
+    result = finish(proc, 240)
+    assert result.returncode == 1, result.stderr[-3000:]  # horovodrun's, for a failed worker
+    said = [ln for ln in result.stderr.splitlines() if "] failed: " in ln and str(shard) in ln]
+    assert said and all("is cut short" in ln for ln in said), result.stderr[-3000:]
+    assert "exited first, with code 2" in result.stderr.splitlines()[-1], result.stderr[-600:]
+    s = json.loads((d / "summary.json").read_text())
+    assert s["status"] == "failed" and s["error_type"] == "DataError", s
+    assert str(shard) in s["error"] and s["epochs_completed"] < 40, s

@@ -87,3 +87,21 @@ def test_the_listing_is_cached_until_a_folder_changes(folder, tmp_path, monkeypa
     Image.fromarray(np.zeros((4, 4, 3), np.uint8)).save(folder / "class_1" / "new.png")
     again = images.list_class_folders(str(folder), "x")
     assert len(again.files[1]) == SIZES[1] + 1
+
+
+def test_a_file_cut_short_or_rewritten_after_indexing_is_a_clear_error(records_dir) -> None:
+    """What a job that keeps reading sees when a shard changes under it: truncated, a record
+    read is cut short; rewritten with other records, a record no longer matches the index."""
+    records = tfrecords.read_folder(str(records_dir), "data.train_dir")
+    shards = sorted(records_dir.glob("*.tfrecord"))
+    tfrecords._handles.clear()  # descriptors opened by earlier tests' reads of other folders
+    last = int(np.argmax(records.offsets * (records.file_of == 0)))  # shard 0's last record
+    os.truncate(shards[0], shards[0].stat().st_size - 1)
+    with pytest.raises(DataError, match=r"is cut short \(\d+ of \d+ bytes\): the file is shorter"):
+        records.read(last)
+    other = np.flatnonzero(records.file_of == 1)
+    second = int(other[np.argsort(records.offsets[other])][1])  # shard 1's second record
+    data = shards[1].read_bytes()
+    shards[1].write_bytes(data[5:] + data[:5])  # the same size, records no longer where indexed
+    with pytest.raises(DataError, match=r"does not match its index .*\(the file was rewritten\?\)"):
+        records.read(second)
