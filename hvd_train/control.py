@@ -22,7 +22,7 @@ import numpy as np
 import tensorflow as tf
 
 from hvd_train import distributed
-from hvd_train.errors import ANOTHER_FIRST, TrainingError
+from hvd_train.errors import ANOTHER_FIRST, TrainingError, exit_description
 from hvd_train.keras_stack import keras
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -56,10 +56,10 @@ class StopSignals:
         self.signum = 0
         self.steps_run = 0  # steps completed in this process (RunControl counts them)
         self.grace_s = stop_grace_s() if grace_s is None else grace_s
-        # abandon(signum, reason, ran, failed): records the ending (`ran`: any step ran in
-        # this process; `failed`: the launcher is killing the job); the watcher then ends
-        # the process.
-        self.abandon: Callable[[int, str, bool, bool], None] = lambda *args: None
+        # abandon(signum, reason, ran, failed, failed_rank): records the ending (`ran`: any
+        # step ran in this process; `failed`: the launcher is killing the job, after
+        # `failed_rank` failed when it said which); the watcher then ends the process.
+        self.abandon: Callable[[int, str, bool, bool, int | None], None] = lambda *args: None
         self.on_signal: Callable[[int], None] = lambda signum: None
         self.chief = True  # rank 0: only it waits out the grace (the others follow it)
         self.done = threading.Event()  # set when the run has written its own ending
@@ -140,10 +140,7 @@ class StopSignals:
         if self.done.is_set():
             return  # the run wrote its own ending meanwhile: let it exit as it does
         try:
-            if failed_rank is None:
-                self.abandon(signum, reason, self.steps_run > 0, failed)
-            else:
-                self.abandon(signum, reason, self.steps_run > 0, failed, failed_rank=failed_rank)
+            self.abandon(signum, reason, self.steps_run > 0, failed, failed_rank)
             for release in self.before_exit:
                 release()
         finally:
@@ -173,10 +170,7 @@ def horovodrun_first_failure() -> dict | None:
 
 
 def _failed_first(first: dict) -> str:
-    code = first["exit_code"]
-    signum = code - 128 if code > 128 else -code
-    name = signal.Signals(signum).name if signum in signal.valid_signals() else None
-    how = f"exit code {code}" + (f", killed by {name}" if name else "")
+    how = exit_description(first["exit_code"])
     return f"{ANOTHER_FIRST}: rank {first['rank']} ({how}); horovodrun then ended the job"
 
 

@@ -7,6 +7,7 @@ the class up (`error_class`) to tell whether a restart from the last checkpoint 
 from __future__ import annotations
 
 import os
+import signal
 import sysconfig
 import traceback
 
@@ -90,6 +91,18 @@ def error_class(name: str) -> type[OneLineError] | None:
             return cls
         todo += cls.__subclasses__()
     return None
+
+
+_SIGNAL_NAMES = {s.value: s.name for s in signal.Signals}
+
+
+def exit_description(code: int | None) -> str:
+    """`exit code 137, killed by SIGKILL` (a shell's 128 + N, or Python's -N), or `exit code 1`."""
+    how = f"exit code {code}"
+    signum = None if code is None else code - 128 if code > 128 else -code
+    if signum in _SIGNAL_NAMES:
+        how += f", killed by {_SIGNAL_NAMES[signum]}"
+    return how
 
 
 def users_frame(e: BaseException) -> str | None:

@@ -41,6 +41,7 @@ from hvd_train.errors import (
     RunDirError,
     UserError,
     error_class,
+    exit_description,
 )
 from hvd_train.horovodrun import on_loopback
 from hvd_train.record import read_json, write_json
@@ -224,12 +225,7 @@ def describe(failure: dict[str, Any], host: str | None = None) -> str:
         rank = f"{rank} on {host}"
     if failure.get("error"):  # its own report; its exit code may be the launcher's SIGTERM
         return f"rank {rank} failed first: {failure['error']}"
-    how = f"exit code {code}"
-    if code is not None and code > 128 and code - 128 in _SIGNALS:
-        how += f", killed by {_SIGNALS[code - 128]}"
-    elif code is not None and code < 0 and -code in _SIGNALS:
-        how += f", killed by {_SIGNALS[-code]}"
-    return f"rank {rank} failed first ({how})"
+    return f"rank {rank} failed first ({exit_description(code)})"
 
 
 _SIGNALS = {s.value: s.name for s in signal.Signals}

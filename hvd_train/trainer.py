@@ -75,9 +75,11 @@ def train(cfg: Config, config_path: str | None = None) -> tuple[keras.Model | No
         Interrupted: SIGTERM or SIGINT; a checkpoint was written (exit code 128 + signal).
     """
     with _running() as run:
-        device = _start_worker(cfg, run)
+        # Read before Horovod starts: with nothing to train, its timeline is not opened either.
+        finished_here = _finished_here(cfg)
+        device = _start_worker(cfg, run, timeline=finished_here is None)
         startup.mark("horovod_init")
-        if (finished := _nothing_to_train(cfg)) is not None:
+        if (finished := _nothing_to_train(finished_here)) is not None:
             return None, finished
         source = load_source(cfg)
         startup.mark("data")
@@ -158,13 +160,13 @@ def _running() -> Iterator[_Run]:
         run.release()
 
 
-def _start_worker(cfg: Config, run: _Run) -> str:
-    """Starts Horovod and TensorFlow on this worker; returns its device ("gpu" or "cpu")."""
+def _start_worker(cfg: Config, run: _Run, timeline: bool = True) -> str:
+    """Starts Horovod and TensorFlow on this worker; returns its device ("gpu" or "cpu").
+    `timeline` False: no Horovod timeline (horovod.timeline, or a launcher's flag), which
+    Horovod would empty at init."""
     tuning.before_init(cfg)  # core binding: before Horovod and TensorFlow start threads
     knobs = cfg.horovod
-    if _finished_here(cfg):
-        # Horovod would empty the timeline (horovod.timeline, or a launcher's flag) at init,
-        # and this job trains nothing.
+    if not timeline:
         os.environ.pop("HOROVOD_TIMELINE", None)
         knobs = dataclasses.replace(knobs, timeline=False)
     distributed.init(knobs, cfg.run.dir)
@@ -202,27 +204,21 @@ def _open_run_dir(
     record.start()
 
 
-def _finished_here(cfg: Config) -> bool:
-    """Whether run.dir, as this host sees it, holds a run with nothing left to train."""
-    if cfg.train.resume != "auto" or cfg.run.overwrite:
-        return False
-    summary = read_json(os.path.join(cfg.run.dir, SUMMARY))
-    return nothing_to_train(summary, cfg.train.epochs, cfg.run.dir) is not None
-
-
-def _nothing_to_train(cfg: Config) -> dict[str, Any] | None:
-    """With train.resume auto, rank 0 reads run.dir's record: when the run has nothing left to
-    train, it says why in one line, and every rank gets the record as it is; else None.
-    Nothing is written: not the config, not a log line, not the record."""
+def _finished_here(cfg: Config) -> dict[str, Any] | None:
+    """With train.resume auto, run.dir's record as this host reads it, and why it has nothing
+    left to train ({"why", "summary"}); None when it has."""
     if cfg.train.resume != "auto" or cfg.run.overwrite:
         return None
+    summary = read_json(os.path.join(cfg.run.dir, SUMMARY))
+    why = nothing_to_train(summary, cfg.train.epochs, cfg.run.dir)
+    return {"why": why, "summary": summary} if why else None
 
-    def look() -> dict[str, Any] | None:  # (_finished_here, with the reason and the record)
-        summary = read_json(os.path.join(cfg.run.dir, SUMMARY))
-        why = nothing_to_train(summary, cfg.train.epochs, cfg.run.dir)
-        return {"why": why, "summary": summary} if why else None
 
-    found = distributed.chief_computes(look, "hvd_train.nothing_to_train")
+def _nothing_to_train(finished_here: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Rank 0's `_finished_here`, on every rank: when the run has nothing left to train, rank 0
+    says why in one line and every rank gets the record as it is; else None. Nothing is
+    written: not the config, not a log line, not the record."""
+    found = distributed.chief_computes(lambda: finished_here, "hvd_train.nothing_to_train")
     if found is None:
         return None
     logs.release(replay=False)  # a launcher's worker: its held start-up output is just noise

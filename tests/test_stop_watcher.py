@@ -16,7 +16,7 @@ import os, signal, sys, time
 sys.path.insert(0, {root!r})
 from hvd_train.control import StopSignals
 s = StopSignals(grace_s=0.5)
-s.abandon = lambda signum, reason, ran, failed: print(
+s.abandon = lambda signum, reason, ran, failed, failed_rank: print(
     f"ABANDON signal={{signum}} ran={{ran}} failed={{failed}}: {{reason}}", flush=True)
 s.steps_run = {steps}
 s.install()
