@@ -6,7 +6,7 @@
 #   scripts/install.sh            # CPU build unless an NVIDIA GPU is present
 #   HVD_TRAIN_DEVICE=gpu scripts/install.sh   # force the CUDA build (Docker GPU image)
 #   HVD_TRAIN_TF=2.18 scripts/install.sh      # TensorFlow 2.18.1 + tf_keras in .venv-tf2.18
-#                                             # (2.15, 2.18: scripts/stack.sh)
+#                                             # (2.15, 2.18, 2.19, 2.20, 2.21: scripts/stack.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -132,6 +132,7 @@ if [ "$device" = gpu ]; then
 fi
 wheel_key() {
   { echo "horovod==$HOROVOD_VERSION $tf_pkg==$TF_VERSION device=$device"
+    [ "$XLA_OPS" = yes ] || echo "source: without xla_mpi_ops.cc"
     "$VENV/bin/python" -c 'import platform, sys, sysconfig; print(sys.implementation.cache_tag, sysconfig.get_platform(), platform.libc_ver())'
     env | grep -E '^(HOROVOD_|CMAKE_POLICY)' | grep -v '^HOROVOD_NCCL_HOME=' | sort
   } | sha256sum | cut -c1-16
@@ -151,8 +152,16 @@ if ! have "horovod==$HOROVOD_VERSION" || [ "$(built_against)" != "$TF_VERSION" ]
     fi
     mkdir -p "$wheels"
     tmp=$(mktemp -d "$wheels/.build.XXXXXX")
+    source="horovod==$HOROVOD_VERSION"
+    if [ "$XLA_OPS" = no ]; then  # built from its source, less xla_mpi_ops.cc (scripts/stack.sh)
+      pip download -q --no-deps --no-binary :all: -d "$tmp" "$source"
+      tar -xzf "$tmp/horovod-$HOROVOD_VERSION.tar.gz" -C "$tmp"
+      source="$tmp/horovod-$HOROVOD_VERSION"
+      "$VENV/bin/python" scripts/patch_horovod.py --without-xla-ops "$source" >> "$LOG" \
+        || die "cannot patch Horovod's source (see above)"
+    fi
     PATH="$PWD/$VENV/bin:$PATH" pip wheel -q --no-deps --no-cache-dir --no-build-isolation \
-      -w "$tmp" "horovod==$HOROVOD_VERSION"
+      -w "$tmp" "$source"
     built=$(ls "$tmp"/horovod-*.whl)
     mv "$built" "$wheels/"  # a rename: another install never sees half a wheel
     rm -rf "$tmp"
@@ -163,8 +172,9 @@ if ! have "horovod==$HOROVOD_VERSION" || [ "$(built_against)" != "$TF_VERSION" ]
   ! have "horovod==$HOROVOD_VERSION" || pip uninstall -q -y horovod  # a build for another TensorFlow
   pip install -q "$wheel"
 fi
-# Four changes to Horovod 0.28.1 (see the script): horovodrun keeps a stopped worker's exit
-# code and checks once how Horovod was built; the all-reduce is traced without a tf.cond or autograph.
+# Seven changes to Horovod 0.28.1 (see the script), among them: horovodrun keeps a stopped
+# worker's exit code, checks once how Horovod was built, and ends a failed job in one line; the
+# all-reduce is traced without a tf.cond or autograph.
 patched=$("$VENV/bin/python" scripts/patch_horovod.py) || die "cannot patch Horovod (see above)"
 [ -z "$patched" ] || while IFS= read -r line; do say "$line"; done <<< "$patched"
 

@@ -4,29 +4,33 @@
 #
 #   HVD_TRAIN_TF=2.15 (default)  TensorFlow 2.15.1, its built-in Keras 2          .venv
 #   HVD_TRAIN_TF=2.18            TensorFlow 2.18.1, Keras 2 as tf_keras 2.18.0     .venv-tf2.18
+#   HVD_TRAIN_TF=2.19            TensorFlow 2.19.1, Keras 2 as tf_keras 2.19.0     .venv-tf2.19
+#   HVD_TRAIN_TF=2.20            TensorFlow 2.20.0, Keras 2 as tf_keras 2.20.1     .venv-tf2.20
+#   HVD_TRAIN_TF=2.21            TensorFlow 2.21.0, Keras 2 as tf_keras 2.21.0     .venv-tf2.21
 #
-# Not 2.19: Horovod 0.28.1 does not compile against TensorFlow 2.19.1 (measured 2026-11-23: its
-# xla_mpi_ops.cc includes TensorFlow's XLA headers, which from 2.19 include LLVM headers the
-# wheel does not ship), nor against 2.20+ (an XLA header moved).
+# From 2.19, Horovod 0.28.1 is built without its XLA ops (XLA_OPS=no): its xla_mpi_ops.cc
+# includes TensorFlow's XLA headers, which from 2.19 include LLVM headers the wheel does not
+# ship (2.20 also moved one); scripts/patch_horovod.py --without-xla-ops drops that one file from
+# Horovod's CMake list before the build.
 #
 # Each stack has its own virtualenv, so installing one never overwrites another. TensorFlow
 # 2.16+ makes Keras 3 the default; Horovod's Keras API needs Keras 2, which those releases ship
 # as the tf_keras package (hvd_train/keras_stack.py selects it).
 
 # stack_select: sets TF_STACK, TF_VERSION, KERAS_REQ (empty: built into TensorFlow), STACK_VENV
-# and STACK_PYTHONS (the Python minor versions the stack's TensorFlow has wheels for) from
-# HVD_TRAIN_TF; an unknown stack is one line on stderr and status 1.
+# STACK_PYTHONS (the Python minor versions the stack's TensorFlow has wheels for) and XLA_OPS
+# (no: Horovod is built without its XLA ops) from HVD_TRAIN_TF; an unknown stack is one line on stderr and status 1.
 stack_select() {
   TF_STACK=${HVD_TRAIN_TF:-2.15}
+  XLA_OPS=no
   case "$TF_STACK" in
-    2.15) TF_VERSION=2.15.1 KERAS_REQ="" STACK_VENV=.venv STACK_PYTHONS="3.10 3.11" ;;
-    2.18) TF_VERSION=2.18.1 KERAS_REQ=tf_keras==2.18.0 STACK_VENV=.venv-tf2.18 STACK_PYTHONS="3.10 3.11 3.12" ;;
+    2.15) TF_VERSION=2.15.1 KERAS_REQ="" STACK_VENV=.venv STACK_PYTHONS="3.10 3.11" XLA_OPS=yes ;;
+    2.18) TF_VERSION=2.18.1 KERAS_REQ=tf_keras==2.18.0 STACK_VENV=.venv-tf2.18 STACK_PYTHONS="3.10 3.11 3.12" XLA_OPS=yes ;;
+    2.19) TF_VERSION=2.19.1 KERAS_REQ=tf_keras==2.19.0 STACK_VENV=.venv-tf2.19 STACK_PYTHONS="3.10 3.11 3.12" ;;
+    2.20) TF_VERSION=2.20.0 KERAS_REQ=tf_keras==2.20.1 STACK_VENV=.venv-tf2.20 STACK_PYTHONS="3.10 3.11 3.12 3.13" ;;
+    2.21) TF_VERSION=2.21.0 KERAS_REQ=tf_keras==2.21.0 STACK_VENV=.venv-tf2.21 STACK_PYTHONS="3.10 3.11 3.12 3.13" ;;
     *)
-      local why="choose 2.15 or 2.18"
-      case "$TF_STACK" in 2.19*|2.[2-9][0-9]*|[3-9]*)
-        why="Horovod 0.28.1, its last release, does not compile against TensorFlow 2.19+; $why" ;;
-      esac
-      printf 'HVD_TRAIN_TF=%s is not supported: %s\n' "$TF_STACK" "$why" >&2
+      printf 'HVD_TRAIN_TF=%s is not supported: choose 2.15, 2.18, 2.19, 2.20 or 2.21\n' "$TF_STACK" >&2
       return 1 ;;
   esac
 }

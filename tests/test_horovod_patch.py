@@ -27,6 +27,44 @@ def test_the_patch_is_applied_and_applies_once() -> None:
     assert (proc.returncode, proc.stdout, proc.stderr) == (0, "", "")  # already patched
 
 
+def test_stopping_a_worker_whose_shell_just_ended_raises_nothing(monkeypatch) -> None:
+    """The race of change 7, made certain: the stopping thread holds the shell's psutil.Process,
+    then the middleman's main thread reaps the shell; the stop must return quietly."""
+    import psutil
+    from horovod.runner.common.util import safe_shell_exec
+
+    shell = subprocess.Popen(["sh", "-c", "exit 3"])
+    held = psutil.Process(shell.pid)
+    assert shell.wait(timeout=60) == 3  # reaped: psutil's children() now raises NoSuchProcess
+    with pytest.raises(psutil.NoSuchProcess):
+        held.children()
+    monkeypatch.setattr(safe_shell_exec.psutil, "Process", lambda pid: held)
+    assert safe_shell_exec.terminate_executor_shell_and_children(shell.pid) is None
+
+
+def test_horovod_source_loses_only_its_xla_ops(tmp_path) -> None:
+    """--without-xla-ops on a copy of Horovod 0.28.1's CMake list (its lines 78-79): that one
+    source line goes, once; a file that is not 0.28.1's is refused and left as it was."""
+    cmake = tmp_path / "horovod" / "tensorflow" / "CMakeLists.txt"
+    cmake.parent.mkdir(parents=True)
+    mpi_ops = 'list(APPEND TF_SOURCES "${PROJECT_SOURCE_DIR}/horovod/tensorflow/mpi_ops.cc")\n'
+    xla_ops = 'list(APPEND TF_SOURCES "${PROJECT_SOURCE_DIR}/horovod/tensorflow/xla_mpi_ops.cc")\n'
+    cmake.write_text("# TF SOURCES\n" + mpi_ops + xla_ops + "\n# Create library\n")
+    patch = [PYTHON, str(ROOT / "scripts" / "patch_horovod.py"), "--without-xla-ops", str(tmp_path)]
+    first = subprocess.run(patch, capture_output=True, text=True, timeout=60)
+    assert first.returncode == 0 and "without its XLA ops" in first.stdout, first.stderr
+    text = cmake.read_text()
+    assert (
+        'xla_mpi_ops.cc")' not in text and mpi_ops in text and text.endswith("# Create library\n")
+    )
+    again = subprocess.run(patch, capture_output=True, text=True, timeout=60)
+    assert (again.returncode, again.stdout, cmake.read_text()) == (0, "", text)
+    cmake.write_text("# another Horovod\n" + mpi_ops)
+    foreign = subprocess.run(patch, capture_output=True, text=True, timeout=60)
+    assert foreign.returncode == 1 and "not Horovod 0.28.1's" in foreign.stderr
+    assert cmake.read_text() == "# another Horovod\n" + mpi_ops
+
+
 @pytest.mark.parametrize("controller", ["--gloo", "--mpi"])
 def test_horovodrun_starts_a_job_without_importing_tensorflow(tmp_path, controller) -> None:
     """With a TensorFlow that cannot be imported first on the path, horovodrun still starts the
