@@ -27,8 +27,8 @@ from hvd_train.horovodrun import count_gpus
 from hvd_train.keras_stack import version_tuple
 
 # The stacks scripts/install.sh installs (scripts/stack.sh, HVD_TRAIN_TF).
-SUPPORTED_TENSORFLOW = ("2.15.1", "2.18.1")
-SUPPORTED_TEXT = "2.15.1 or 2.18.1"
+SUPPORTED_TENSORFLOW = ("2.15.1", "2.18.1", "2.19.1", "2.20.0", "2.21.0")
+SUPPORTED_TEXT = "2.15.1, 2.18.1, 2.19.1, 2.20.0 or 2.21.0"
 STACKS = tuple(v.rpartition(".")[0] for v in SUPPORTED_TENSORFLOW)  # the HVD_TRAIN_TF values
 TESTED_HOROVOD = "0.28.1"
 # Horovod's compiled extensions, one per framework (horovod/<framework>/<name>*.so).
@@ -186,10 +186,11 @@ def diagnose(facts: dict[str, Any]) -> list[Problem]:
 
 
 def _python_problems(facts: dict[str, Any]) -> list[Problem]:
-    # TensorFlow's wheels: 2.15 for Python 3.9-3.11, 2.18 for 3.9-3.12.
-    newer = version_tuple(facts["tensorflow"].get("version")) >= (2, 16)
-    if version_tuple(facts["python"])[:2] not in ((3, 10), (3, 11), *([(3, 12)] if newer else [])):
-        return [Problem("warning", f"Python {facts['python']}: hvd_train supports 3.10-3.11 with TensorFlow 2.15, 3.10-3.12 with 2.18")]  # fmt: skip
+    # TensorFlow's wheels: 2.15 for Python 3.9-3.11, 2.18-2.19 for 3.9-3.12, 2.20-2.21 for 3.10-3.13
+    tf = version_tuple(facts["tensorflow"].get("version"))
+    newest = 11 if tf < (2, 16) else 12 if tf < (2, 20) else 13
+    if not (3, 10) <= version_tuple(facts["python"])[:2] <= (3, newest):
+        return [Problem("warning", f"Python {facts['python']}: hvd_train supports 3.10-3.11 with TensorFlow 2.15, 3.10-3.12 with 2.18-2.19, 3.10-3.13 with 2.20-2.21")]  # fmt: skip
     return []
 
 
@@ -198,8 +199,6 @@ def _tensorflow_problems(facts: dict[str, Any]) -> list[Problem]:
     if tf.get("version") is None:
         return [Problem("error", f"TensorFlow does not import: {tf.get('error')}; run scripts/install.sh")]  # fmt: skip
     v, keras = version_tuple(tf["version"]), tf.get("keras") or ""
-    if v >= (2, 20):
-        return [Problem("error", f"TensorFlow {tf['version']} is not supported: Horovod {TESTED_HOROVOD}, its last release, does not compile against TensorFlow 2.20+; install {SUPPORTED_TEXT} (HVD_TRAIN_TF=2.18 scripts/install.sh)")]  # fmt: skip
     # hvd_train sets TF_USE_LEGACY_KERAS=1 on 2.16+ (keras_stack.py): tf.keras is then tf_keras,
     # or does not import at all when only Keras 3 is installed.
     if version_tuple(keras.rpartition(" ")[2])[:1] >= (3,) or (v >= (2, 16) and not keras):

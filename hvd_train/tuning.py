@@ -7,6 +7,7 @@ the model is built, the optimizer wrapping at compile.
 from __future__ import annotations
 
 import os
+import pathlib
 
 import tensorflow as tf
 
@@ -24,10 +25,12 @@ def before_init(cfg: Config) -> None:
 
 
 def _prepare_xla() -> None:
-    # Horovod's all-reduce has an XLA implementation only in GPU builds (HOROVOD_ENABLE_XLA_OPS,
-    # read at hvd.init): there the whole train step is compiled. On CPU, compiling the train step
-    # fails on the HorovodAllreduce op, so XLA auto-clustering compiles what it can around it.
-    if tf.config.list_physical_devices("GPU"):
+    # Horovod's all-reduce has an XLA implementation only in CUDA builds that compiled its
+    # xla_mpi_ops.cc (HOROVOD_ENABLE_XLA_OPS, read at hvd.init): there the whole train step is
+    # compiled. Elsewhere (CPU; Horovod built for TensorFlow 2.19+, which drops that file:
+    # scripts/patch_horovod.py) compiling the whole step fails on the HorovodAllreduce op, so
+    # XLA auto-clustering compiles what it can of the step, and the all-reduce stays outside.
+    if whole_step_xla(bool(tf.config.list_physical_devices("GPU")), horovod_has_xla_ops()):
         os.environ.setdefault("HOROVOD_ENABLE_XLA_OPS", "1")
     else:
         flags = os.environ.get("TF_XLA_FLAGS", "")
@@ -36,9 +39,32 @@ def _prepare_xla() -> None:
         tf.config.optimizer.set_jit("autoclustering")
 
 
+def whole_step_xla(gpu: bool, xla_ops: bool) -> bool:
+    """Whether `runtime.jit_compile` compiles the whole train step (all-reduce included)."""
+    return gpu and xla_ops
+
+
+def horovod_has_xla_ops(lib: pathlib.Path | None = None) -> bool:
+    """Whether Horovod's TensorFlow library (`lib`: the installed one) holds its XLA all-reduce,
+    the custom-call target xla_mpi_ops.cc registers in CUDA builds: its bytes searched, nothing
+    imported or loaded."""
+    import importlib.util
+    import mmap
+
+    if lib is None:
+        spec = importlib.util.find_spec("horovod.tensorflow")
+        origin = spec.origin if spec else None
+        lib = next(pathlib.Path(origin).parent.glob("mpi_lib*.so"), None) if origin else None
+    if lib is None or lib.stat().st_size == 0:
+        return False
+    with open(lib, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        return data.find(b"CallbackHVDAllreduce") >= 0
+
+
 def jit_compile(cfg: Config, device: str) -> bool:
-    """Keras' `jit_compile` for model.compile: the whole train step on GPU (see _prepare_xla)."""
-    return cfg.runtime.jit_compile and device == "gpu"
+    """Keras' `jit_compile` for model.compile: the whole train step where XLA can compile the
+    all-reduce (see _prepare_xla)."""
+    return cfg.runtime.jit_compile and whole_step_xla(device == "gpu", horovod_has_xla_ops())
 
 
 def apply_precision(cfg: Config) -> None:
@@ -91,7 +117,9 @@ def log_knobs(cfg: Config, plan: Derived) -> None:
         parts.append(f"gradients sent as {cfg.horovod.compression}")
     if cfg.runtime.jit_compile:
         auto = tf.config.optimizer.get_jit() == "autoclustering"
-        parts.append("XLA auto-clustering (CPU)" if auto else "XLA: the whole train step")
+        parts.append(
+            "XLA auto-clustering (the all-reduce outside)" if auto else "XLA: the whole train step"
+        )
     if cfg.horovod.timeline:
         parts.append("Horovod timeline on (its writer thread polls on rank 0: slower steps)")
     if distributed.controller() == "mpi" and os.environ.get("OMPI_MCA_mpi_yield_when_idle"):

@@ -124,22 +124,21 @@ def test_keras_3_is_an_error(facts) -> None:
 
 @pytest.mark.parametrize(
     ("tf_version", "keras"),
-    [("2.15.1", "keras 2.15.0"), ("2.18.1", "tf_keras 2.18.0")],
+    [("2.15.1", "keras 2.15.0"), ("2.18.1", "tf_keras 2.18.0"), ("2.19.1", "tf_keras 2.19.0"),
+     ("2.20.0", "tf_keras 2.20.1"), ("2.21.0", "tf_keras 2.21.0")],
 )  # fmt: skip
 def test_supported_stacks_have_no_problem(facts, tf_version, keras) -> None:
     on_tensorflow(facts, tf_version, keras)
     assert errors(facts) == [] and warnings_(facts) == []
 
 
-@pytest.mark.parametrize("tf_version", ["2.16.1", "2.19.1"])
-def test_tf_216_to_219_with_legacy_keras_is_only_untested(facts, tf_version) -> None:
-    # 2.19: Horovod 0.28.1 does not compile against it from pip (scripts/stack.sh); one that
-    # was built some other way and loads is only untested.
+@pytest.mark.parametrize("tf_version", ["2.16.1", "2.17.1", "2.22.0"])
+def test_another_tensorflow_with_legacy_keras_is_only_untested(facts, tf_version) -> None:
     minor = tf_version.rpartition(".")[0]
     on_tensorflow(facts, tf_version, f"tf_keras {minor}.0")
     assert errors(facts) == []
     assert warnings_(facts) == [
-        f"TensorFlow {tf_version}: hvd_train is tested with 2.15.1 or 2.18.1"
+        f"TensorFlow {tf_version}: hvd_train is tested with 2.15.1, 2.18.1, 2.19.1, 2.20.0 or 2.21.0"
     ]
 
 
@@ -151,21 +150,32 @@ def test_tf_keras_of_another_minor_version_is_a_warning(facts) -> None:
 
 def test_tf_216_without_tf_keras_is_keras_3_only(facts) -> None:
     # hvd_train sets TF_USE_LEGACY_KERAS=1: without tf_keras, tf.keras does not import at all.
-    on_tensorflow(facts, "2.19.1", None)
+    on_tensorflow(facts, "2.21.0", None)
     assert errors(facts) == [
-        "Keras 3 is active (TensorFlow 2.19.1, no tf_keras installed): horovod.tensorflow.keras "
-        "needs Keras 2; install tf_keras 2.19 (or HVD_TRAIN_TF=2.18 scripts/install.sh: "
-        "TensorFlow 2.18.1 with tf_keras)"
+        "Keras 3 is active (TensorFlow 2.21.0, no tf_keras installed): horovod.tensorflow.keras "
+        "needs Keras 2; install tf_keras 2.21 (HVD_TRAIN_TF=2.21 scripts/install.sh)"
+    ]
+    on_tensorflow(facts, "2.17.1", None)  # no stack of its own: the newest is named
+    assert errors(facts) == [
+        "Keras 3 is active (TensorFlow 2.17.1, no tf_keras installed): horovod.tensorflow.keras "
+        "needs Keras 2; install tf_keras 2.17 (or HVD_TRAIN_TF=2.21 scripts/install.sh: "
+        "TensorFlow 2.21.0 with tf_keras)"
     ]
 
 
-def test_tf_220_or_newer_is_an_error(facts) -> None:
-    on_tensorflow(facts, "2.20.0", "tf_keras 2.20.0")
-    assert errors(facts) == [
-        "TensorFlow 2.20.0 is not supported: Horovod 0.28.1, its last release, does not compile "
-        "against TensorFlow 2.20+; install 2.15.1 or 2.18.1 (HVD_TRAIN_TF=2.18 "
-        "scripts/install.sh)"
-    ]
+@pytest.mark.parametrize(
+    ("python", "tf_version", "supported"),
+    [("3.11.7", "2.15.1", True), ("3.12.1", "2.15.1", False), ("3.12.1", "2.19.1", True),
+     ("3.13.0", "2.19.1", False), ("3.13.0", "2.21.0", True), ("3.9.18", "2.21.0", False)],
+)  # fmt: skip
+def test_python_versions_follow_the_stacks_wheels(facts, python, tf_version, supported) -> None:
+    facts["python"] = python
+    on_tensorflow(facts, tf_version, None if tf_version == "2.15.1" else f"tf_keras {tf_version}")
+    said = [w for w in warnings_(facts) if w.startswith("Python ")]
+    assert said == ([] if supported else [
+        f"Python {python}: hvd_train supports 3.10-3.11 with TensorFlow 2.15, 3.10-3.12 with "
+        "2.18-2.19, 3.10-3.13 with 2.20-2.21"
+    ])  # fmt: skip
 
 
 def test_extension_that_does_not_load_is_an_error(facts) -> None:

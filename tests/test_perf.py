@@ -155,6 +155,25 @@ def expected_cores(local_rank: int, local_size: int) -> list[int]:
     )
 
 
+def test_jit_compile_takes_the_whole_step_only_where_horovod_has_its_xla_ops(tmp_path) -> None:
+    """runtime.jit_compile on a GPU whose Horovod has its XLA all-reduce (CUDA builds for
+    TensorFlow 2.15 and 2.18): the whole train step; anywhere else (CPU, or Horovod built for
+    2.19+ without xla_mpi_ops.cc) XLA auto-clustering around the all-reduce, never a whole-step
+    compile that would fail on the HorovodAllreduce op. (No GPU here: the choice is tested, the
+    GPU compile is not.)"""
+    from hvd_train import tuning
+
+    assert [tuning.whole_step_xla(gpu, ops) for gpu in (False, True) for ops in (False, True)] == [
+        False, False, False, True,
+    ]  # fmt: skip
+    with_ops, without = tmp_path / "with.so", tmp_path / "without.so"
+    with_ops.write_bytes(b"\0ELF...XLA_REGISTER CallbackHVDAllreduce\0...")
+    without.write_bytes(b"\0ELF...HorovodAllreduce\0...")
+    assert tuning.horovod_has_xla_ops(with_ops) and not tuning.horovod_has_xla_ops(without)
+    assert not tuning.horovod_has_xla_ops()  # this machine's CPU build has none
+
+
+@pytest.mark.stack  # runtime.jit_compile, mixed precision: on every stack
 @pytest.mark.multiworker
 def test_speed_knobs_are_applied_in_every_worker(tmp_path: pathlib.Path) -> None:
     epochs, steps = 2, 8
