@@ -1,9 +1,9 @@
-# hvd_train image: Horovod 0.28.1 + TensorFlow 2.15.1 (or 2.18.1 with tf_keras: --build-arg
-# TF=2.18), installed by scripts/install.sh (the same script CI runs), with Open MPI and an sshd
+# hvd_train image: Horovod 0.28.1 + TensorFlow 2.21.0 with tf_keras (or another stack:
+# --build-arg TF=2.15), installed by scripts/install.sh (the same script CI runs), with Open MPI and an sshd
 # the Kubeflow MPI Operator can use.
 #
 #   CPU:        docker build -t hvd_train:cpu --build-arg BASE_IMAGE=debian:bookworm-slim --build-arg DEVICE=cpu .
-#   CPU, TF 2.18: the same with --build-arg TF=2.18 (not built on this project's machine yet)
+#   CPU, TF 2.15: the same with --build-arg TF=2.15
 #   GPU:        docker build -t hvd_train:gpu .
 #   Quickstart: docker run --rm --user "$(id -u):$(id -g)" -v "$PWD/runs:/opt/hvd_train/runs" hvd_train:cpu
 #
@@ -11,17 +11,19 @@
 # image, its quickstart and a two-container multi-node job. The GPU image is not built there
 # (no nvcc can be installed from the registries it reaches): see docs/docker.md.
 
-# GPU (default): CUDA 12.2's devel image (nvcc, the CUDA runtime, Ubuntu 22.04's Python 3.10),
-# the CUDA TensorFlow 2.15.1 is built against. CPU: any Debian or Ubuntu with Python 3.10-3.11.
-ARG BASE_IMAGE=nvidia/cuda:12.2.2-cudnn8-devel-ubuntu22.04
+# GPU (default): a CUDA 12 devel image (nvcc, the CUDA runtime, Ubuntu 22.04's Python 3.10) of
+# the CUDA the stack's TensorFlow is built against: 12.5 for 2.18 to 2.21 (not built here), 12.2
+# for 2.15 (--build-arg BASE_IMAGE=nvidia/cuda:12.2.2-cudnn8-devel-ubuntu22.04). CPU: any Debian
+# or Ubuntu with a Python the stack has wheels for (scripts/stack.sh).
+ARG BASE_IMAGE=nvidia/cuda:12.5.1-cudnn-devel-ubuntu22.04
 FROM ${BASE_IMAGE}
 
 # gpu: CUDA TensorFlow and Horovod with NCCL GPU operations; cpu: the CPU wheels.
 ARG DEVICE=gpu
-# The TensorFlow stack (scripts/stack.sh): 2.15 (TensorFlow 2.15.1) or 2.18 (2.18.1 with
-# tf_keras). Kept in the environment, so that install.sh, make and launch/*.sh in the container
-# all pick the image's one stack. The GPU stacks other than 2.15 want another CUDA base image.
-ARG TF=2.15
+# The TensorFlow stack (scripts/stack.sh): 2.21 (TensorFlow 2.21.0 with tf_keras), 2.20, 2.19,
+# 2.18 or 2.15. Kept in the environment, so that install.sh, make and launch/*.sh in the
+# container all pick the image's one stack.
+ARG TF=2.21
 # GPU only: the CUDA toolkit Horovod compiles its kernels with (bin/nvcc must exist there).
 ARG CUDA_HOME=/usr/local/cuda
 # Port of the workers' sshd when running as the non-root user (2222: no privilege needed).
@@ -69,7 +71,7 @@ COPY --chown=1000:1000 scripts/install.sh scripts/stack.sh scripts/patch_horovod
 # HOROVOD_CUDA_HOME only for the GPU build: set, Horovod's CMake requires nvcc there.
 # The package is installed editable, so an empty hvd_train/ and README.md (pyproject.toml names
 # it) suffice here: the real ones arrive with the project below, in the place the install
-# points to. The stack's virtualenv (.venv-tf2.18 for TF=2.18) is also reachable as .venv, the
+# points to. The stack's virtualenv (.venv-tf2.15 for TF=2.15) is also reachable as .venv, the
 # one name PATH holds. pip's cache and the compiled Horovod wheel install.sh keeps for other
 # clones go: an image holds one install.
 RUN mkdir hvd_train && touch hvd_train/__init__.py README.md \

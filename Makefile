@@ -1,8 +1,8 @@
 # The two Quick-start commands: `make demo` and `make test`. Each first runs the idempotent
 # install (scripts/install.sh: Open MPI, TensorFlow, Horovod compiled against it, this package).
-# HVD_TRAIN_TF=2.18 picks another TensorFlow stack and its own virtualenv
-# (scripts/stack.sh): `HVD_TRAIN_TF=2.18 make demo`.
-export HVD_TRAIN_TF ?= 2.15
+# HVD_TRAIN_TF=2.15 (2.18, 2.19, 2.20) picks another TensorFlow stack and its own virtualenv
+# (scripts/stack.sh): `HVD_TRAIN_TF=2.15 make demo`.
+export HVD_TRAIN_TF ?= 2.21
 # Empty for an unsupported HVD_TRAIN_TF: then the install says why, in one line.
 VENV   := $(shell bash scripts/stack.sh venv 2>/dev/null)
 PY     := $(VENV)/bin/python
@@ -33,8 +33,8 @@ test-quick: install
 	$(PY) -m pytest -q tests
 
 # The short suite (tests marked `stack`: 2-worker training, resume, faults, evaluate, the Keras
-# choice, the doctor): what CI runs on the other stack, `HVD_TRAIN_TF=2.18 make test-stack`.
-# On this project's shared 2-core machine (niced): 13 min on 2.18, 18 min on 2.15.
+# choice, the doctor, the speed knobs): what CI runs on the oldest stack,
+# `HVD_TRAIN_TF=2.15 make test-stack`.
 test-stack: install
 	$(PY) -m pytest -q -ra --durations=15 -n 2 --dist loadfile -m stack tests
 

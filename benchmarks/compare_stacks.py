@@ -1,7 +1,7 @@
 """compare_peers.py's configurations on two TensorFlow stacks, interleaved run by run.
 
-    .venv/bin/python benchmarks/compare_stacks.py     # 2.15 (.venv) against 2.18 (.venv-tf2.18)
-    .venv/bin/python benchmarks/compare_stacks.py --stack 2.15=.venv/bin/python \\
+    .venv/bin/python benchmarks/compare_stacks.py     # 2.15 (.venv-tf2.15) against 2.21 (.venv)
+    .venv/bin/python benchmarks/compare_stacks.py --stack 2.15=.venv-tf2.15/bin/python \\
         --stack 2.18=.venv-tf2.18/bin/python --workloads light --repeats 5
 
 Each stack is a virtualenv made by `HVD_TRAIN_TF=<stack> make install`. For every repeat,
@@ -59,14 +59,14 @@ def parse() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--stack", action="append", metavar="NAME=PYTHON",
                    help="a stack and its virtualenv's python, relative to the project "
-                   "(default: 2.15=.venv/bin/python and 2.18=.venv-tf2.18/bin/python)")  # fmt: skip
+                   "(default: 2.15=.venv-tf2.15/bin/python and 2.21=.venv/bin/python)")  # fmt: skip
     p.add_argument("--configs", default=DEFAULT_CONFIGS, help="compare_peers.py configurations")
     p.add_argument("--workloads", default="light,heavy")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--steps", type=int, default=30, help="measured steps per run")
     p.add_argument("--out", default=os.path.join(ROOT, "runs", "compare_stacks"))
     args = p.parse_args()
-    args.stack = args.stack or ["2.15=.venv/bin/python", "2.18=.venv-tf2.18/bin/python"]
+    args.stack = args.stack or ["2.15=.venv-tf2.15/bin/python", "2.21=.venv/bin/python"]
     args.configs = [c for c in args.configs.split(",") if c]
     args.workloads = [w for w in args.workloads.split(",") if w]
     return args

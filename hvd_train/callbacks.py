@@ -23,6 +23,7 @@ from hvd_train.checkpoint import (
 from hvd_train.config import CheckpointConfig, Config, Derived
 from hvd_train.control import RunControl, StopSignals
 from hvd_train.data import Source
+from hvd_train.errors import UserError
 from hvd_train.evaluation import Evaluator
 from hvd_train.input_diagnostics import InputWait, advice_for
 from hvd_train.keras_stack import hvd, keras
@@ -481,6 +482,20 @@ def build_callbacks(
         *([RecordProgress(record, control, checkpointer)] if record else []),
     ]
     return RunCallbacks(tuple(callbacks), plan, control, input_wait, timer, user.stop, checkpointer)
+
+
+def require_tensorboard(cfg: Config) -> None:
+    """`logging.tensorboard: true` without the tensorboard package (TensorFlow 2.20+ no longer
+    installs it; scripts/install.sh does) would fail at the first summary, after the first
+    epoch: one line before training instead, on every rank."""
+    import importlib.util
+
+    if cfg.logging.tensorboard and importlib.util.find_spec("tensorboard") is None:
+        raise UserError(
+            f"logging.tensorboard is true, but the tensorboard package is not installed (TensorFlow "
+            f"{tf.__version__} does not bring it): pip install tensorboard, or set "
+            "logging.tensorboard: false"
+        )
 
 
 def _chief_callbacks(

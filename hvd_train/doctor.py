@@ -186,11 +186,11 @@ def diagnose(facts: dict[str, Any]) -> list[Problem]:
 
 
 def _python_problems(facts: dict[str, Any]) -> list[Problem]:
-    # TensorFlow's wheels: 2.15 for Python 3.9-3.11, 2.18-2.19 for 3.9-3.12, 2.20-2.21 for 3.10-3.13
-    tf = version_tuple(facts["tensorflow"].get("version"))
-    newest = 11 if tf < (2, 16) else 12 if tf < (2, 20) else 13
+    # TensorFlow's wheels: 2.15 for Python 3.9-3.11, 2.18-2.19 for 3.9-3.12, 2.20-2.21 for
+    # 3.9/3.10-3.13; hvd_train's numpy<2 has no wheels for 3.13.
+    newest = 11 if version_tuple(facts["tensorflow"].get("version")) < (2, 16) else 12
     if not (3, 10) <= version_tuple(facts["python"])[:2] <= (3, newest):
-        return [Problem("warning", f"Python {facts['python']}: hvd_train supports 3.10-3.11 with TensorFlow 2.15, 3.10-3.12 with 2.18-2.19, 3.10-3.13 with 2.20-2.21")]  # fmt: skip
+        return [Problem("warning", f"Python {facts['python']}: hvd_train supports 3.10-3.11 with TensorFlow 2.15, 3.10-3.12 with 2.18-2.21")]  # fmt: skip
     return []
 
 

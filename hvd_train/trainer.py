@@ -15,7 +15,7 @@ from typing import Any
 import tensorflow as tf
 
 from hvd_train import distributed, images, logs, perf, rundir, startup, tuning
-from hvd_train.callbacks import Checkpointer, RunCallbacks, build_callbacks
+from hvd_train.callbacks import Checkpointer, RunCallbacks, build_callbacks, require_tensorboard
 from hvd_train.checkpoint import (
     PREFIX,
     STATE_FILE,
@@ -164,6 +164,7 @@ def _start_worker(cfg: Config, run: _Run, timeline: bool = True) -> str:
     """Starts Horovod and TensorFlow on this worker; returns its device ("gpu" or "cpu").
     `timeline` False: no Horovod timeline (horovod.timeline, or a launcher's flag), which
     Horovod would empty at init."""
+    require_tensorboard(cfg)  # bad input: one line, before anything starts
     tuning.before_init(cfg)  # core binding: before Horovod and TensorFlow start threads
     knobs = cfg.horovod
     if not timeline:

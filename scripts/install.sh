@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Installs everything hvd_train needs into the stack's virtualenv (./.venv for the default
-# TensorFlow 2.15), idempotently: a second run installs nothing. The one install path:
+# TensorFlow 2.21), idempotently: a second run installs nothing. The one install path:
 # `make demo`, `make test`, CI and the Dockerfile all call this script.
 #
 #   scripts/install.sh            # CPU build unless an NVIDIA GPU is present
 #   HVD_TRAIN_DEVICE=gpu scripts/install.sh   # force the CUDA build (Docker GPU image)
-#   HVD_TRAIN_TF=2.18 scripts/install.sh      # TensorFlow 2.18.1 + tf_keras in .venv-tf2.18
-#                                             # (2.15, 2.18, 2.19, 2.20, 2.21: scripts/stack.sh)
+#   HVD_TRAIN_TF=2.15 scripts/install.sh      # TensorFlow 2.15.1 in .venv-tf2.15
+#                                             # (2.21, 2.20, 2.19, 2.18, 2.15: scripts/stack.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -42,8 +42,11 @@ case "$device" in cpu|gpu) ;; *) die "HVD_TRAIN_DEVICE must be cpu or gpu, got '
 
 # --- the stack's own virtualenv, on a Python its TensorFlow has wheels for ---
 stamp="$VENV/.hvd_train-stack"
-if [ -x "$VENV/bin/python" ] && [ "$(cat "$stamp" 2>/dev/null || echo 2.15)" != "$TF_STACK" ]; then
-  die "$VENV holds the TensorFlow $(cat "$stamp" 2>/dev/null || echo 2.15) stack, not HVD_TRAIN_TF=$TF_STACK's: unset VENV, or remove $VENV"
+held=$(cat "$stamp" 2>/dev/null || echo 2.15)  # a virtualenv made before the stamp: 2.15's
+if [ -x "$VENV/bin/python" ] && [ "$held" != "$TF_STACK" ]; then
+  # e.g. a .venv made when 2.15 was the default, which now installs into .venv-tf2.15
+  held_venv=$(HVD_TRAIN_TF=$held stack_select 2>/dev/null && echo "$STACK_VENV")
+  die "$VENV holds the TensorFlow $held stack, not HVD_TRAIN_TF=$TF_STACK's${held_venv:+ (HVD_TRAIN_TF=$held installs into $held_venv)}: remove $VENV, or unset VENV"
 fi
 minor='import sys; print("%d.%d" % sys.version_info[:2])'
 py_minor=$("$VENV/bin/python" -c "$minor" 2>/dev/null || "$PY" -c "$minor" 2>/dev/null) \
@@ -111,6 +114,12 @@ if [ -n "$KERAS_REQ" ]; then
     say "installing $KERAS_REQ"; changed=1
     pip install -q --no-deps "$KERAS_REQ"
   fi
+fi
+
+# TensorFlow 2.20+ no longer brings TensorBoard, which logging.tensorboard (on by default) needs.
+if [ -n "$TB_REQ" ] && ! have "$TB_REQ"; then
+  say "installing $TB_REQ"; changed=1
+  pip install -q "$TB_REQ"
 fi
 
 # --- Horovod, compiled against that TensorFlow ---

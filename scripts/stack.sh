@@ -2,11 +2,11 @@
 # The TensorFlow stack HVD_TRAIN_TF names, in one place: sourced by scripts/install.sh and
 # launch/_common.sh; `bash scripts/stack.sh venv` prints the stack's virtualenv (the Makefile).
 #
-#   HVD_TRAIN_TF=2.15 (default)  TensorFlow 2.15.1, its built-in Keras 2          .venv
-#   HVD_TRAIN_TF=2.18            TensorFlow 2.18.1, Keras 2 as tf_keras 2.18.0     .venv-tf2.18
-#   HVD_TRAIN_TF=2.19            TensorFlow 2.19.1, Keras 2 as tf_keras 2.19.0     .venv-tf2.19
+#   HVD_TRAIN_TF=2.21 (default)  TensorFlow 2.21.0, Keras 2 as tf_keras 2.21.0     .venv
 #   HVD_TRAIN_TF=2.20            TensorFlow 2.20.0, Keras 2 as tf_keras 2.20.1     .venv-tf2.20
-#   HVD_TRAIN_TF=2.21            TensorFlow 2.21.0, Keras 2 as tf_keras 2.21.0     .venv-tf2.21
+#   HVD_TRAIN_TF=2.19            TensorFlow 2.19.1, Keras 2 as tf_keras 2.19.0     .venv-tf2.19
+#   HVD_TRAIN_TF=2.18            TensorFlow 2.18.1, Keras 2 as tf_keras 2.18.0     .venv-tf2.18
+#   HVD_TRAIN_TF=2.15 (oldest)   TensorFlow 2.15.1, its built-in Keras 2          .venv-tf2.15
 #
 # From 2.19, Horovod 0.28.1 is built without its XLA ops (XLA_OPS=no): its xla_mpi_ops.cc
 # includes TensorFlow's XLA headers, which from 2.19 include LLVM headers the wheel does not
@@ -17,20 +17,22 @@
 # 2.16+ makes Keras 3 the default; Horovod's Keras API needs Keras 2, which those releases ship
 # as the tf_keras package (hvd_train/keras_stack.py selects it).
 
-# stack_select: sets TF_STACK, TF_VERSION, KERAS_REQ (empty: built into TensorFlow), STACK_VENV
-# STACK_PYTHONS (the Python minor versions the stack's TensorFlow has wheels for) and XLA_OPS
-# (no: Horovod is built without its XLA ops) from HVD_TRAIN_TF; an unknown stack is one line on stderr and status 1.
+# stack_select: sets, from HVD_TRAIN_TF, TF_STACK, TF_VERSION, KERAS_REQ (empty: built into
+# TensorFlow), STACK_VENV, STACK_PYTHONS (the Python minor versions the stack's TensorFlow has
+# wheels for), XLA_OPS (no: Horovod is built without its XLA ops) and TB_REQ (TensorBoard, which
+# TensorFlow 2.20+ no longer installs; empty: TensorFlow brings it); an unknown stack is one line
+# on stderr and status 1.
 stack_select() {
-  TF_STACK=${HVD_TRAIN_TF:-2.15}
-  XLA_OPS=no
+  TF_STACK=${HVD_TRAIN_TF:-2.21}
+  XLA_OPS=no TB_REQ=""
   case "$TF_STACK" in
-    2.15) TF_VERSION=2.15.1 KERAS_REQ="" STACK_VENV=.venv STACK_PYTHONS="3.10 3.11" XLA_OPS=yes ;;
-    2.18) TF_VERSION=2.18.1 KERAS_REQ=tf_keras==2.18.0 STACK_VENV=.venv-tf2.18 STACK_PYTHONS="3.10 3.11 3.12" XLA_OPS=yes ;;
+    2.21) TF_VERSION=2.21.0 KERAS_REQ=tf_keras==2.21.0 STACK_VENV=.venv STACK_PYTHONS="3.10 3.11 3.12" TB_REQ=tensorboard==2.21.0 ;;
+    2.20) TF_VERSION=2.20.0 KERAS_REQ=tf_keras==2.20.1 STACK_VENV=.venv-tf2.20 STACK_PYTHONS="3.10 3.11 3.12" TB_REQ=tensorboard==2.20.0 ;;
     2.19) TF_VERSION=2.19.1 KERAS_REQ=tf_keras==2.19.0 STACK_VENV=.venv-tf2.19 STACK_PYTHONS="3.10 3.11 3.12" ;;
-    2.20) TF_VERSION=2.20.0 KERAS_REQ=tf_keras==2.20.1 STACK_VENV=.venv-tf2.20 STACK_PYTHONS="3.10 3.11 3.12 3.13" ;;
-    2.21) TF_VERSION=2.21.0 KERAS_REQ=tf_keras==2.21.0 STACK_VENV=.venv-tf2.21 STACK_PYTHONS="3.10 3.11 3.12 3.13" ;;
+    2.18) TF_VERSION=2.18.1 KERAS_REQ=tf_keras==2.18.0 STACK_VENV=.venv-tf2.18 STACK_PYTHONS="3.10 3.11 3.12" XLA_OPS=yes ;;
+    2.15) TF_VERSION=2.15.1 KERAS_REQ="" STACK_VENV=.venv-tf2.15 STACK_PYTHONS="3.10 3.11" XLA_OPS=yes ;;
     *)
-      printf 'HVD_TRAIN_TF=%s is not supported: choose 2.15, 2.18, 2.19, 2.20 or 2.21\n' "$TF_STACK" >&2
+      printf 'HVD_TRAIN_TF=%s is not supported: choose 2.21, 2.20, 2.19, 2.18 or 2.15\n' "$TF_STACK" >&2
       return 1 ;;
   esac
 }

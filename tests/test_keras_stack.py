@@ -135,3 +135,27 @@ def test_no_module_but_keras_stack_imports_keras_or_horovods_keras_api() -> None
             if names & (chosen_there | {"tf.keras"}):
                 offenders.append(f"{path.name}:{node.lineno}: {sorted(names)}")
     assert offenders == []
+
+
+def test_tensorboard_missing_is_one_line_before_training(monkeypatch) -> None:
+    """TensorFlow 2.20+ no longer installs TensorBoard (the install adds it): without it,
+    logging.tensorboard (on by default) is refused in one line before Horovod starts, not with
+    TBNotInstalledError after the first epoch."""
+    import importlib.util
+
+    from hvd_train.callbacks import require_tensorboard
+    from hvd_train.config import load_config
+    from hvd_train.errors import UserError
+
+    require_tensorboard(load_config(QUICKSTART))  # installed on every stack by install.sh
+    found = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "tensorboard" else found(name, *a),
+    )
+    with pytest.raises(UserError, match=r"^logging.tensorboard is true, but the tensorboard "
+                       r"package is not installed .*: pip install tensorboard, or set "
+                       r"logging.tensorboard: false$"):  # fmt: skip
+        require_tensorboard(load_config(QUICKSTART))
+    require_tensorboard(load_config(QUICKSTART, ["logging.tensorboard=false"]))
