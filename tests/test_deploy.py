@@ -51,9 +51,11 @@ def test_launch_scripts_pass_shellcheck() -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-def test_image_defaults_to_cuda_122_devel_with_a_cpu_build_arg() -> None:
+def test_image_defaults_to_the_default_stacks_cuda_devel_with_a_cpu_build_arg() -> None:
+    """The default stack, TensorFlow 2.21, on CUDA 12.5's devel image (2.15: 12.2's)."""
     steps = dockerfile_instructions()
-    assert ("ARG", "BASE_IMAGE=nvidia/cuda:12.2.2-cudnn8-devel-ubuntu22.04") in steps
+    assert ("ARG", "TF=2.21") in steps
+    assert ("ARG", "BASE_IMAGE=nvidia/cuda:12.5.1-cudnn-devel-ubuntu22.04") in steps
     assert steps[[w for w, _ in steps].index("FROM")] == ("FROM", "${BASE_IMAGE}")
     assert ("ARG", "DEVICE=gpu") in steps
     header = DOCKERFILE.read_text()
