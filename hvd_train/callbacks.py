@@ -485,7 +485,7 @@ def build_callbacks(
 
 
 def require_tensorboard(cfg: Config) -> None:
-    """`logging.tensorboard: true` without the tensorboard package (TensorFlow 2.20+ no longer
+    """`logging.tensorboard: true` without the tensorboard package (TensorFlow 2.21 no longer
     installs it; scripts/install.sh does) would fail at the first summary, after the first
     epoch: one line before training instead, on every rank."""
     import importlib.util

@@ -116,7 +116,8 @@ if [ -n "$KERAS_REQ" ]; then
   fi
 fi
 
-# TensorFlow 2.20+ no longer brings TensorBoard, which logging.tensorboard (on by default) needs.
+# TensorFlow 2.21 no longer brings TensorBoard (2.20 still required it), which
+# logging.tensorboard (on by default) needs.
 if [ -n "$TB_REQ" ] && ! have "$TB_REQ"; then
   say "installing $TB_REQ"; changed=1
   pip install -q "$TB_REQ"

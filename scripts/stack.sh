@@ -20,14 +20,14 @@
 # stack_select: sets, from HVD_TRAIN_TF, TF_STACK, TF_VERSION, KERAS_REQ (empty: built into
 # TensorFlow), STACK_VENV, STACK_PYTHONS (the Python minor versions the stack's TensorFlow has
 # wheels for), XLA_OPS (no: Horovod is built without its XLA ops) and TB_REQ (TensorBoard, which
-# TensorFlow 2.20+ no longer installs; empty: TensorFlow brings it); an unknown stack is one line
+# TensorFlow 2.21 no longer installs; empty: TensorFlow brings it); an unknown stack is one line
 # on stderr and status 1.
 stack_select() {
   TF_STACK=${HVD_TRAIN_TF:-2.21}
   XLA_OPS=no TB_REQ=""
   case "$TF_STACK" in
     2.21) TF_VERSION=2.21.0 KERAS_REQ=tf_keras==2.21.0 STACK_VENV=.venv STACK_PYTHONS="3.10 3.11 3.12" TB_REQ=tensorboard==2.21.0 ;;
-    2.20) TF_VERSION=2.20.0 KERAS_REQ=tf_keras==2.20.1 STACK_VENV=.venv-tf2.20 STACK_PYTHONS="3.10 3.11 3.12" TB_REQ=tensorboard==2.20.0 ;;
+    2.20) TF_VERSION=2.20.0 KERAS_REQ=tf_keras==2.20.1 STACK_VENV=.venv-tf2.20 STACK_PYTHONS="3.10 3.11 3.12" ;;
     2.19) TF_VERSION=2.19.1 KERAS_REQ=tf_keras==2.19.0 STACK_VENV=.venv-tf2.19 STACK_PYTHONS="3.10 3.11 3.12" ;;
     2.18) TF_VERSION=2.18.1 KERAS_REQ=tf_keras==2.18.0 STACK_VENV=.venv-tf2.18 STACK_PYTHONS="3.10 3.11 3.12" XLA_OPS=yes ;;
     2.15) TF_VERSION=2.15.1 KERAS_REQ="" STACK_VENV=.venv-tf2.15 STACK_PYTHONS="3.10 3.11" XLA_OPS=yes ;;

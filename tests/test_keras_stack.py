@@ -138,7 +138,7 @@ def test_no_module_but_keras_stack_imports_keras_or_horovods_keras_api() -> None
 
 
 def test_tensorboard_missing_is_one_line_before_training(monkeypatch) -> None:
-    """TensorFlow 2.20+ no longer installs TensorBoard (the install adds it): without it,
+    """TensorFlow 2.21 no longer installs TensorBoard (the install adds it): without it,
     logging.tensorboard (on by default) is refused in one line before Horovod starts, not with
     TBNotInstalledError after the first epoch."""
     import importlib.util
