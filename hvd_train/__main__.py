@@ -1,7 +1,5 @@
 """`python -m hvd_train --config FILE [--set key=value ...]`: see hvd_train.cli."""
 
-import sys
+from hvd_train.cli import run
 
-from hvd_train.cli import main
-
-sys.exit(main(prog="python -m hvd_train"))
+run(prog="python -m hvd_train")

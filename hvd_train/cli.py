@@ -8,10 +8,11 @@ code 128 + the signal's number. A traceback and exit code 1 are for everything e
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from hvd_train import inference
 from hvd_train.errors import Interrupted, OneLineError, UserError, users_frame
@@ -268,6 +269,29 @@ def main(argv: list[str] | None = None, prog: str = "hvd-train") -> int:
         return e.exit_code
     except Exception as e:
         return _bug(e)
+
+
+def run(prog: str = "hvd-train") -> None:
+    """The `hvd-train` and `python -m hvd_train` entry: main(), then its exit code."""
+    code = main(prog=prog)
+    if code == 0:
+        exit_without_teardown()
+    sys.exit(code)
+
+
+def exit_without_teardown() -> NoReturn:
+    """Exit code 0 after what an exit must do (atexit's handlers: Horovod's shutdown, which
+    also finalizes MPI, and logging's; stdout and stderr flushed), without the interpreter's
+    teardown: freeing a trained TensorFlow process's modules and objects one by one cost every
+    worker 0.7 s of CPU at its end (a 1-step quickstart run alone: 5.8 s, now 5.0 s). Only
+    after success, where the run has closed what it wrote; a failure exits the usual way."""
+    import atexit
+
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    os._exit(0)
 
 
 def _error(message: str, code: int) -> int:

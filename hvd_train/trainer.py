@@ -304,12 +304,22 @@ def _complete(cfg: Config, model: keras.Model, summary: dict[str, Any], run: _Ru
         _fail(run, e)
         raise
     run.signals.done.set()
-    m = summary["final_metrics"]
     distributed.log(
-        f"done in {time.perf_counter() - run.started:.1f} s: val_accuracy "
-        f"{m.get('val_accuracy', 0):.4f}, {summary['train_examples_per_sec']:.0f} examples/s; "
+        f"done in {time.perf_counter() - run.started:.1f} s: {_closing_figures(summary)}; "
         f"results in {cfg.run.dir}"
     )
+
+
+def _closing_figures(summary: dict[str, Any]) -> str:
+    """The closing line's figures: the last epoch's validation accuracy, or its training
+    accuracy where there was no validation (or no accuracy metric: the loss), and throughput.
+    A run with no validation must not say `val_accuracy 0.0000`."""
+    m = summary["final_metrics"]
+    name = next((k for k in ("val_accuracy", "accuracy", "val_loss", "loss") if k in m), None)
+    shown = [f"{name} {m[name]:.4f}"] if name else []
+    rate = summary["train_examples_per_sec"]
+    shown.append(f"{rate:.0f} examples/s" if rate >= 10 else f"{rate:.2g} examples/s")
+    return ", ".join(shown)
 
 
 def _abandon(

@@ -6,8 +6,10 @@ A test module that imported TensorFlow first would leave `tensorflow.keras.*` as
 the whole test process (the first `import tensorflow.keras.callbacks` even rebinds tf.keras),
 which no trainer process ever sees.
 
-Also the suite's cost report: at the end of a run, per test file, its time, and the processes
-and the training jobs it started (start-up is what most of the suite's time pays for). And the
+Also the suite's cost report: at the end of a run, per test file, its time, the processes and
+the training jobs it started (start-up is what most of the suite's time pays for), and the CPU
+seconds spent by the test process itself and by the processes it started and waited for (on a
+busy 2-core machine the suite's time follows its CPU, not its waits). And the
 quick tier (`make test-quick`, HVD_TRAIN_TEST_TIER=quick): a test that starts a Python process
 or a job is skipped at that moment, so the tier is every test that runs in this process alone,
 with no list to keep; `make test` runs them all.
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import collections
 import os
+import resource
 import subprocess
 
 import pytest
@@ -25,8 +28,32 @@ import hvd_train  # noqa: F401
 
 QUICK = os.environ.get("HVD_TRAIN_TEST_TIER") == "quick"
 
-_cost = collections.defaultdict(lambda: {"tests": 0, "seconds": 0.0, "processes": 0, "jobs": 0})
+_cost = collections.defaultdict(
+    lambda: {
+        "tests": 0,
+        "seconds": 0.0,
+        "processes": 0,
+        "jobs": 0,
+        "cpu_self": 0.0,
+        "cpu_children": 0.0,
+    }
+)
 _started = {"processes": 0, "jobs": 0}  # by this process since its last test report
+
+
+def _cpu() -> dict[str, float]:
+    """CPU seconds so far of this process, and of its children that have been waited for (a
+    job's workers count once horovodrun, their parent, has been: its descendants' included)."""
+    own, children = (
+        resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
+    )
+    return {
+        "cpu_self": own.ru_utime + own.ru_stime,
+        "cpu_children": children.ru_utime + children.ru_stime,
+    }
+
+
+_cpu_at_last_report = _cpu()
 _xdist = {"workers": 0}  # pytest-xdist's -n
 
 
@@ -73,9 +100,12 @@ subprocess.Popen.__init__ = _counting_popen_init
 def pytest_collection_finish(session) -> None:
     """Processes started while collecting: a row of their own (not under pytest-xdist, whose
     workers each collect, and report only their tests)."""
+    now = _cpu()
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         _cost["(collection)"].update(_started)
+        _cost["(collection)"].update({k: now[k] - _cpu_at_last_report[k] for k in now})
     _started.update(processes=0, jobs=0)
+    _cpu_at_last_report.update(now)
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -83,8 +113,14 @@ def pytest_runtest_makereport(item, call):
     """Each report carries the processes its phase started: under pytest-xdist the reports
     reach the controlling process, which prints the table, and the counts with them."""
     report = (yield).get_result()
+    now = _cpu()
     report.user_properties.append(("started", dict(_started)))
+    report.user_properties.append(("cpu", {k: now[k] - _cpu_at_last_report[k] for k in now}))
     _started.update(processes=0, jobs=0)
+    _cpu_at_last_report.update(now)
+
+
+_test_cpu = collections.Counter()  # nodeid: CPU seconds (this process's and its children's)
 
 
 def pytest_runtest_logreport(report) -> None:
@@ -95,6 +131,10 @@ def pytest_runtest_logreport(report) -> None:
         if name == "started":
             cost["processes"] += value["processes"]
             cost["jobs"] += value["jobs"]
+        elif name == "cpu":
+            cost["cpu_self"] += value["cpu_self"]
+            cost["cpu_children"] += value["cpu_children"]
+            _test_cpu[report.nodeid] += value["cpu_self"] + value["cpu_children"]
 
 
 def pytest_terminal_summary(terminalreporter) -> None:
@@ -103,11 +143,14 @@ def pytest_terminal_summary(terminalreporter) -> None:
         return
     w = terminalreporter
     w.section("time per test file (processes: all started; jobs: horovodrun, mpirun, launchers)")
-    w.write_line(f"{'file':40} {'tests':>5} {'seconds':>8} {'processes':>9} {'jobs':>5}")
-    for name, c in rows:
-        w.write_line(
-            f"{name:40} {c['tests']:5d} {c['seconds']:8.1f} {c['processes']:9d} {c['jobs']:5d}"
-        )
-    total = {k: sum(c[k] for _, c in rows) for k in ("tests", "seconds", "processes", "jobs")}
-    w.write_line(f"{'total':40} {total['tests']:5d} {total['seconds']:8.1f} "
-                 f"{total['processes']:9d} {total['jobs']:5d}")  # fmt: skip
+    w.write_line("CPU seconds: the test process's own, and its children's once waited for")
+    head = ("tests", "seconds", "processes", "jobs", "cpu_self", "cpu_children")
+    w.write_line(f"{'file':40} {'tests':>5} {'seconds':>8} {'processes':>9} {'jobs':>5} "
+                 f"{'cpu self':>8} {'cpu children':>12}")  # fmt: skip
+    total = {k: sum(c[k] for _, c in rows) for k in head}
+    for name, c in [*rows, ("total", total)]:
+        w.write_line(f"{name:40} {c['tests']:5d} {c['seconds']:8.1f} {c['processes']:9d} "
+                     f"{c['jobs']:5d} {c['cpu_self']:8.1f} {c['cpu_children']:12.1f}")  # fmt: skip
+    w.section("the 15 tests that used the most CPU (setup and teardown included)")
+    for nodeid, seconds in _test_cpu.most_common(15):
+        w.write_line(f"{seconds:8.1f} s  {nodeid}")

@@ -249,3 +249,22 @@ def test_only_keras_first_batch_timing_warning_is_dropped_and_only_during_fit() 
     finally:
         tf.get_logger().removeHandler(handler)
     assert seen == [other, slow]
+
+
+@pytest.mark.parametrize(
+    ("metrics", "rate", "said"),
+    [
+        ({"loss": 0.1, "accuracy": 0.99, "val_loss": 0.2, "val_accuracy": 0.97771}, 2854.2,
+         "val_accuracy 0.9777, 2854 examples/s"),
+        ({"loss": 3.3285, "accuracy": 0.0}, 0.4384, "accuracy 0.0000, 0.44 examples/s"),
+        ({"loss": 3.3285}, 12.4, "loss 3.3285, 12 examples/s"),
+    ],
+)  # fmt: skip
+def test_the_closing_line_names_only_what_the_run_measured(metrics, rate, said) -> None:
+    """A run without validation (data.val_examples: 0) or without an accuracy metric: the
+    closing line names what there is, never a `val_accuracy 0.0000` nothing measured, and a
+    rate under 10 examples/s keeps its digits (a one-step run of a big model: 0.44, not 0)."""
+    from hvd_train.trainer import _closing_figures
+
+    summary = {"final_metrics": metrics, "train_examples_per_sec": rate}
+    assert _closing_figures(summary) == said

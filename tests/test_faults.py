@@ -40,9 +40,11 @@ BASE = ["--config", str(QUICKSTART), "--set", "model.dropout=0", "--set", "train
 # Synthetic 32x32x3 data, 24 steps per epoch (a full epoch is 64 at 2 workers, 128 at one):
 # epochs long enough to stop in, and a fault after epoch 1 or 2 leaves at least 3 epochs (72
 # steps, seconds) to run, so the stop or the kill lands mid-training. What is trained after the
-# fault (the restart, the elastic survivor alone, the resumed run) is short.
+# fault (the restart, the elastic survivor alone, the resumed run) is short. 256 validation
+# examples, not the default 1024: 4 validation steps a worker at 2 workers, 8 alone, where 1024
+# made an epoch's validation cost more than its 24 steps of training.
 LONG = [*BASE, "--set", "data.source=synthetic", "--set", "train.epochs=6",
-        "--set", "train.steps_per_epoch=24"]  # fmt: skip
+        "--set", "train.steps_per_epoch=24", "--set", "data.val_examples=256"]  # fmt: skip
 JOB_END_LIMIT_S = 60  # a dead worker must end the whole job within this
 
 

@@ -28,6 +28,10 @@ pytestmark = pytest.mark.multiworker
 CONTROLLERS = ["gloo", "mpi"]
 JOB_END_LIMIT_S = 60  # a job must end this soon after its stop or its fault
 COMMON = ["model.dropout=0", "train.verbose=false", "logging.tensorboard=false"]
+# Synthetic 32x32x3 images, 16 steps an epoch at 2 workers and 4 validation steps a worker (the
+# default 4096 and 1024 examples would be 64 and 16): a fault after epoch 1 of 6 still leaves
+# 80 steps to run, seconds, while a step a test waits for costs every job it runs in.
+SYNTHETIC = ("data.source=synthetic", "data.train_examples=1024", "data.val_examples=256")
 
 
 def sets(*overrides: str) -> list[str]:
@@ -116,7 +120,7 @@ def test_stop_in_the_first_seconds_records_interrupted(tmp_path, controller) -> 
     traced step, which may take longer than horovodrun's 5 s grace. The workers must not wait
     for it: nothing would be saved."""
     d = tmp_path / "run"
-    proc = start(stoppable_job(controller, d, "data.source=synthetic"), tmp_path)
+    proc = start(stoppable_job(controller, d, *SYNTHETIC), tmp_path)
     wait_until(lambda: summary(d).get("status") == "running", proc, "a running record")
     stop(proc, controller)
     s = ended(d, proc)
@@ -186,7 +190,7 @@ def test_a_killed_rank_is_recorded_failed(tmp_path, controller, rank) -> None:
     or that mpirun ended the job (under MPI, where mpirun kills rank 0 a second after its
     SIGTERM)."""
     d = tmp_path / "run"
-    proc = start(horovodrun(controller, trainer(d, "data.source=synthetic", "train.epochs=6")),
+    proc = start(horovodrun(controller, trainer(d, *SYNTHETIC, "train.epochs=6")),
                  tmp_path)  # fmt: skip
     wait_until(lambda: summary(d).get("epochs_completed", 0) >= 1, proc, "one epoch")
     os.kill(workers(str(d))[rank], signal.SIGKILL)
@@ -216,7 +220,7 @@ def test_launcher_names_the_first_failure_in_the_record(tmp_path) -> None:
     d = tmp_path / "run"
     proc = start([PYTHON, "-m", "hvd_train", "launch", "--np", "2", "--gloo",
                   "--config", str(QUICKSTART),
-                  *sets(f"run.dir={d}", "data.source=synthetic", "train.epochs=6")], tmp_path)  # fmt: skip
+                  *sets(f"run.dir={d}", *SYNTHETIC, "train.epochs=6")], tmp_path)  # fmt: skip
     wait_until(lambda: summary(d).get("epochs_completed", 0) >= 1, proc, "one epoch")
     os.kill(workers(str(d))[1], signal.SIGKILL)
     s = ended(d, proc)
@@ -230,7 +234,7 @@ def test_a_killed_launcher_leaves_a_true_record(tmp_path, controller) -> None:
     passes SIGTERM on to the workers when horovodrun dies: they stop like after a Ctrl-C
     (`interrupted`). mpirun's workers die with it: rank 0's keeper records `failed`."""
     d = tmp_path / "run"
-    proc = start(horovodrun(controller, trainer(d, "data.source=synthetic", "train.epochs=6")),
+    proc = start(horovodrun(controller, trainer(d, *SYNTHETIC, "train.epochs=6")),
                  tmp_path)  # fmt: skip
     wait_until(lambda: summary(d).get("epochs_completed", 0) >= 1, proc, "one epoch")
     launcher = psutil.Process(proc.pid)
@@ -265,10 +269,10 @@ def test_a_rank_killed_early_is_recorded_failed(tmp_path, launcher, controller, 
     seconds leaves no record: rank 0 had not claimed run.dir (docs/faults.md, the run record)."""
     d = tmp_path / "run"
     if launcher == "horovodrun":
-        cmd = horovodrun(controller, trainer(d, "data.source=synthetic"))
+        cmd = horovodrun(controller, trainer(d, *SYNTHETIC))
     else:
         cmd = [PYTHON, "-m", "hvd_train", "launch", "--np", "2", f"--{controller}",
-               "--config", str(QUICKSTART), *sets(f"run.dir={d}", "data.source=synthetic")]  # fmt: skip
+               "--config", str(QUICKSTART), *sets(f"run.dir={d}", *SYNTHETIC)]  # fmt: skip
     proc = start(cmd, tmp_path)
     if moment == "start-up":
         wait_until(lambda: 1 in workers(str(d)), proc, "rank 1's process")
