@@ -8,7 +8,6 @@ code 128 + the signal's number. A traceback and exit code 1 are for everything e
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import sys
 from collections.abc import Callable
@@ -287,10 +286,10 @@ def exit_without_teardown() -> NoReturn:
     after success, where the run has closed what it wrote; a failure exits the usual way."""
     import atexit
 
+    from hvd_train import logs
+
     atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(OSError, ValueError):
-            stream.flush()
+    logs.flush_std()
     os._exit(0)
 
 

@@ -94,7 +94,7 @@ def attach(run_dir: str, rank: int, attempt: str) -> None:
     stamp = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     _write(f"--- {stamp} rank {rank} on {socket.gethostname()}, pid {os.getpid()}, {attempt}\n")
     if _s.early is not None:
-        _flush_std()
+        flush_std()
         _copy_early(_s.log_fd)
         _redirect(_s.log_fd, _fds(rank))
         _s.early.close()
@@ -106,7 +106,7 @@ def release(replay: bool = True) -> None:
     (a failure that is not one line: its traceback belongs on the console)."""
     if _s.early is None:
         return
-    _flush_std()
+    flush_std()
     for fd, saved in _s.saved.items():
         os.dup2(saved, fd)
     if replay:
@@ -152,7 +152,7 @@ def failed(what: str, error: BaseException | None = None) -> None:
         return
     _s.reported = True
     if error is not None and _s.log_fd is not None:
-        _flush_std()
+        flush_std()
         _write("".join(traceback.format_exception(type(error), error, error.__traceback__)))
     rank = _s.rank if _s.rank is not None else 0
     where = f"; full log: {_s.path}" if _s.path else ""
@@ -174,7 +174,7 @@ def _fds(rank: int) -> list[int]:
 
 
 def _redirect(target: int, fds: list[int]) -> None:
-    _flush_std()
+    flush_std()
     for fd in fds:
         if fd not in _s.saved:
             _s.saved[fd] = os.dup(fd)
@@ -246,7 +246,8 @@ def _to_console(line: str) -> None:
         pass
 
 
-def _flush_std() -> None:
+def flush_std() -> None:
+    """stdout and stderr flushed, whatever became of them (closed, or a reader gone)."""
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()

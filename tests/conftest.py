@@ -54,6 +54,16 @@ def _cpu() -> dict[str, float]:
 
 
 _cpu_at_last_report = _cpu()
+
+
+def _cpu_since_last_report() -> dict[str, float]:
+    """The CPU seconds spent since the previous call (the first: since the import)."""
+    now = _cpu()
+    spent = {k: now[k] - _cpu_at_last_report[k] for k in now}
+    _cpu_at_last_report.update(now)
+    return spent
+
+
 _xdist = {"workers": 0}  # pytest-xdist's -n
 
 
@@ -100,12 +110,11 @@ subprocess.Popen.__init__ = _counting_popen_init
 def pytest_collection_finish(session) -> None:
     """Processes started while collecting: a row of their own (not under pytest-xdist, whose
     workers each collect, and report only their tests)."""
-    now = _cpu()
+    spent = _cpu_since_last_report()
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         _cost["(collection)"].update(_started)
-        _cost["(collection)"].update({k: now[k] - _cpu_at_last_report[k] for k in now})
+        _cost["(collection)"].update(spent)
     _started.update(processes=0, jobs=0)
-    _cpu_at_last_report.update(now)
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -113,11 +122,9 @@ def pytest_runtest_makereport(item, call):
     """Each report carries the processes its phase started: under pytest-xdist the reports
     reach the controlling process, which prints the table, and the counts with them."""
     report = (yield).get_result()
-    now = _cpu()
     report.user_properties.append(("started", dict(_started)))
-    report.user_properties.append(("cpu", {k: now[k] - _cpu_at_last_report[k] for k in now}))
+    report.user_properties.append(("cpu", _cpu_since_last_report()))
     _started.update(processes=0, jobs=0)
-    _cpu_at_last_report.update(now)
 
 
 _test_cpu = collections.Counter()  # nodeid: CPU seconds (this process's and its children's)
