@@ -21,7 +21,7 @@ from hvd_train.checkpoint import (
     write_error,
 )
 from hvd_train.config import CheckpointConfig, Config, Derived
-from hvd_train.control import RunControl, StopSignals
+from hvd_train.control import RunControl
 from hvd_train.data import Source
 from hvd_train.errors import UserError
 from hvd_train.evaluation import Evaluator
@@ -29,6 +29,7 @@ from hvd_train.input_diagnostics import InputWait, advice_for
 from hvd_train.keras_stack import hvd, keras
 from hvd_train.record import RunRecord
 from hvd_train.schedules import lr_multiplier
+from hvd_train.stops import StopSignals
 from hvd_train.user_callbacks import AgreedStop, build_user_callbacks
 
 METRICS_COLUMNS = [

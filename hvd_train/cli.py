@@ -40,15 +40,18 @@ def _cmd_train(argv: list[str], prog: str) -> int:
     from hvd_train.config import load_config
 
     cfg = load_config(args.config, args.overrides)  # before TensorFlow loads: fast to fail
-    from hvd_train import logs, startup
+    from hvd_train import logs, startup, stops
 
     startup.mark("config")
-
+    # From here a stop, or horovodrun ending the job after another worker failed, is recorded
+    # (rank 0 writes summary.json), also during TensorFlow's import: Python's default would
+    # end the process without a word.
+    signals = stops.installed(cfg)
     logs.hold()  # a launcher's worker: its output waits for its log in run.dir (logs.py)
     from hvd_train.trainer import train
 
     startup.mark("imports")  # TensorFlow, Horovod and the trainer
-    train(cfg, config_path=args.config)
+    train(cfg, config_path=args.config, signals=signals)
     return 0
 
 

@@ -129,16 +129,8 @@ def cycle_time_ms(knobs: HorovodConfig) -> float | None:
     a cycle: gradients skip the all-reduce."""
     if knobs.cycle_time_ms is not None:
         return knobs.cycle_time_ms
-    alone = _launcher_size() == 1 and not os.environ.get("HOROVOD_ELASTIC")
+    alone = logs.launcher_size() == 1 and not os.environ.get("HOROVOD_ELASTIC")
     return ALONE_CYCLE_TIME_MS if alone else None
-
-
-def _launcher_size() -> int:
-    """The job's worker count from the launcher's environment (1 without a launcher)."""
-    for key in ("HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE"):
-        if key in os.environ:
-            return int(os.environ[key])
-    return 1
 
 
 def _launcher_local_rank() -> tuple[int, int]:

@@ -44,7 +44,7 @@ from hvd_train.errors import (
     exit_description,
 )
 from hvd_train.horovodrun import on_loopback
-from hvd_train.record import read_json, write_json
+from hvd_train.record import early_summary, read_json, write_json
 from hvd_train.supervise import Supervisor
 
 GLOO_FIRST = re.compile(r"Terminating remaining workers after failure of Process (\d+)")
@@ -327,7 +327,7 @@ def _mark_ended(
     if not summary:
         if failure["rank_exit_code"] == UserError.exit_code or not _may_record_in(cfg.run.dir):
             return
-        summary = _record_for_an_early_end(cfg, np_)
+        summary = early_summary(np_, cfg.train.epochs, "launcher")
     if stop_signal and summary.get("status") in ("running", "failed"):
         summary.update(status="interrupted", stopped_by=_SIGNALS[stop_signal])
     elif not stop_signal and (summary.get("status") != "interrupted" or _died(failure)):
@@ -362,20 +362,6 @@ def _may_record_in(run_dir: str) -> bool:
         return not rundir.foreign_files(run_dir)
     except RunDirError:
         return False
-
-
-def _record_for_an_early_end(cfg: Config, np_: int) -> dict[str, Any]:
-    """summary.json for a job that ended before rank 0 wrote one (in its first seconds)."""
-    return {
-        "status": "failed",
-        "started_at": startup.process_created(),
-        "world_size": np_,
-        "epochs": cfg.train.epochs,
-        "epochs_completed": 0,
-        "resumed_from": None,
-        "last_checkpoint": None,
-        "recorded_by": "launcher",
-    }
 
 
 def _is_knock_on(error: str) -> bool:

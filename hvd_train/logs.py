@@ -50,6 +50,14 @@ def path_for(run_dir: str, rank: int) -> str:
     return os.path.join(run_dir, "logs", f"rank-{rank}.log")
 
 
+def launcher_size() -> int:
+    """The job's worker count as its launcher set it (1 without a launcher)."""
+    for key in ("HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE"):
+        if os.environ.get(key, "").isdigit():
+            return int(os.environ[key])
+    return 1
+
+
 def launcher_rank() -> int | None:
     """This worker's rank as its launcher set it; None outside a launcher."""
     for key in _RANK_VARIABLES:

@@ -24,13 +24,17 @@ import threading
 import time
 from typing import Any
 
-from hvd_train.errors import NO_STATUS, CheckpointError, TrainingError
+from hvd_train import rundir, startup
+from hvd_train.errors import NO_STATUS, CheckpointError, RunDirError, TrainingError
 
 SUMMARY = "summary.json"
 ENDINGS = ("completed", "failed", "interrupted")
 # Room for the final summary.json on a full disk, freed just before it is written.
 RESERVE = ".hvd_train.reserve"
 RESERVE_BYTES = 64 * 1024
+# What an ending says of its cause: replaced, not mixed, when a later job ends the record.
+EARLIER_ENDING = ("error", "error_type", "stopped_by", "stop_detail", "stop_signal",
+                  "failed_rank", "failure", "recorded_by")  # fmt: skip
 
 
 class RecordError(TrainingError):
@@ -193,6 +197,53 @@ def earlier_job(summary: dict[str, Any]) -> dict[str, Any]:
     return {k: summary[k] for k in keys if summary.get(k) is not None}
 
 
+def early_summary(world_size: int, epochs: int, recorded_by: str) -> dict[str, Any]:
+    """summary.json of a job that ended before rank 0 started its record (in its first
+    seconds), written by `recorded_by`: "start-up" (rank 0 itself) or "launcher"."""
+    return {
+        "status": "failed",
+        "started_at": startup.process_created(),
+        "world_size": world_size,
+        "epochs": epochs,
+        "epochs_completed": 0,
+        "resumed_from": None,
+        "last_checkpoint": None,
+        "recorded_by": recorded_by,
+    }
+
+
+def end_before_start(
+    run_dir: str, overwrite: bool, world_size: int, epochs: int, ending: dict[str, Any]
+) -> str:
+    """Rank 0, stopped or failed in its start-up, before its RunRecord: writes `ending` into
+    run.dir's summary.json, under the claim the run itself would have taken; returns what it
+    did, in words for the console.
+
+    A record of an earlier job gets `ending` (what that job achieved stays); none gets a new
+    one. Nothing is written where the run would have been refused (run.dir another job's, not
+    a run's, not writable) nor over a completed run.
+    """
+    try:
+        claim = rundir.claim(run_dir, overwrite=overwrite, config_path=None, log=lambda _: None)
+    except RunDirError:
+        return f"nothing was written ({run_dir} is not this job's to write)"
+    try:
+        path = os.path.join(run_dir, SUMMARY)
+        summary = read_json(path)
+        if summary.get("status") == "completed":
+            return f"{path} is a completed run's: left as it is"
+        for key in EARLIER_ENDING:
+            summary.pop(key, None)
+        summary = summary or early_summary(world_size, epochs, "start-up")
+        summary.update(ending, recorded_by="start-up")
+        write_json(path, summary)
+        return f"{path} says {summary['status']}"
+    except OSError as e:
+        return f"cannot write {path}: {e.strerror or e}"
+    finally:
+        claim.release()
+
+
 def _reserve(run_dir: str) -> None:
     with open(os.path.join(run_dir, RESERVE), "wb") as f:
         os.posix_fallocate(f.fileno(), 0, RESERVE_BYTES)  # real blocks, not a sparse file
@@ -319,13 +370,7 @@ def _state(pid: int) -> str:
 
 
 def _release(run_dir: str, pid: int) -> None:
-    try:
-        from hvd_train import rundir
-    except ImportError:
-        return
-    release = getattr(rundir, "release_stale", None)
-    if release is not None:
-        release(run_dir, pid, socket.gethostname())
+    rundir.release_stale(run_dir, pid, socket.gethostname())
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ from hvd_train.horovodrun import job_env
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 RANK_VARIABLES = (b"OMPI_COMM_WORLD_RANK=", b"HOROVOD_RANK=", b"PMI_RANK=")
 # Under MPI the workers are signalled directly and nothing kills them after a few seconds:
-# rank 0 may take this long to finish its stop checkpoint (see control.StopSignals).
+# rank 0 may take this long to finish its stop checkpoint (see stops.StopSignals).
 MPI_STOP_GRACE_S = 120
 
 

@@ -262,22 +262,38 @@ def _example(data: bytes):
     return tf.train.Example.FromString(data)
 
 
-_handles: dict[str, object] = {}
+# path -> (descriptor, (mtime, size) when opened). A file replaced by rename is read on as it
+# was (the descriptor holds the old file); one written in place is a DataError at its next read.
+_handles: dict[str, tuple[int, tuple[int, int]]] = {}
 _handles_lock = threading.Lock()
 _remote = threading.local()
 
 
 def _pread(path: str, offset: int, size: int) -> bytes:
     """`size` bytes at `offset`: os.pread on one shared descriptor for local files (thread
-    safe, no seek), else a `tf.io.gfile.GFile` per thread and file (gs://, s3://)."""
+    safe, no seek), else a `tf.io.gfile.GFile` per thread and file (gs://, s3://).
+
+    Raises:
+        DataError: a local file was written since this process opened it (its records may no
+            longer be where the index says, even where their sizes agree).
+    """
     if "://" not in path:
-        fd = _handles.get(path)
-        if fd is None:
+        handle = _handles.get(path)
+        if handle is None:
             with _handles_lock:
-                fd = _handles.get(path)
-                if fd is None:
-                    fd = _handles[path] = os.open(path, os.O_RDONLY)
-        return os.pread(fd, size, offset)
+                handle = _handles.get(path)
+                if handle is None:
+                    fd = os.open(path, os.O_RDONLY)
+                    handle = _handles[path] = (fd, _stamp(fd))
+        fd, opened = handle
+        data = os.pread(fd, size, offset)
+        if _stamp(fd) != opened:
+            raise DataError(
+                f"{path} was written while the job read it (modified time or size changed): "
+                "its records may no longer be where the index says; rewrite shards under a new "
+                "name and rename them into place, or stop the job first"
+            )
+        return data
     import tensorflow as tf
 
     files = _remote.__dict__.setdefault("files", {})
@@ -286,6 +302,11 @@ def _pread(path: str, offset: int, size: int) -> bytes:
     f = files[path]
     f.seek(offset)
     return f.read(size)
+
+
+def _stamp(fd: int) -> tuple[int, int]:
+    st = os.fstat(fd)
+    return st.st_mtime_ns, st.st_size
 
 
 def record_files(folder: str, key: str) -> list[str]:

@@ -27,7 +27,7 @@ from hvd_train.checkpoint import (
     write_error,
 )
 from hvd_train.config import Config, Derived, derive, dump_yaml
-from hvd_train.control import RunControl, StopSignals
+from hvd_train.control import RunControl
 from hvd_train.data import Source, load_source
 from hvd_train.elastic import fit_elastic
 from hvd_train.errors import (
@@ -54,11 +54,14 @@ from hvd_train.record import (
     read_json,
 )
 from hvd_train.schedules import lr_multiplier
+from hvd_train.stops import StopSignals, installed
 from hvd_train.training_step import build_compiled_model
 from hvd_train.user_callbacks import AgreedStop
 
 
-def train(cfg: Config, config_path: str | None = None) -> tuple[keras.Model | None, dict[str, Any]]:
+def train(
+    cfg: Config, config_path: str | None = None, signals: StopSignals | None = None
+) -> tuple[keras.Model | None, dict[str, Any]]:
     """Trains as one worker of the job horovodrun started (or alone); returns model and summary.
 
     A rerun of a run that has nothing left to train (see record.nothing_to_train) says so in
@@ -68,13 +71,15 @@ def train(cfg: Config, config_path: str | None = None) -> tuple[keras.Model | No
         cfg: the loaded config.
         config_path: the `--config` file, which run.dir/config.yaml never overwrites. Defaults
             to None (the config is the defaults alone).
+        signals: the stop handling from `stops.installed(cfg)`, when the caller installed it
+            before TensorFlow loaded (the command line does). Defaults to None: installed here.
 
     Raises:
         UserError: bad config or data, or a run.dir this job cannot have (exit code 2).
         TrainingError: a NaN or infinite loss, a failed write (exit code 1).
         Interrupted: SIGTERM or SIGINT; a checkpoint was written (exit code 128 + signal).
     """
-    with _running() as run:
+    with _running(signals or installed(cfg)) as run:
         # Read before Horovod starts: with nothing to train, its timeline is not opened either.
         finished_here = _finished_here(cfg)
         device = _start_worker(cfg, run, timeline=finished_here is None)
@@ -144,13 +149,12 @@ class _Run:
 
 
 @contextlib.contextmanager
-def _running() -> Iterator[_Run]:
+def _running(signals: StopSignals) -> Iterator[_Run]:
     """The run, its stops handled from the first moment: a stop during start-up ends at once,
-    and is recorded once there is a record (see StopSignals: a stop may also end the process
-    from its watcher thread). run.dir is released at every ending: completed, failed,
-    interrupted."""
-    run = _Run(StopSignals())
-    run.signals.install()
+    recorded by `signals.abandon` (stops.installed's until the record exists, then the
+    record's; the watcher thread may end the process). run.dir is released at every ending:
+    completed, failed, interrupted."""
+    run = _Run(signals)
     run.signals.before_exit.append(run.release)
     try:
         yield run
@@ -172,7 +176,6 @@ def _start_worker(cfg: Config, run: _Run, timeline: bool = True) -> str:
         knobs = dataclasses.replace(knobs, timeline=False)
     distributed.init(knobs, cfg.run.dir)
     run.signals.chief = distributed.is_chief()
-    run.signals.abandon = functools.partial(_abandon, None, None)
     device = distributed.configure_devices(
         cfg.runtime.intra_op_threads, cfg.runtime.inter_op_threads
     )
@@ -323,7 +326,7 @@ def _closing_figures(summary: dict[str, Any]) -> str:
 
 
 def _abandon(
-    record: RunRecord | None,
+    record: RunRecord,
     start: Start | None,
     signum: int,
     reason: str,
@@ -338,10 +341,6 @@ def _abandon(
     `failed_rank`: the rank that failed first, when the launcher said.
     """
     name = signal.Signals(signum).name
-    if record is None:
-        if _rank_or_zero() == 0:
-            logs.say(f"hvd_train: stopped by {name} during start-up; nothing was written")
-        return
     if failed:
         known = {} if failed_rank is None else {"failed_rank": failed_rank}
         _end_quietly(record, status="failed", error=reason, **known)
@@ -363,14 +362,6 @@ def _end_quietly(record: RunRecord, **fields: Any) -> None:
     except RecordError as e:
         logs.say(f"hvd_train: error: {e}")
     record.close()
-
-
-def _rank_or_zero() -> int:
-    """This worker's rank, also before (or without) Horovod's start."""
-    try:
-        return distributed.rank()
-    except ValueError:  # Horovod not initialized yet
-        return int(os.environ.get("HOROVOD_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", 0)))
 
 
 def _fail(run: _Run, e: BaseException) -> None:

@@ -9,7 +9,8 @@ import pytest
 import tensorflow as tf
 
 from hvd_train import control, distributed
-from hvd_train.control import RunControl, StopSignals
+from hvd_train.control import RunControl
+from hvd_train.stops import StopSignals
 
 
 class FakeClock:

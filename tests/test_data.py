@@ -11,12 +11,15 @@ import os
 import pathlib
 import re
 import shutil
+import signal
 import time
 
 import numpy as np
 import pytest
 from harness import BIN, PYTHON, QUICKSTART, WORKERS, check, finish, horovodrun, run, start
 from PIL import Image
+
+from hvd_train.checkpoint import read_state
 
 pytestmark = pytest.mark.multiworker
 
@@ -141,6 +144,41 @@ def test_convert_tfrecord_writes_shards_and_class_names(data) -> None:
     assert "train: 1797 images of 10 classes in 3 files" in out, out
     assert f"train_dir: {train}" in out
     assert "1797/1797" in data["convert_digits"].stderr  # the progress bar reached the end
+
+
+def test_ctrl_c_in_the_middle_of_a_batch_read_stops_then_resumes_to_the_end(data, tmp_path):
+    """Ctrl-C to horovodrun while a worker's input pipeline is inside a batch's record reads
+    (one read held for 2 s by tests/workers/slow_phase.py): the workers agree on the stop as
+    after any Ctrl-C. The record says `interrupted`, a stop checkpoint is where it
+    says the next run continues, and the same command then trains to the end."""
+    d, marker = tmp_path / "run", tmp_path / "read-begun"
+    sets = ["data.source=tfrecord", f"data.train_dir={data['root'] / 'digits_tfr' / 'train'}",
+            f"run.dir={d}"]  # fmt: skip
+    program = [PYTHON, str(WORKERS / "slow_phase.py"), "read", *train_args(*sets)[2:]]
+    os.environ["SLOW_PHASE_MARKER"] = str(marker)
+    try:
+        proc = start([str(BIN / "horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo",
+                      *program], tmp_path)  # fmt: skip
+        deadline = time.monotonic() + 240
+        while not marker.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, "no read was held"
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGINT)
+        result = finish(proc, 60)
+    finally:
+        del os.environ["SLOW_PHASE_MARKER"]
+    s = json.loads((d / "summary.json").read_text())
+    # horovodrun passes a Ctrl-C on to its workers as SIGTERM
+    assert s["status"] == "interrupted" and s["stopped_by"] == "SIGTERM", (s, result.stderr)
+    if s.get("stopped_at") and "nothing to save" not in s.get("stop_detail", ""):
+        state = read_state(s["last_checkpoint"])
+        assert [state["epoch"] + 1, state["step"]] == [
+            s["stopped_at"]["epoch"],
+            s["stopped_at"]["step"],
+        ], (s, state)
+    check(horovodrun(2, [PYTHON, *train_args(*sets)], cwd=tmp_path))
+    s = json.loads((d / "summary.json").read_text())
+    assert s["status"] == "completed" and s["epochs_completed"] == 2, s
 
 
 def test_training_from_tfrecord_pads_the_remainder_and_reports_input_wait(tfrecord_run) -> None:

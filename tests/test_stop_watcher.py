@@ -1,20 +1,29 @@
-"""The stop watcher (control.StopSignals) in a real process receiving real signals: it ends the
+"""The stop watcher (stops.StopSignals) in a real process receiving real signals: it ends the
 process itself when waiting would save nothing, or when the stop outlasts its grace, and leaves
-it alone once the run has written its own ending."""
+it alone once the run has written its own ending. Before the run's record exists (TensorFlow's
+import, Horovod's start, the data), rank 0 writes the ending itself: record.end_before_start."""
 
 from __future__ import annotations
 
+import json
 import os
+import pathlib
+import signal
+import socket
 import subprocess
 import sys
 import textwrap
 
-from harness import ROOT
+import pytest
+from harness import QUICKSTART, ROOT
+
+from hvd_train.record import end_before_start
+from hvd_train.rundir import LOCK_NAME
 
 SCRIPT = """
 import os, signal, sys, time
 sys.path.insert(0, {root!r})
-from hvd_train.control import StopSignals
+from hvd_train.stops import StopSignals
 s = StopSignals(grace_s=0.5)
 s.abandon = lambda signum, reason, ran, failed, failed_rank: print(
     f"ABANDON signal={{signum}} ran={{ran}} failed={{failed}}: {{reason}}", flush=True)
@@ -59,3 +68,100 @@ def test_mpiruns_kill_sequence_is_recorded_as_a_failure_not_a_stop() -> None:
     proc = run(steps=3, before="os.kill(os.getpid(), signal.SIGCONT)", env=env)
     assert proc.returncode == 143, proc.stdout + proc.stderr
     assert "ABANDON signal=15 ran=True failed=True: mpirun ended the job" in proc.stdout
+
+
+# --------------------------------------------------------------------------- before the record
+
+BEFORE_THE_RECORD = """
+import os, signal, sys, time
+sys.path.insert(0, {root!r})
+from hvd_train import stops
+from hvd_train.config import load_config
+stops.installed(load_config({config!r}, ["run.dir={run_dir}"]))
+os.kill(os.getpid(), signal.{signal})
+time.sleep(60)  # TensorFlow's import, say: the watcher must end the process long before this
+print("NOT ENDED", flush=True)
+"""
+
+
+def before_the_record(run_dir: pathlib.Path, sig: str = "SIGTERM", **env: str):
+    code = BEFORE_THE_RECORD.format(root=str(ROOT), config=str(QUICKSTART), run_dir=run_dir,
+                                    signal=sig)  # fmt: skip
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+                          text=True, timeout=120, env={**os.environ, **env})  # fmt: skip
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+def test_a_stop_before_the_record_is_recorded_by_rank_0_itself(tmp_path, sig) -> None:
+    d = tmp_path / "run"
+    proc = before_the_record(d, sig, HOROVOD_RANK="0", HOROVOD_SIZE="2")
+    assert proc.returncode == 128 + getattr(signal, sig), proc.stdout + proc.stderr
+    s = json.loads((d / "summary.json").read_text())
+    assert s["status"] == "interrupted" and s["stopped_by"] == sig, s
+    assert s["recorded_by"] == "start-up" and s["world_size"] == 2, s
+    assert s["epochs_completed"] == 0 and "nothing to save" in s["stop_detail"], s
+    assert f"{d / 'summary.json'} says interrupted" in proc.stdout + proc.stderr
+    assert not (d / LOCK_NAME).exists()  # run.dir is free for the same command again
+
+
+def test_another_rank_stopped_before_the_record_writes_nothing(tmp_path) -> None:
+    d = tmp_path / "run"
+    proc = before_the_record(d, HOROVOD_RANK="1", HOROVOD_SIZE="2")
+    assert proc.returncode == 143, proc.stdout + proc.stderr
+    assert not d.exists()
+
+
+def test_the_ending_before_the_record_keeps_what_earlier_jobs_achieved(tmp_path) -> None:
+    """An earlier job's record gets the new ending, its cause replaced, its progress kept."""
+    d = tmp_path / "run"
+    d.mkdir()
+    earlier = {
+        "status": "failed",
+        "error": "disk full",
+        "error_type": "CheckpointError",
+        "epochs_completed": 4,
+        "last_checkpoint": "ckpt-64",
+        "final_metrics": {"loss": 1},
+    }
+    (d / "summary.json").write_text(json.dumps(earlier))  # fmt: skip
+    said = end_before_start(str(d), False, 2, 6, {"status": "failed", "error": "rank 1 died",
+                                                   "failed_rank": 1})  # fmt: skip
+    s = json.loads((d / "summary.json").read_text())
+    assert said == f"{d / 'summary.json'} says failed"
+    assert {k: s.get(k) for k in ("epochs_completed", "last_checkpoint", "final_metrics")} == {
+        "epochs_completed": 4,
+        "last_checkpoint": "ckpt-64",
+        "final_metrics": {"loss": 1},
+    }
+    assert (s["error"], s["failed_rank"], s["recorded_by"]) == ("rank 1 died", 1, "start-up"), s
+    assert "error_type" not in s, s
+
+
+@pytest.mark.parametrize("case", ["completed", "another job's", "not a run's"])
+def test_the_ending_before_the_record_writes_nothing_where_the_run_could_not(
+    tmp_path, case
+) -> None:
+    """A completed run is never rewritten; a run.dir the run would have been refused (held by
+    a live job, or holding files that are not a run's) is not touched."""
+    d = tmp_path / "run"
+    d.mkdir()
+    if case == "completed":
+        (d / "summary.json").write_text(json.dumps({"status": "completed", "epochs_completed": 3}))
+    elif case == "another job's":
+        holder = subprocess.Popen(["sleep", "600"])
+        with open(f"/proc/{holder.pid}/stat") as f:
+            started = int(f.read().rsplit(")", 1)[1].split()[19])
+        (d / LOCK_NAME).write_text(json.dumps({"pid": holder.pid, "host": socket.gethostname(),
+                                               "start_time": started, "time": "now"}))  # fmt: skip
+        (d / "summary.json").write_text(json.dumps({"status": "running"}))
+    else:
+        (d / "thesis.tex").write_text("mine")
+    before = {p.name: p.read_bytes() for p in d.iterdir()}
+    try:
+        said = end_before_start(str(d), False, 2, 6, {"status": "failed", "error": "x"})
+    finally:
+        if case == "another job's":
+            holder.kill()
+            holder.wait()
+    assert {p.name: p.read_bytes() for p in d.iterdir()} == before, said
+    assert ("left as it is" if case == "completed" else "nothing was written") in said, said

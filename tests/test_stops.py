@@ -86,6 +86,17 @@ def ended(run_dir: pathlib.Path, proc) -> dict:
     return s
 
 
+def catches_sigterm(pid: int | None) -> bool:
+    """Whether process `pid` has a SIGTERM handler (/proc's SigCgt mask): hvd_train's
+    command line installs one right after reading the config, before TensorFlow loads."""
+    try:
+        status = pathlib.Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    caught = int(next(x for x in status.splitlines() if x.startswith("SigCgt:")).split()[1], 16)
+    return bool(caught & (1 << (signal.SIGTERM - 1)))
+
+
 def assert_checkpoints_load(run_dir: pathlib.Path) -> list[pathlib.Path]:
     found = sorted((run_dir / "checkpoints").glob("ckpt-*"))
     assert all(is_checkpoint(str(p)) for p in found), found
@@ -152,14 +163,14 @@ def test_stop_right_after_a_resume_keeps_the_checkpoint_it_resumed_from(
 
 @pytest.mark.parametrize("controller", CONTROLLERS)
 def test_stop_during_a_checkpoint_write_then_the_rerun_completes(tmp_path, controller) -> None:
-    """Each checkpoint write takes 2 s (tests/workers/slow_checkpoint.py); the stop comes in
-    the middle of the first one. Whatever the stop could save, the record says interrupted,
-    every checkpoint left loads, and the same command then runs to the end, leaving nothing
+    """Each checkpoint write takes 2 s (tests/workers/slow_phase.py); the stop comes in the
+    middle of the first one. Whatever the stop could save, the record says interrupted, every
+    checkpoint left loads, and the same command then runs to the end, leaving nothing
     half-written behind."""
     d, marker = tmp_path / "run", tmp_path / "checkpoint-begun"
-    program = [PYTHON, str(WORKERS / "slow_checkpoint.py"), "--config", str(QUICKSTART),
-               *sets(f"run.dir={d}", "train.epochs=2")]  # fmt: skip
-    os.environ["SLOW_CHECKPOINT_MARKER"] = str(marker)
+    program = [PYTHON, str(WORKERS / "slow_phase.py"), "checkpoint", "--config",
+               str(QUICKSTART), *sets(f"run.dir={d}", "train.epochs=2")]  # fmt: skip
+    os.environ["SLOW_PHASE_MARKER"] = str(marker)
     try:
         if controller == "gloo":
             proc = start(horovodrun("gloo", program), tmp_path)
@@ -170,7 +181,7 @@ def test_stop_during_a_checkpoint_write_then_the_rerun_completes(tmp_path, contr
         stop(proc, controller)
         s = ended(d, proc)
     finally:
-        del os.environ["SLOW_CHECKPOINT_MARKER"]
+        del os.environ["SLOW_PHASE_MARKER"]
     assert_stop_recorded(s, d)
     check(run(horovodrun(controller, trainer(d, "train.epochs=2")), tmp_path))
     s = summary(d)
@@ -215,6 +226,38 @@ def test_a_killed_rank_is_recorded_failed(tmp_path, controller, rank) -> None:
     assert_checkpoints_load(d)
 
 
+@pytest.mark.parametrize(
+    ("controller", "phase"), [("gloo", "validation"), ("gloo", "checkpoint"), ("mpi", "checkpoint")]
+)
+def test_a_rank_killed_in_validation_or_a_checkpoint_write_is_recorded_failed(
+    tmp_path, controller, phase
+) -> None:
+    """SIGKILL to rank 1 in the middle of the first validation (every rank validates) or of the
+    first checkpoint write (rank 0's, held for 2 s by tests/workers/slow_phase.py). Rank 0 is
+    then inside that phase when horovodrun or mpirun ends it: the record says `failed` with
+    the first failure, never `interrupted`; the checkpoints left all load, none half-written."""
+    d, marker = tmp_path / "run", tmp_path / "phase-begun"
+    program = [PYTHON, str(WORKERS / "slow_phase.py"), phase, "--config", str(QUICKSTART),
+               *sets(f"run.dir={d}", *SYNTHETIC, "train.epochs=3")]  # fmt: skip
+    os.environ["SLOW_PHASE_MARKER"] = str(marker)
+    try:
+        proc = start(horovodrun(controller, program), tmp_path)
+        wait_until(marker.exists, proc, f"the {phase}")
+        os.kill(workers(str(d))[1], signal.SIGKILL)
+        s = ended(d, proc)
+    finally:
+        del os.environ["SLOW_PHASE_MARKER"]
+    assert s["status"] == "failed" and "stopped_by" not in s, s
+    if controller == "gloo":
+        assert (
+            s["failed_rank"] == 1 and "rank 1 (exit code 137, killed by SIGKILL)" in s["error"]
+        ), s
+    else:
+        assert s["error"].startswith("mpirun ended the job"), s
+    kept = assert_checkpoints_load(d)  # a write cut short stays under its temporary name
+    assert s.get("last_checkpoint") is None or pathlib.Path(s["last_checkpoint"]) in kept, s
+
+
 def test_launcher_names_the_first_failure_in_the_record(tmp_path) -> None:
     """hvd-train launch knows what rank 0 cannot: which rank failed first, and why."""
     d = tmp_path / "run"
@@ -256,17 +299,19 @@ def test_a_killed_launcher_leaves_a_true_record(tmp_path, controller) -> None:
         ("hvd-train launch", "gloo", "before the first step"),
         ("hvd-train launch", "mpi", "start-up"),
         ("hvd-train launch", "mpi", "before the first step"),
+        ("horovodrun", "gloo", "imports"),
         ("horovodrun", "gloo", "before the first step"),
+        ("horovodrun", "mpi", "imports"),
         ("horovodrun", "mpi", "before the first step"),
     ],
 )
 def test_a_rank_killed_early_is_recorded_failed(tmp_path, launcher, controller, moment) -> None:
     """SIGKILL to rank 1 as soon as its process exists (rank 0 may not have started the record
-    yet: the launcher then writes it), or as soon as the record says `running`. The SIGTERM
-    that horovodrun or mpirun then sends rank 0 must not make the ending a stop: under
-    `hvd-train launch` the launcher knows better; under raw horovodrun (Gloo), horovodrun has
-    noted the failure for rank 0 first (scripts/patch_horovod.py). Raw horovodrun in the first
-    seconds leaves no record: rank 0 had not claimed run.dir (docs/faults.md, the run record)."""
+    yet: the launcher then writes it), while rank 0 imports TensorFlow (it hears signals from
+    right after reading the config: it writes the record itself), or as soon as the record says
+    `running`. The SIGTERM that horovodrun or mpirun then sends rank 0 must not make the ending
+    a stop: under `hvd-train launch` the launcher knows better; under raw horovodrun (Gloo),
+    horovodrun has noted the failure for rank 0 first (scripts/patch_horovod.py)."""
     d = tmp_path / "run"
     if launcher == "horovodrun":
         cmd = horovodrun(controller, trainer(d, *SYNTHETIC))
@@ -276,11 +321,16 @@ def test_a_rank_killed_early_is_recorded_failed(tmp_path, launcher, controller, 
     proc = start(cmd, tmp_path)
     if moment == "start-up":
         wait_until(lambda: 1 in workers(str(d)), proc, "rank 1's process")
+    elif moment == "imports":
+        wait_until(lambda: 1 in workers(str(d)) and catches_sigterm(workers(str(d)).get(0)),
+                   proc, "rank 0 hearing signals")  # fmt: skip
     else:
         wait_until(lambda: summary(d).get("status") == "running", proc, "a running record")
     os.kill(workers(str(d))[1], signal.SIGKILL)
     s = ended(d, proc)
     assert "stopped_by" not in s and s["epochs_completed"] == 0, s
+    if moment == "imports":  # TensorFlow's import takes seconds: rank 0 was still in it
+        assert s["recorded_by"] == "start-up", s
     if (launcher, controller) == ("horovodrun", "mpi"):  # mpirun names nobody to rank 0
         assert s["status"] == "failed" and s["error"].startswith("mpirun ended the job"), s
         assert s["_exit_code"] == 128 + signal.SIGKILL, s  # horovodrun execs mpirun: its code

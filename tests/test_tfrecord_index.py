@@ -105,3 +105,28 @@ def test_a_file_cut_short_or_rewritten_after_indexing_is_a_clear_error(records_d
     shards[1].write_bytes(data[5:] + data[:5])  # the same size, records no longer where indexed
     with pytest.raises(DataError, match=r"does not match its index .*\(the file was rewritten\?\)"):
         records.read(second)
+
+
+def test_a_file_written_in_place_while_read_is_a_clear_error_and_a_replaced_one_reads_on(
+    records_dir,
+) -> None:
+    """A shard written in place after this worker began reading it, here with its very bytes
+    (records the same sizes, its index true to the byte: no framing check could tell), is a
+    clear error at the next read. A shard replaced by rename goes on being read as it was
+    when the job opened it: exact, whatever the new file holds."""
+    records = tfrecords.read_folder(str(records_dir), "data.train_dir")
+    shards = sorted(records_dir.glob("*.tfrecord"))
+    tfrecords._handles.clear()  # descriptors opened by earlier tests' reads of other folders
+    for shard in shards[:2]:
+        os.utime(shard, ns=(0, 0))  # written long ago: a write now is seen in its time
+    first = [int(np.flatnonzero(records.file_of == k)[0]) for k in (0, 1)]
+    before = [records.read(i) for i in first]  # both shards opened
+    in_place = shards[0].read_bytes()
+    with open(shards[0], "r+b") as f:
+        f.write(in_place)
+    with pytest.raises(DataError, match=r"was written while the job read it"):
+        records.read(first[0])
+    replacement = shards[1].with_name("replacement.tmp")
+    replacement.write_bytes(b"\0" * shards[1].stat().st_size)
+    os.replace(replacement, shards[1])
+    assert records.read(first[1]) == before[1]
