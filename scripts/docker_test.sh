@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The Docker image, built and run for real (`make docker-test`; not part of `make test`).
 #
-#   scripts/docker_test.sh [all | engine | base | build-cpu | build-gpu | quickstart | multinode]
+#   scripts/docker_test.sh [all | engine | base | build-cpu | build-gpu | quickstart | multinode
+#                           | mirror]
 #
 # engine:     a Docker engine: reuses one that answers `docker info`, else starts dockerd as root
 #             (Debian's docker.io; log in /var/log/hvd_train-dockerd.log).
@@ -19,6 +20,9 @@
 #             and node2): launch/multi_node.sh and horovodrun -H start one worker in each; the
 #             result must equal the same job on one host; `docker kill` of one mid-run must end
 #             the job within 60 s naming the lost host, and a rerun must resume.
+# mirror:     prints the Debian mirror `base` would debootstrap from, and nothing else. Apt's
+#             sources are read under $APT_SOURCES_ROOT/etc/apt (default: /etc/apt; the tests
+#             point it at a folder of their own).
 #
 # Every container and volume it starts carries the label $LABEL and is removed on exit; nothing
 # else is touched. Figures go to build/docker-test/figures.txt, logs beside it.
@@ -31,6 +35,7 @@ TEST_BASE=${TEST_BASE:-hvd_train-testbase:bookworm}
 IMAGE_CPU=${IMAGE_CPU:-hvd_train:cpu}
 IMAGE_GPU=${IMAGE_GPU:-hvd_train:gpu}
 STATE=${HVD_TRAIN_DOCKER_STATE:-/var/lib/hvd_train-docker}  # the debootstrap tree
+APT=${APT_SOURCES_ROOT:-}/etc/apt  # where apt's sources are read
 LABEL=hvd_train.docker_test=$$
 MIN_ACCURACY=${MIN_ACCURACY:-0.95}
 OUT=$ROOT/build/docker-test
@@ -59,11 +64,20 @@ engine() {
 }
 
 # --- the base images ----------------------------------------------------------------------
+# The Debian mirror apt is configured with, on one line: the first in deb822 sources (a URIs
+# line may list several), else in a classic sources.list, else deb.debian.org. No pipeline: under
+# pipefail a missing file or grep -m1's early exit failed one, and a fallback added a 2nd line.
 debian_mirror() {
-  # The mirror apt is configured with (deb822 sources or a classic sources.list).
-  { grep -h '^URIs:' /etc/apt/sources.list.d/*.sources 2>/dev/null | awk '{print $2}'
-    grep -h '^deb ' /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null | awk '{print $2}'
-  } | grep -m1 -E '/debian/?$' || echo http://deb.debian.org/debian
+  local f files=()
+  for f in "$APT"/sources.list.d/*.sources "$APT"/sources.list "$APT"/sources.list.d/*.list; do
+    if [ -f "$f" ] && [ -r "$f" ]; then files+=("$f"); fi  # an unmatched glob stays literal
+  done
+  # /dev/null first: given no file, awk would read stdin. `[...]` are a classic line's options.
+  awk '
+    function take(uri) { if (uri ~ /\/debian\/?$/) { print uri; found = 1; exit } }
+    FILENAME ~ /\.sources$/ && tolower($1) == "uris:" { for (i = 2; i <= NF; i++) take($i) }
+    FILENAME !~ /\.sources$/ && $1 == "deb" { sub(/\[[^]]*\]/, ""); take($2) }
+    END { if (!found) print "http://deb.debian.org/debian" }' /dev/null "${files[@]}"
 }
 
 base() {
@@ -89,8 +103,8 @@ base() {
   local ctx=$OUT/testbase
   rm -rf "$ctx"; mkdir -p "$ctx"
   cp /etc/ssl/certs/ca-certificates.crt "$ctx/host-ca.crt"
-  if [ -f /etc/apt/sources.list.d/debian.sources ]; then
-    cp /etc/apt/sources.list.d/debian.sources "$ctx/debian.sources"
+  if [ -f "$APT/sources.list.d/debian.sources" ]; then
+    cp "$APT/sources.list.d/debian.sources" "$ctx/debian.sources"
   else
     printf 'Types: deb\nURIs: %s\nSuites: bookworm bookworm-updates\nComponents: main\n' "$(debian_mirror)" >"$ctx/debian.sources"
   fi
@@ -322,6 +336,7 @@ case "$STEP" in
   build-gpu) engine; base; build gpu "$IMAGE_GPU" ;;
   quickstart) engine; quickstart ;;
   multinode) engine; multinode ;;
+  mirror) trap - EXIT; debian_mirror ;;  # reads apt's sources only: no container to remove
   all)
     : >"$FIGURES"
     figure "# $(date -u '+%Y-%m-%d %H:%M UTC'), $(git rev-parse --short HEAD 2>/dev/null || echo '?'): bash scripts/docker_test.sh all"

@@ -1,5 +1,6 @@
 """Static checks of the Dockerfile and the Kubernetes manifests (no cluster here). The image itself
-is built and run by `make docker-test` (scripts/docker_test.sh), outside `make test`. Linters
+is built and run by `make docker-test` (scripts/docker_test.sh), outside `make test`; of that
+script, only its lookup of apt's Debian mirror runs here, on apt sources made for the test. Linters
 from PyPI (hadolint, shellcheck), schema checks of the manifests (the MPIJob CRD's own OpenAPI
 schema, shipped in launch/k8s/schema/; kubernetes-validate for core objects), plus the facts that
 tie the pieces together: the image installs with the README's script, the manifests mount the
@@ -8,6 +9,7 @@ config where the command reads it, and the GPU and slot counts agree."""
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import re
 import shlex
@@ -128,6 +130,48 @@ def test_docker_test_is_a_make_target_outside_make_test() -> None:
     assert target and "scripts/docker_test.sh" in target.group(1)
     test_deps = re.search(r"^test: (?!export).*$", makefile, re.M).group(0)
     assert "docker" not in test_deps
+
+
+DEB822 = "Types: deb\nURIs: {}\nSuites: bookworm bookworm-updates\nComponents: main\n"
+CLASSIC = (
+    "# deb http://commented.example/debian bookworm main\n"
+    "deb-src http://source.example/debian bookworm main\n"
+    "deb [arch=amd64 signed-by=/usr/share/keyrings/debian.gpg] {} bookworm main\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("files", "mirror"),
+    [
+        ({"sources.list.d/debian.sources": DEB822.format("http://deb822.example/debian")},
+         "http://deb822.example/debian"),
+        ({"sources.list": CLASSIC.format("http://classic.example/debian/")},
+         "http://classic.example/debian/"),
+        ({"sources.list.d/debian.sources": DEB822.format("http://deb822.example/debian"),
+          "sources.list": CLASSIC.format("http://classic.example/debian")},
+         "http://deb822.example/debian"),
+        ({}, "http://deb.debian.org/debian"),
+        ({"sources.list.d/debian.sources": DEB822.format(
+            "http://archive.ubuntu.com/ubuntu http://deb822.example/debian")},
+         "http://deb822.example/debian"),
+    ],
+    ids=["deb822-only", "classic-only", "both", "neither", "deb822-debian-uri-second"],
+)  # fmt: skip
+def test_docker_test_debootstraps_from_one_mirror_whatever_apts_sources(
+    tmp_path, files, mirror
+) -> None:
+    """`docker_test.sh mirror` prints one Debian mirror: deb822 sources first, then a classic
+    sources.list, else deb.debian.org; never a second line (a missing sources.list did that)."""
+    apt = tmp_path / "etc" / "apt"
+    (apt / "sources.list.d").mkdir(parents=True)
+    for name, text in files.items():
+        (apt / name).write_text(text)
+    proc = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "docker_test.sh"), "mirror"],
+        env={**os.environ, "APT_SOURCES_ROOT": str(tmp_path)},
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, mirror + "\n", ""), proc
 
 
 # --------------------------------------------------------------------------- Kubernetes
