@@ -186,6 +186,86 @@ def _cmd_compare(argv: list[str], prog: str) -> int:
     return 0
 
 
+def _plan_parser(prog: str) -> argparse.ArgumentParser:
+    from hvd_train.plan import LINK_EFFICIENCY, Assumptions, Network
+
+    p = argparse.ArgumentParser(
+        prog=prog,
+        description="Predict throughput, scaling efficiency and time per epoch at 1, 2, 4, ... "
+        "workers under Horovod's ring all-reduce, from a finished 1-worker run or from "
+        "explicit numbers, and the network. Prints the assumptions under the table.",
+        epilog="Docs: docs/performance.md (the model, and its check against published runs)",
+    )
+    src = p.add_argument_group("the workload: --run, or --throughput, --params and --batch")
+    src.add_argument("--run", metavar="RUN_DIR", help="a finished 1-worker run.dir")
+    src.add_argument("--throughput", type=float, help="one worker's examples/s")
+    src.add_argument("--params", type=float, help="trainable parameters (e.g. 25.6e6)")
+    src.add_argument("--batch", type=int, help="examples per worker per step")
+    src.add_argument(
+        "--examples-per-epoch", type=int, metavar="N",
+        help="for the time per epoch (default: the run's; without a run, not shown)",
+    )  # fmt: skip
+    src.add_argument("--fp16", action="store_true", help="float16 gradients: 2 bytes each")
+    d, a = Network(), Assumptions()
+    net = p.add_argument_group("the network")
+    net.add_argument(
+        "--bandwidth-gbit", type=float, default=d.bandwidth_gbit,
+        help=f"each host's link, Gbit/s (default {d.bandwidth_gbit:g})",
+    )  # fmt: skip
+    net.add_argument(
+        "--latency-us", type=float, default=d.latency_us,
+        help=f"one network hop, microseconds (default {d.latency_us:g})",
+    )  # fmt: skip
+    net.add_argument(
+        "--gpus-per-host", type=int, default=d.gpus_per_host,
+        help=f"workers per host, sharing its link (default {d.gpus_per_host})",
+    )  # fmt: skip
+    net.add_argument(
+        "--intra-host-bandwidth-gbit", type=float, default=d.intra_host_bandwidth_gbit,
+        help=f"between the workers of a host (NVLink, PCIe), Gbit/s (default "
+        f"{d.intra_host_bandwidth_gbit:g})",
+    )  # fmt: skip
+    net.add_argument(
+        "--transport", choices=sorted(LINK_EFFICIENCY), default=d.transport,
+        help=f"usable share of the line rate: {LINK_EFFICIENCY} (default {d.transport})",
+    )  # fmt: skip
+    p.add_argument("--workers", metavar="N,N,...", help="worker counts (default 1,2,4,...,512)")
+    p.add_argument(
+        "--fusion-threshold-mb", type=float,
+        help=f"HOROVOD_FUSION_THRESHOLD in MB (default {a.fusion_threshold_mb:g})",
+    )  # fmt: skip
+    p.add_argument(
+        "--cycle-time-ms", type=float,
+        help=f"HOROVOD_CYCLE_TIME in ms (default {a.cycle_time_ms:g})",
+    )  # fmt: skip
+    p.add_argument(
+        "--published", action="store_true",
+        help="print the check against published runs (the table of docs/performance.md)",
+    )  # fmt: skip
+    return p
+
+
+def _cmd_plan(argv: list[str], prog: str) -> int:
+    args = _plan_parser(prog).parse_args(argv)
+    if args.published:
+        from hvd_train.published_scaling import markdown_table
+
+        print(markdown_table(), end="")
+        return 0
+    from hvd_train import plan
+
+    net = plan.Network(args.bandwidth_gbit, args.latency_us, args.gpus_per_host,
+                       args.intra_host_bandwidth_gbit, args.transport)  # fmt: skip
+    plan.check_network(net)
+    a = plan.with_fusion(plan.Assumptions(), args.fusion_threshold_mb, args.cycle_time_ms)
+    w = plan.workload(args.run, args.throughput, args.params, args.batch, args.fp16,
+                      args.examples_per_epoch)  # fmt: skip
+    workers = plan.parse_workers(args.workers) if args.workers else plan.default_workers()
+    print(plan.format_table(plan.predict(w, workers, net, a)))
+    print(plan.describe(w, net, a))
+    return 0
+
+
 def _cmd_sweep(argv: list[str], prog: str) -> int:
     from hvd_train.sweep import main as sweep_main
 
@@ -210,6 +290,7 @@ COMMANDS: dict[str, tuple[Command, str]] = {
     "lr-plot": (_cmd_lr_plot, "draw the learning-rate schedule a run would follow"),
     "compare": (_cmd_compare, "compare finished runs: accuracy against epoch and time"),
     "sweep": (_cmd_sweep, "train at several worker counts and batch sizes; plot the speed-up"),
+    "plan": (_cmd_plan, "predict throughput and efficiency at 1, 2, 4, ... workers"),
 }
 HELP_FLAGS = ("-h", "--help", "help")
 
@@ -224,7 +305,7 @@ DOCS = {
     "docs/launching.md": "one node, several nodes, Kubernetes",
     "docs/docker.md": "the Docker image and its test",
     "docs/faults.md": "what a run writes, exit codes, resume, restarts, elastic",
-    "docs/performance.md": "what a run measures, the speed knobs, settings",
+    "docs/performance.md": "what a run measures, the speed knobs, settings, `plan`",
     "docs/security.md": "what a config may run, what listens on the network",
     "docs/benchmarks.md": "measurements, with their commands and dates",
     "docs/validation.md": "what was run where: Docker, several hosts, stacks",

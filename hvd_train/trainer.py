@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import math
 import os
 import signal
 import time
@@ -99,7 +100,7 @@ def train(
             if note := weights_note(cfg):
                 distributed.log(note)  # rank 0; a resume below then restores the checkpoint
             start = _resume(cfg, model, plan)
-            run.note_start(start)
+            run.note_start(start, **_gradient_size(cfg, model))
             history = _fit(cfg, model, source, plan, start, run)
         except BaseException as e:
             cause = _reading_cause(e)
@@ -135,11 +136,13 @@ class _Run:
     def checkpointer(self) -> Checkpointer | None:
         return self.callbacks.checkpointer if self.callbacks else None
 
-    def note_start(self, start: Start) -> None:
-        """Where training begins, for a stop's record and for summary.json."""
+    def note_start(self, start: Start, **model: Any) -> None:
+        """Where training begins, for a stop's record and for summary.json, with `model`'s
+        figures (`_gradient_size`)."""
         self.signals.abandon = functools.partial(_abandon, self.record, start)
         if self.record:
             self.record.update(
+                **model,
                 epochs_completed=start.epoch,
                 resumed_from=start.checkpoint,
                 last_checkpoint=start.checkpoint,
@@ -592,6 +595,18 @@ def _lr_label(cfg: Config, plan: Derived) -> str:
     if plan.accumulation_steps > 1:
         why.append(f"{plan.accumulation_steps} accumulated batches")
     return f"{cfg.optimizer.lr_scaling} x{plan.lr_factor:.3g} for {' x '.join(why)}"
+
+
+def _gradient_size(cfg: Config, model: keras.Model) -> dict[str, Any]:
+    """What each step all-reduces, for `hvd-train plan`: the trainable parameters and their
+    bytes as sent (float32, or float16 with horovod.compression: fp16)."""
+    params = sum(math.prod(int(d) for d in w.shape) for w in model.trainable_weights)
+    fp16 = cfg.horovod.compression == "fp16"
+    return {
+        "trainable_parameters": params,
+        "gradient_dtype": "float16" if fp16 else "float32",
+        "gradient_bytes": params * (2 if fp16 else 4),
+    }
 
 
 def _summary_base(cfg: Config, plan: Derived, device: str) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from hvd_train.cli import COMMANDS, main
 
 # Every command the product ships; a command added to COMMANDS belongs here too.
 SHIPPED = ["train", "evaluate", "predict", "config", "launch", "doctor", "convert-tfrecord", "data-bench", "lr-plot",
-           "compare", "sweep"]  # fmt: skip
+           "compare", "sweep", "plan"]  # fmt: skip
 
 
 @pytest.mark.parametrize("flag", ["--help", "-h", "help"])

@@ -80,3 +80,20 @@ def test_a_folder_without_metrics_is_exit_2_with_one_line(runs: pathlib.Path) ->
         "hvd_train: error: compare: nope: no metrics.csv; expected a run.dir written by hvd-train"
     ]
     assert re.search(r"\bone\b", proc.stdout) is None  # nothing printed before the error
+
+
+def test_plan_starts_from_the_one_worker_run_and_refuses_the_two_worker_one(runs) -> None:
+    """`hvd-train plan --run` reads the 1-worker run's summary.json: its median step, its batch
+    and the trainable parameters rank 0 recorded (4 bytes each); a 2-worker run's step already
+    holds an all-reduce, so it is refused."""
+    from hvd_train.errors import UserError
+    from hvd_train.plan import workload_from_run
+
+    summary = json.loads((runs / "one" / "summary.json").read_text())
+    assert summary["gradient_dtype"] == "float32"
+    assert summary["gradient_bytes"] == 4 * summary["trainable_parameters"] > 0
+    w = workload_from_run(str(runs / "one"), fp16=False)
+    assert w.throughput == pytest.approx(1000 * 32 / summary["step_time_ms"])
+    assert w.examples_per_epoch == summary["steps_per_epoch"] * 32
+    with pytest.raises(UserError, match="a run of 2 workers"):
+        workload_from_run(str(runs / "two"), fp16=False)
