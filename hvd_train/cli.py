@@ -208,23 +208,15 @@ def _plan_parser(prog: str) -> argparse.ArgumentParser:
     src.add_argument("--fp16", action="store_true", help="float16 gradients: 2 bytes each")
     d, a = Network(), Assumptions()
     net = p.add_argument_group("the network")
-    net.add_argument(
-        "--bandwidth-gbit", type=float, default=d.bandwidth_gbit,
-        help=f"each host's link, Gbit/s (default {d.bandwidth_gbit:g})",
-    )  # fmt: skip
-    net.add_argument(
-        "--latency-us", type=float, default=d.latency_us,
-        help=f"one network hop, microseconds (default {d.latency_us:g})",
-    )  # fmt: skip
-    net.add_argument(
-        "--gpus-per-host", type=int, default=d.gpus_per_host,
-        help=f"workers per host, sharing its link (default {d.gpus_per_host})",
-    )  # fmt: skip
-    net.add_argument(
-        "--intra-host-bandwidth-gbit", type=float, default=d.intra_host_bandwidth_gbit,
-        help=f"between the workers of a host (NVLink, PCIe), Gbit/s (default "
-        f"{d.intra_host_bandwidth_gbit:g})",
-    )  # fmt: skip
+    for flag, kind, field, what in (
+        ("--bandwidth-gbit", float, "bandwidth_gbit", "each host's link, Gbit/s"),
+        ("--latency-us", float, "latency_us", "one network hop, microseconds"),
+        ("--gpus-per-host", int, "gpus_per_host", "workers per host, sharing its link"),
+        ("--intra-host-bandwidth-gbit", float, "intra_host_bandwidth_gbit",
+         "between the workers of a host (NVLink, PCIe), Gbit/s"),
+    ):  # fmt: skip
+        default = getattr(d, field)
+        net.add_argument(flag, type=kind, default=default, help=f"{what} (default {default:g})")
     net.add_argument(
         "--transport", choices=sorted(LINK_EFFICIENCY), default=d.transport,
         help=f"usable share of the line rate: {LINK_EFFICIENCY} (default {d.transport})",

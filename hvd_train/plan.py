@@ -116,6 +116,7 @@ class Prediction:
 
 
 def hosts(workers: int, net: Network) -> int:
+    """The hosts `workers` fill, `net.gpus_per_host` to a host."""
     return math.ceil(workers / net.gpus_per_host)
 
 
@@ -164,6 +165,7 @@ def predict_one(w: Workload, workers: int, net: Network, a: Assumptions) -> Pred
 
 
 def predict(w: Workload, workers: list[int], net: Network, a: Assumptions) -> list[Prediction]:
+    """One Prediction per worker count."""
     return [predict_one(w, n, net, a) for n in workers]
 
 
@@ -205,6 +207,7 @@ def workload_from_run(run_dir: str, fp16: bool) -> Workload:
 
 
 def check_positive(name: str, value: float | None) -> None:
+    """A one-line error naming the option unless `value` > 0."""
     if value is None or not value > 0:
         raise UserError(f"plan: {name}: expected a number > 0, got {value}")
 
@@ -271,6 +274,7 @@ def describe(w: Workload, net: Network, a: Assumptions) -> str:
 
 
 def default_workers(largest: int = 512) -> list[int]:
+    """1, 2, 4, ... `largest`."""
     return [2**i for i in range(int(math.log2(largest)) + 1)]
 
 
