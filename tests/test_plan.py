@@ -23,6 +23,7 @@ from hvd_train.plan import (
     workload_from_run,
 )
 from hvd_train.published_scaling import (
+    ONEFLOW_SAME_CLUSTER,
     PUBLISHED,
     PUBLISHED_ASSUMPTIONS,
     markdown_table,
@@ -67,6 +68,18 @@ def test_each_documented_miss_still_misses_and_the_docs_say_why(published) -> No
     assert abs(error) > TOLERANCE, f"{run_id(published)} is now within 10%: make it `predicted`"
     page = (ROOT / "docs" / "performance.md").read_text()
     assert published.note and published.note in page
+
+
+def test_dlperf_s_cluster_allows_what_the_model_predicts() -> None:
+    """The DLPerf miss's note: on the same 4 x 8 V100 cluster OneFlow scaled as the model
+    predicts (within 4%), so the miss is Horovod-on-TensorFlow-1's there, not the network's."""
+    oneflow = ONEFLOW_SAME_CLUSTER
+    assert abs(oneflow.predicted() / oneflow.efficiency - 1) < 0.04
+    horovod = next(r for r in MISSES if r.source == oneflow.source)
+    assert horovod.workers == oneflow.workers and horovod.net == oneflow.net
+    assert (
+        f"{oneflow.predicted():.2f}" in horovod.note and f"{oneflow.efficiency:.2f}" in horovod.note
+    )
 
 
 def test_most_published_runs_are_predicted_not_excused() -> None:
