@@ -30,6 +30,10 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 DEFAULT_GRACE_S = 3.5  # horovodrun's SIGKILL follows its SIGTERM after 5 s
 _UNDER_MPI = "OMPI_COMM_WORLD_RANK" in os.environ
 MPIRUN_KILL_WINDOW_S = 3.0
+# Set by hvd-train launch's supervisor (supervise.py) for MPI workers, to which it passes stops
+# itself: without it, a signal in an MPI worker's start-up is mpirun ending the job.
+SUPERVISED = "HVD_TRAIN_SUPERVISED"
+FIRST_FAILURE_WAIT_S = 3.0  # horovodrun notes a failure within milliseconds of the exit
 MPIRUN_KILLED = (
     "mpirun ended the job (SIGCONT, then SIGTERM, then SIGKILL): another worker, or its host, "
     "failed first (mpirun's output names it), or mpirun itself was stopped (to stop an MPI job "
@@ -152,10 +156,10 @@ def horovodrun_first_failure() -> dict | None:
     """The worker that failed first, as horovodrun (Gloo) noted it in its rendezvous server
     before it sent the others SIGTERM ({"rank", "exit_code"}; scripts/patch_horovod.py);
     None when there is no such note: a stop, another launcher, or an unpatched Horovod."""
-    addr = os.environ.get("HOROVOD_GLOO_RENDEZVOUS_ADDR")
-    port = os.environ.get("HOROVOD_GLOO_RENDEZVOUS_PORT")
-    if not addr or not port or os.environ.get("HOROVOD_ELASTIC") == "1":
+    if not _noted_by_horovodrun():
         return None
+    addr = os.environ["HOROVOD_GLOO_RENDEZVOUS_ADDR"]
+    port = os.environ["HOROVOD_GLOO_RENDEZVOUS_PORT"]
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never a proxy
     try:
         with opener.open(f"http://{addr}:{port}/hvd_train/first_failure", timeout=2) as r:
@@ -168,9 +172,34 @@ def horovodrun_first_failure() -> dict | None:
     return found if ok else None
 
 
+def first_failure_awaited(wait_s: float = FIRST_FAILURE_WAIT_S) -> dict | None:
+    """horovodrun_first_failure, waited for: a collective's error reaches rank 0 the moment
+    another worker dies, a moment before horovodrun has noted that worker's exit."""
+    deadline = time.monotonic() + wait_s
+    while _noted_by_horovodrun():
+        if (first := horovodrun_first_failure()) is not None or time.monotonic() > deadline:
+            return first
+        time.sleep(0.05)
+    return None
+
+
+def _noted_by_horovodrun() -> bool:
+    """Whether horovodrun (Gloo, not elastic) started this worker: it notes a failure."""
+    env = os.environ
+    return bool(
+        env.get("HOROVOD_GLOO_RENDEZVOUS_ADDR")
+        and env.get("HOROVOD_GLOO_RENDEZVOUS_PORT")
+        and env.get("HOROVOD_ELASTIC") != "1"
+    )
+
+
+def failed_first(first: dict) -> str:
+    """`another worker ended first: rank R (exit code C, killed by S)`."""
+    return f"{ANOTHER_FIRST}: rank {first['rank']} ({exit_description(first['exit_code'])})"
+
+
 def _failed_first(first: dict) -> str:
-    how = exit_description(first["exit_code"])
-    return f"{ANOTHER_FIRST}: rank {first['rank']} ({how}); horovodrun then ended the job"
+    return f"{failed_first(first)}; horovodrun then ended the job"
 
 
 def stop_grace_s() -> float:
@@ -212,6 +241,10 @@ def _end_in_start_up(
     if logs.launcher_rank() not in (None, 0):
         return
     name = signal.Signals(signum).name
+    if _UNDER_MPI and not os.environ.get(SUPERVISED):
+        # mpirun alone sends no stop but its end of the job (SIGCONT, SIGTERM, SIGKILL), and a
+        # SIGCONT may have come before this process heard signals: never a stop here.
+        failed, reason = True, MPIRUN_KILLED
     if failed:
         ending: dict = {"status": "failed", "error": reason}
         if failed_rank is not None:

@@ -28,6 +28,7 @@ from typing import Any
 import psutil
 
 from hvd_train.horovodrun import job_env
+from hvd_train.stops import SUPERVISED
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 RANK_VARIABLES = (b"OMPI_COMM_WORLD_RANK=", b"HOROVOD_RANK=", b"PMI_RANK=")
@@ -70,6 +71,7 @@ class Supervisor:
         env = dict(os.environ if env is None else env)
         if self._mpi:
             env.setdefault("HVD_TRAIN_STOP_GRACE_S", str(MPI_STOP_GRACE_S))
+            env[SUPERVISED] = "1"  # a SIGTERM from here, in start-up too, is a stop
         proc = subprocess.Popen(
             cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             start_new_session=True,

@@ -55,7 +55,7 @@ from hvd_train.record import (
     read_json,
 )
 from hvd_train.schedules import lr_multiplier
-from hvd_train.stops import StopSignals, installed
+from hvd_train.stops import StopSignals, failed_first, first_failure_awaited, installed
 from hvd_train.training_step import build_compiled_model
 from hvd_train.user_callbacks import AgreedStop
 
@@ -376,7 +376,9 @@ def _fail(run: _Run, e: BaseException) -> None:
     at = f" (at {where})" if where else ""
     logs.failed(_console_cause(e) + at, None if one_line else e)
     try:
-        _end_record(run, status="failed", error=_cause(e) + at, error_type=type(e).__name__)
+        cause = _cause(e, recorded=run.record is not None)
+        cause["error"] += at
+        _end_record(run, status="failed", **cause, error_type=type(e).__name__)
     except RecordError as e2:
         logs.say(f"hvd_train: error: {e2}")
 
@@ -392,12 +394,17 @@ def _reading_cause(e: BaseException) -> BaseException:
     return DataError(f"reading the data failed: {_one_line(failure)}")
 
 
-def _cause(e: BaseException) -> str:
-    """The summary's `error`: this rank's own error, or that another rank failed first."""
+def _cause(e: BaseException, recorded: bool) -> dict[str, Any]:
+    """The summary's `error`: this rank's own error, or that another rank failed first, with
+    `failed_rank` when horovodrun noted which (under Gloo; stops.first_failure_awaited).
+    `recorded`: this rank writes the record (rank 0, once it started): only it asks."""
     text = _one_line(e)
-    if any(c in text for c in KNOCK_ON):
-        return f"{ANOTHER_FIRST}; rank 0 then saw: {text}"
-    return text
+    if not any(c in text for c in KNOCK_ON):
+        return {"error": text}
+    if recorded and (first := first_failure_awaited()) is not None:
+        return {"error": f"{failed_first(first)}; rank 0 then saw: {text}",
+                "failed_rank": first["rank"]}  # fmt: skip
+    return {"error": f"{ANOTHER_FIRST}; rank 0 then saw: {text}"}
 
 
 def _console_cause(e: BaseException) -> str:

@@ -104,6 +104,25 @@ def test_a_stop_before_the_record_is_recorded_by_rank_0_itself(tmp_path, sig) ->
     assert not (d / LOCK_NAME).exists()  # run.dir is free for the same command again
 
 
+@pytest.mark.parametrize("supervised", [False, True])
+def test_a_signal_in_an_mpi_workers_start_up_is_a_stop_only_from_the_launcher(
+    tmp_path, supervised
+) -> None:
+    """mpirun alone ends a job with SIGCONT, SIGTERM, SIGKILL, and its SIGCONT may come before
+    the worker hears signals: a SIGTERM in start-up is then mpirun ending the job, not a stop.
+    hvd-train launch's supervisor, which passes stops to MPI workers itself, says so."""
+    d = tmp_path / "run"
+    env = {"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "2"}
+    proc = before_the_record(d, **env, **({"HVD_TRAIN_SUPERVISED": "1"} if supervised else {}))
+    assert proc.returncode == 143, proc.stdout + proc.stderr
+    s = json.loads((d / "summary.json").read_text())
+    if supervised:
+        assert s["status"] == "interrupted" and s["stopped_by"] == "SIGTERM", s
+    else:
+        assert s["status"] == "failed" and s["error"].startswith("mpirun ended the job"), s
+        assert "stopped_by" not in s, s
+
+
 def test_another_rank_stopped_before_the_record_writes_nothing(tmp_path) -> None:
     d = tmp_path / "run"
     proc = before_the_record(d, HOROVOD_RANK="1", HOROVOD_SIZE="2")
