@@ -294,7 +294,7 @@ DOCS = {
     "docs/config.md": "every config key: its type, default and meaning",
     "docs/data.md": "your data: sources, TFRecords, sharding, input speed",
     "docs/models.md": "models, callbacks, schedules, augmentation, evaluate, predict",
-    "docs/launching.md": "one node, several nodes, Kubernetes",
+    "docs/launching.md": "one node, several nodes, Slurm, Kubernetes",
     "docs/docker.md": "the Docker image and its test",
     "docs/faults.md": "what a run writes, exit codes, resume, restarts, elastic",
     "docs/performance.md": "what a run measures, the speed knobs, settings, `plan`",

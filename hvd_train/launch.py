@@ -32,7 +32,7 @@ import sys
 import time
 from typing import Any
 
-from hvd_train import horovodrun, logs, rundir, startup
+from hvd_train import horovodrun, logs, rundir, slurm, startup
 from hvd_train.config import Config, add_config_arguments, load_config
 from hvd_train.errors import (
     ANOTHER_FIRST,
@@ -72,7 +72,12 @@ def parser(prog: str) -> argparse.ArgumentParser:
     )
     add_config_arguments(p)
     p.add_argument("--np", type=int, help="workers (default: GPUs here, else launch.cpu_workers)")
-    p.add_argument("--hosts", help="horovodrun -H, e.g. host1:4,host2:4 (default localhost:NP)")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--hosts",
+                       help="horovodrun -H, e.g. host1:4,host2:4 (default localhost:NP)")  # fmt: skip
+    where.add_argument("--slurm", action="store_true",
+                       help="the hosts of this Slurm allocation, and workers per host from "
+                       "its --ntasks-per-node, else its GPUs a node, else its tasks a node")  # fmt: skip
     controller = p.add_mutually_exclusive_group()
     controller.add_argument("--mpi", dest="controller", action="store_const", const="mpi",
                             help="Open MPI (default: horovod.controller from the config)")  # fmt: skip
@@ -103,6 +108,10 @@ def _nics(text: str) -> str:
 def main(argv: list[str], prog: str) -> int:
     args = parser(prog).parse_args(argv)
     cfg = load_config(args.config, args.overrides)  # the shared loader: fails fast, exit 2
+    if args.slurm:  # the allocation's hosts; every slot a worker unless --np says fewer
+        allocation = slurm.hosts(os.environ)
+        args.hosts = slurm.horovodrun_hosts(allocation)
+        args.np = args.np or sum(slots for _, slots in allocation)
     np_ = args.np or horovodrun.workers(cfg)
     if args.print_command:
         print(shlex.join(_command(cfg, args, np_, args.overrides)[0]))

@@ -169,6 +169,9 @@ def test_every_cheap_command_shown_runs(item, monkeypatch) -> None:
     where, args = item
     monkeypatch.chdir(ROOT)
     monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", os.environ.get("TF_CPP_MIN_LOG_LEVEL", "1"))
+    if "--slurm" in args:  # shown as run inside an allocation: two nodes, Slurm's variables
+        monkeypatch.setenv("SLURM_JOB_NODELIST", "node[1-2]")
+        monkeypatch.setenv("SLURM_TASKS_PER_NODE", "1(x2)")
     code, out, err = run_cli(args)
     assert code == 0, f"{where}: hvd-train {shlex.join(args)} exited {code}\n{out}\n{err}"
     assert out.strip(), f"{where}: hvd-train {shlex.join(args)} printed nothing"
