@@ -225,11 +225,12 @@ on_launcher() {
 same_result() {
   docker exec -i "hvd_train-test-launcher-$$" python - "/results/$1" "/results/$2" <<'PYEOF'
 import csv, sys
-import numpy as np, tensorflow as tf
+import numpy as np
+from hvd_train.keras_stack import keras  # the project's Keras 2: tf_keras on TensorFlow 2.16+
 cols = ["epoch", "loss", "accuracy", "val_loss", "val_accuracy", "learning_rate"]
 rows = [[[r[c] for c in cols] for r in csv.DictReader(open(f"{d}/metrics.csv"))] for d in sys.argv[1:]]
 assert rows[0] == rows[1], f"metrics.csv differ:\n{rows[0]}\n{rows[1]}"
-w = [tf.keras.models.load_model(f"{d}/model.keras", compile=False).get_weights() for d in sys.argv[1:]]
+w = [keras.models.load_model(f"{d}/model.keras", compile=False).get_weights() for d in sys.argv[1:]]
 assert len(w[0]) == len(w[1]) and all(np.array_equal(a, b) for a, b in zip(*w)), "weights differ"
 print(f"identical: {len(rows[0])} epochs of metrics.csv, {len(w[0])} weight arrays; final val_accuracy {rows[0][-1][4]}")
 PYEOF
