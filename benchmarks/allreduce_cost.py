@@ -10,7 +10,9 @@ Each worker (bound to a core of its own by pin_to_core.sh) all-reduces one float
 prints the wall time and this process's CPU time per all-reduce; then it sleeps a second and
 prints the CPU Horovod's threads used meanwhile (its background thread's cycle, every
 HOROVOD_CYCLE_TIME ms, with a collective call each cycle). With no compute to share the core
-with, this is the all-reduce's own cost, which a CPU worker pays on its compute core.
+with, this is the all-reduce's own cost, which a CPU worker pays on its compute core. Last,
+both workers at once copy an array of the tensor's size into another (NumPy, one core each):
+the all-reduce's CPU time over that copy's says how many copies of its tensor it costs.
 Not part of the test suite.
 """
 
@@ -48,10 +50,25 @@ def main() -> None:
     idle = time.process_time()
     time.sleep(1.0)
     idle = time.process_time() - idle
+    copy = copy_time(args.floats, args.iters, lambda: allreduce(tf.zeros([1])).numpy())
     controller = "gloo" if hvd.gloo_enabled() else "mpi"
     print(f"rank {hvd.rank()}/{hvd.size()} {controller}: {4 * args.floats / 1e6:.1f} MB "
           f"all-reduce {1000 * wall:.2f} ms wall, {1000 * cpu:.2f} ms CPU; idle Horovod "
-          f"{1000 * idle:.0f} ms CPU per s", flush=True)  # fmt: skip
+          f"{1000 * idle:.0f} ms CPU per s; one copy of the tensor {1000 * copy:.2f} ms "
+          f"(the all-reduce's CPU = {cpu / copy:.1f} copies)", flush=True)  # fmt: skip
+
+
+def copy_time(floats: int, iters: int, barrier) -> float:
+    """Seconds one copy of `floats` float32 takes, the other worker copying at the same time."""
+    import numpy as np
+
+    src, dst = np.random.rand(floats).astype(np.float32), np.empty(floats, np.float32)
+    np.copyto(dst, src)  # both pages faulted in before timing
+    barrier()
+    began = time.perf_counter()
+    for _ in range(iters):
+        np.copyto(dst, src)
+    return (time.perf_counter() - began) / iters
 
 
 if __name__ == "__main__":

@@ -46,8 +46,10 @@ class Setup:
     controller: str = "gloo"  # horovodrun --gloo or --mpi
     sets: tuple[str, ...] = ()  # hvd_train config overrides
     env: tuple[tuple[str, str], ...] = ()
+    defaults: bool = False  # hvd_train: binding and threads as the config's defaults set them
 
 
+OMPI_CHOICE = (("OMPI_MCA_coll_tuned_allreduce_algorithm", "0"),)  # 0: Open MPI's fixed rules
 CONFIGS = {
     "keras@1": Setup("keras", 1, True),
     # The machine's ceiling for 2 workers: two plain Keras processes, each on a core of its
@@ -67,6 +69,9 @@ CONFIGS = {
         "hvd_train", 2, True, controller="mpi", sets=("train.gradient_accumulation_steps=4",)
     ),
     "hvd_train@2-mpi-unpinned": Setup("hvd_train", 2, False, 0, "mpi"),
+    # What `hvd-train launch --np 2` runs on a CPU host: Gloo, binding and threads left to the
+    # config (runtime.bind_cores unset: bound when several workers share a host without GPUs).
+    "hvd_train@2-default": Setup("hvd_train", 2, False, 0, defaults=True),
     # For the 2-worker investigation (docs/benchmarks.md), not in the default set:
     "horovod_example@1": Setup("horovod_example", 1, True, 0),
     "horovod_example@2": Setup("horovod_example", 2, True, 0),  # Horovod's example, pinned
@@ -95,11 +100,17 @@ CONFIGS = {
     "hvd_train@2-mpi-cycle5ms": Setup(
         "hvd_train", 2, True, controller="mpi", sets=("horovod.cycle_time_ms=5",)
     ),
+    # Tensor fusion off: each gradient all-reduced in place, no copy into and out of the buffer.
+    "hvd_train@2-mpi-nofusion": Setup(
+        "hvd_train", 2, True, controller="mpi", sets=("horovod.fusion_threshold_mb=0",)
+    ),
+    # Open MPI's own all-reduce choice, not the ring hvd_train sets for a job on one CPU host.
+    "hvd_train@2-mpi-ompi-choice": Setup("hvd_train", 2, True, controller="mpi", env=OMPI_CHOICE),
     "hvd_train@2-mpi-cycle10ms": Setup(
         "hvd_train", 2, True, controller="mpi", sets=("horovod.cycle_time_ms=10",)
     ),
 }
-DEFAULT = list(CONFIGS)[:11]
+DEFAULT = list(CONFIGS)[:12]
 
 
 def main() -> int:
@@ -177,6 +188,7 @@ def launch(name: str, workload: str, args: argparse.Namespace) -> list[dict]:
     base = [PY, WORKER, "--mode", mode, "--workload", workload, "--steps", str(args.steps),
             "--warmup", str(args.warmup), "--threads", str(threads), "--result-dir", results]  # fmt: skip
     base += ["--pin"] if pinned else []
+    base += ["--config-defaults"] if setup.defaults else []
     if mode == "hvd_train":
         base += [a for s in [*args.overrides, *setup.sets] for a in ("--set", s)]
     env = {**os.environ, "PYTHONPATH": ROOT, "TF_CPP_MIN_LOG_LEVEL": "2",

@@ -44,6 +44,8 @@ def parse() -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=0, help="intra-op threads; 0: the mode's default")
     p.add_argument("--pin", action="store_true", help="bind to core --core (or the local rank)")
     p.add_argument("--core", type=int, default=None)
+    p.add_argument("--config-defaults", action="store_true",
+                   help="hvd_train: binding and threads left to the config's defaults")  # fmt: skip
     p.add_argument("--result-dir", default=None, help="also write result-<rank>.json there")
     p.add_argument("--set", dest="overrides", action="append", default=[],
                    help="hvd_train: extra config overrides")  # fmt: skip
@@ -212,8 +214,8 @@ def run_hvd_train(args: argparse.Namespace) -> dict:
         "data.source=synthetic", f"data.train_examples={args.steps * args.batch * world}",
         f"data.val_examples={args.batch * world}", "optimizer.name=sgd",
         f"model.dense_units={list(WORKLOADS[args.workload])}",
-        f"runtime.intra_op_threads={args.threads}",
-        f"runtime.bind_cores={'true' if args.pin else 'false'}", *args.overrides,
+        *([] if args.config_defaults else [f"runtime.intra_op_threads={args.threads}",
+           f"runtime.bind_cores={'true' if args.pin else 'false'}"]), *args.overrides,
     ])  # fmt: skip
     groups: dict[str, set[int]] = {}
     hvd_init = hvd.init

@@ -221,8 +221,9 @@ class RuntimeConfig:
     # mixed_float16 adds dynamic loss scaling. bfloat16 is fast only on CPUs/GPUs that have it.
     mixed_precision: Literal["none", "mixed_float16", "mixed_bfloat16"] = "none"
     # CPU: each worker binds itself (and Horovod's background thread) to its own share of the
-    # cores, by local rank, before TensorFlow starts its threads.
-    bind_cores: bool = False
+    # cores, by local rank, before TensorFlow starts its threads. null: bound on a host without
+    # a GPU where the launcher started several workers, else unbound.
+    bind_cores: bool | None = None
 
 
 @dataclass(frozen=True)

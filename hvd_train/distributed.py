@@ -75,6 +75,8 @@ def init(knobs: HorovodConfig, run_dir: str) -> None:
         # Open MPI busy-polls in blocking calls, and Horovod's background thread makes one every
         # cycle, on the core its worker computes on: let it yield (see docs/benchmarks.md).
         os.environ.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
+        if os.environ.get("OMPI_COMM_WORLD_LOCAL_SIZE") == os.environ["OMPI_COMM_WORLD_SIZE"]:
+            os.environ.update(ONE_HOST_RING if _no_allreduce_choice() else {})
     hvd.init()
     if _BOUND_CORES and _launcher_local_rank() != (hvd.local_rank(), hvd.local_size()):
         raise UserError(
@@ -82,6 +84,20 @@ def init(knobs: HorovodConfig, run_dir: str) -> None:
             "start (HOROVOD_LOCAL_RANK or OMPI_COMM_WORLD_LOCAL_RANK); launch with horovodrun "
             "or mpirun, or set runtime.bind_cores: false"
         )
+
+
+# Open MPI's ring all-reduce for a job on one CPU host, read at MPI_Init. Its own choice for
+# 49 MB between 2 ranks cost 35-41 ms of CPU, the ring 24-30 ms (benchmarks/allreduce_cost.py),
+# and on a CPU host that time is taken from the workers' compute.
+ONE_HOST_RING = {
+    "OMPI_MCA_coll_tuned_use_dynamic_rules": "1",
+    "OMPI_MCA_coll_tuned_allreduce_algorithm": "4",
+}
+
+
+def _no_allreduce_choice() -> bool:
+    """Whether nobody (mpirun --mca, the environment) chose Open MPI's all-reduce algorithm."""
+    return not any(key in os.environ for key in ONE_HOST_RING)
 
 
 # This worker's cores when bind_cores() gave it a share of the host, else empty.
@@ -111,6 +127,20 @@ def bind_cores() -> list[int]:
     os.environ.setdefault("HOROVOD_THREAD_AFFINITY", ",".join([str(mine[0])] * count))
     _BOUND_CORES[:] = mine
     return mine
+
+
+def binds_cores(setting: bool | None) -> bool:
+    """Whether this worker binds itself to its share of the cores (`runtime.bind_cores`).
+
+    Unset (None): yes on a host without a GPU where the launcher started several workers, which
+    then share its cores: unbound, the scheduler moves their threads between cores and puts
+    two workers' threads on one core while the other waits (10-13% slower here,
+    docs/benchmarks.md). Not with GPUs (the launcher's placement is kept), nor for a lone worker
+    or one whose launcher did not say its local rank.
+    """
+    if setting is not None:
+        return setting
+    return _launcher_local_rank()[1] > 1 and not tf.config.list_physical_devices("GPU")
 
 
 def bound_cores() -> list[int]:

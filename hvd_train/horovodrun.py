@@ -104,6 +104,30 @@ def workers(cfg: Config, gpus: int | None = None) -> int:
     return (count_gpus() if gpus is None else gpus) or cfg.launch.cpu_workers
 
 
+def shared_cpu_note(
+    cfg: Config, np: int, hosts: str | None, gpus: int, controller: str | None = None
+) -> str | None:
+    """One line before a job whose CPU workers share this host's cores, else None.
+
+    Such workers split the cores, and each all-reduce's CPU work comes out of its worker's
+    share: for a compute-bound model they beat one process on all cores, for one with large
+    gradients against its compute they do not (docs/benchmarks.md). Which a model is shows
+    only once it trains, so the line names the choice for the second; and Open MPI where Gloo
+    would run (Gloo's all-reduce costs twice the CPU).
+    """
+    local = hosts is None or on_loopback(hosts)
+    if gpus or np < 2 or not local or cfg.elastic.enabled:
+        return None
+    cores = len(os.sched_getaffinity(0))
+    mpi = (controller or cfg.horovod.controller) == "mpi"
+    return (
+        f"{np} workers will share this host's {cores} CPU cores: "
+        + ("" if mpi else "--mpi spends less of them on the all-reduce; ")
+        + "a model with large gradients against its compute trains faster in one process "
+        "(--np 1; docs/performance.md#one-cpu-host)"
+    )
+
+
 def job_env() -> dict[str, str]:
     """The environment a job runs in: this one, TensorFlow's C++ log quieter (horovodrun
     imports TensorFlow too), and this interpreter's folder first on PATH."""

@@ -112,7 +112,11 @@ def main(argv: list[str], prog: str) -> int:
         allocation = slurm.hosts(os.environ)
         args.hosts = slurm.horovodrun_hosts(allocation)
         args.np = args.np or sum(slots for _, slots in allocation)
-    np_ = args.np or horovodrun.workers(cfg)
+    gpus = horovodrun.count_gpus()
+    np_ = args.np or horovodrun.workers(cfg, gpus)
+    note = horovodrun.shared_cpu_note(cfg, np_, args.hosts, gpus, args.controller)
+    if note:
+        _say(note)
     if args.print_command:
         print(shlex.join(_command(cfg, args, np_, args.overrides)[0]))
         return 0

@@ -56,7 +56,8 @@ def parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--target-accuracy", type=float, default=None,
                    help="report the training time until val_accuracy first reaches this")  # fmt: skip
     p.add_argument("--pin-cores", action="store_true",
-                   help="CPU: bind each worker to its own cores (runtime.bind_cores)")  # fmt: skip
+                   help="CPU: bind each worker to its own cores (runtime.bind_cores=true; "
+                   "unset, points of several workers are bound anyway)")  # fmt: skip
     p.add_argument("--oversubscribe", action="store_true",
                    help="allow more workers than cores on a host without GPUs")  # fmt: skip
     p.add_argument("--timeout", type=float, default=None, help="seconds per point")
@@ -118,7 +119,7 @@ def refuse_what_this_host_cannot_run(cfg: Config, points: list[Point], oversubsc
             f"sweep: {most} workers on {cores} CPU cores would share cores and measure "
             f"contention, not scaling; use --workers up to {cores}, or pass --oversubscribe"
         )
-    if cfg.runtime.bind_cores and most > cores:
+    if cfg.runtime.bind_cores is True and most > cores:
         raise UserError(
             f"sweep: --pin-cores gives each worker a core of its own; {most} workers > {cores} cores"
         )

@@ -18,7 +18,7 @@ from hvd_train.keras_stack import hvd, keras
 
 def before_init(cfg: Config) -> None:
     """What must happen before `hvd.init()` and before TensorFlow creates its thread pools."""
-    if cfg.runtime.bind_cores:
+    if distributed.binds_cores(cfg.runtime.bind_cores):
         distributed.bind_cores()
     if cfg.runtime.jit_compile:
         _prepare_xla()
@@ -124,6 +124,11 @@ def log_knobs(cfg: Config, plan: Derived) -> None:
         parts.append("Horovod timeline on (its writer thread polls on rank 0: slower steps)")
     if distributed.controller() == "mpi" and os.environ.get("OMPI_MCA_mpi_yield_when_idle"):
         parts.append("Open MPI polling yields the core (OMPI_MCA_mpi_yield_when_idle=1)")
+    if (
+        distributed.controller() == "mpi"
+        and distributed.ONE_HOST_RING.items() <= os.environ.items()
+    ):
+        parts.append("Open MPI's ring all-reduce (one CPU host)")
     if parts:
         distributed.log(" | ".join(parts))
     if distributed.bound_cores():

@@ -23,7 +23,7 @@ from harness import finish, run, start
 
 from hvd_train.config import load_config
 from hvd_train.errors import ConfigError
-from hvd_train.horovodrun import command, network_flags
+from hvd_train.horovodrun import command, network_flags, shared_cpu_note
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 QUICKSTART = ROOT / "configs" / "quickstart.yaml"
@@ -249,3 +249,16 @@ def test_launch_takes_interface_names_only(tmp_path) -> None:
         "got 'eth0;touch x'"
     ), proc.stderr
     assert not (tmp_path / "x").exists()
+
+
+def test_a_job_whose_cpu_workers_share_this_host_is_told_the_faster_choices() -> None:
+    cfg = load_config(QUICKSTART)
+    note = shared_cpu_note(cfg, 2, None, gpus=0)
+    cores = len(os.sched_getaffinity(0))
+    assert note.startswith(f"2 workers will share this host's {cores} CPU cores"), note
+    assert "--np 1" in note and "--mpi" in note
+    assert "--mpi" not in shared_cpu_note(cfg, 2, "localhost:2", gpus=0, controller="mpi")
+    assert shared_cpu_note(cfg, 1, None, gpus=0) is None  # one process already
+    assert shared_cpu_note(cfg, 2, None, gpus=2) is None  # a GPU each
+    assert shared_cpu_note(cfg, 4, "host1:2,host2:2", gpus=0) is None  # not measured there
+    assert shared_cpu_note(elastic("discover.sh"), 2, None, gpus=0) is None  # Gloo only

@@ -77,6 +77,14 @@ def test_single_node_trains_with_two_cpu_workers_from_any_folder(tmp_path) -> No
     s = summary(tmp_path / "out")
     assert (s["status"], s["world_size"], s["controller"]) == ("completed", 2, "gloo")
     assert s["epochs_completed"] == 1
+    # Two CPU workers share this host: each binds to its own cores (runtime.bind_cores unset),
+    # and the launcher said so before the job, with the faster choices.
+    logs = "".join(p.read_text() for p in sorted((tmp_path / "out" / "logs").glob("rank-*.log")))
+    bound = dict(re.findall(r"\[rank (\d)\] bound to cores (\[[\d, ]+\])", logs))
+    assert sorted(bound) == ["0", "1"], logs[-3000:]
+    if len(os.sched_getaffinity(0)) >= 2:
+        assert bound["0"] != bound["1"], bound
+    assert "2 workers will share this host's" in proc.stderr and "--np 1" in proc.stderr
 
 
 @pytest.mark.multiworker
@@ -89,6 +97,7 @@ def test_single_node_mpi_controller_runs_as_root_without_busy_polling(tmp_path) 
                         "self,vader", "--network-interfaces", "lo"], cmd  # fmt: skip
     s = summary(tmp_path / "out")
     assert (s["status"], s["world_size"], s["controller"]) == ("completed", 2, "mpi")
+    assert "Open MPI's ring all-reduce (one CPU host)" in proc.stdout, proc.stdout[-3000:]
 
 
 @pytest.mark.multiworker

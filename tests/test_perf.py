@@ -238,6 +238,33 @@ def test_a_lone_worker_cycles_every_10_ms_unless_configured(monkeypatch) -> None
     assert cycle_time_ms(HorovodConfig()) is None
 
 
+LOCAL_SIZES = ("HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+               "OMPI_COMM_WORLD_LOCAL_SIZE")  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("setting", "launcher", "bound"),
+    [
+        (None, {"HOROVOD_LOCAL_RANK": "1", "HOROVOD_LOCAL_SIZE": "2"}, True),  # horovodrun
+        (None, {"OMPI_COMM_WORLD_LOCAL_RANK": "0", "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}, True),
+        (None, {"HOROVOD_LOCAL_RANK": "0", "HOROVOD_LOCAL_SIZE": "1"}, False),  # alone here
+        (None, {}, False),  # python -m hvd_train: no launcher
+        (False, {"HOROVOD_LOCAL_RANK": "0", "HOROVOD_LOCAL_SIZE": "2"}, False),
+        (True, {}, True),
+    ],
+)
+def test_cpu_workers_sharing_a_host_bind_to_their_cores_unless_configured(
+    monkeypatch, setting, launcher, bound
+) -> None:
+    from hvd_train.distributed import binds_cores
+
+    for key in LOCAL_SIZES:
+        monkeypatch.delenv(key, raising=False)
+    for key, value in launcher.items():
+        monkeypatch.setenv(key, value)
+    assert binds_cores(setting) is bound  # no GPU on the machines that run this
+
+
 FLOAT64_CONVNET = f"{WORKERS / 'float64_models.py'}:convnet7_float64"
 FLOAT64_WEIGHTS_REL = 1e-9  # as in test_multiworker.py, which says why
 
