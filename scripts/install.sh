@@ -203,7 +203,14 @@ check="$VENV/horovod-check-build.txt"
 if [ "$changed" = 1 ] || [ ! -s "$check" ]; then
   # Keras 2 as tf_keras where the stack has it (2.18); TensorFlow 2.15 honours the variable
   # too, and without tf_keras installed its tf.keras would then not import.
-  env ${KERAS_REQ:+TF_USE_LEGACY_KERAS=1} "$VENV/bin/horovodrun" --check-build > "$check.new"
+  # It imports TensorFlow in forks, whose C++ start-up lines (TensorFlow 2.21 prints them
+  # whatever TF_CPP_MIN_LOG_LEVEL says) are shown only if the check fails.
+  if ! env ${KERAS_REQ:+TF_USE_LEGACY_KERAS=1} "$VENV/bin/horovodrun" --check-build \
+      > "$check.new" 2> "$check.err"; then
+    cat "$check.new" "$check.err" >&2
+    die "horovodrun --check-build failed (its output above); remove $VENV and run again"
+  fi
+  rm -f "$check.err"
   mv "$check.new" "$check"
 fi
 if ! grep -q '\[X\] TensorFlow' "$check"; then
