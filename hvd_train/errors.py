@@ -67,7 +67,7 @@ class CheckpointError(TrainingError):
 
 
 class Interrupted(Exception):
-    """SIGTERM or SIGINT stopped the run at a step boundary after a checkpoint was written.
+    """A stop signal (SIGTERM, SIGINT, SIGUSR1) ended the run at a step, after a checkpoint.
 
     The CLI exits with 128 + the signal's number, as a shell does for a process it signalled.
     """

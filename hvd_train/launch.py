@@ -13,8 +13,8 @@ attempt never claimed run.dir: rank 0 holds its lock, the supervisor does not), 
 restarts remain, starts the same job again with `train.resume=auto`, which continues from the
 newest checkpoint. It does not restart after a bad config, bad input or a run.dir another job
 holds (exit code 2), a non-finite loss (the same data would fail again), or a SIGTERM/SIGINT
-sent to the supervisor itself (passed on to horovodrun, whose workers stop at a step boundary
-and checkpoint).
+(or Slurm's warning, SIGUSR1) sent to the supervisor itself (passed on to the workers, which
+stop at a step boundary and checkpoint).
 
 The console shows rank 0's lines as they are and the others' marked `[rank N]` (their full
 output is in run.dir/logs/rank-N.log, see logs.py), without horovodrun's own traceback: each
@@ -45,6 +45,7 @@ from hvd_train.errors import (
 )
 from hvd_train.horovodrun import on_loopback
 from hvd_train.record import early_summary, read_json, write_json
+from hvd_train.stops import STOP_SIGNALS
 from hvd_train.supervise import Supervisor
 
 GLOO_FIRST = re.compile(r"Terminating remaining workers after failure of Process (\d+)")
@@ -123,7 +124,7 @@ def main(argv: list[str], prog: str) -> int:
     summary_path = os.path.join(cfg.run.dir, "summary.json")
     before = read_json(summary_path)  # unchanged by a job that had nothing to train
     history: list[dict[str, Any]] = []
-    supervisor = Supervisor()  # SIGTERM/SIGINT to the launcher reach the workers
+    supervisor = Supervisor()  # SIGTERM/SIGINT/SIGUSR1 to the launcher reach the workers
     ours = False  # whether an attempt claimed run.dir: its summary.json is then this job's
     for attempt in range(args.max_restarts + 1):
         overrides = list(args.overrides) + (["train.resume=auto"] if attempt else [])
@@ -360,10 +361,10 @@ def _mark_ended(
 
 
 def _died(failure: dict[str, Any]) -> bool:
-    """Whether the rank that ended first died or failed, rather than stopped (SIGTERM/SIGINT,
-    which a scheduler may send the workers themselves)."""
+    """Whether the rank that ended first died or failed, rather than stopped (SIGTERM, SIGINT or
+    SIGUSR1, which a scheduler may send the workers themselves)."""
     code = failure["rank_exit_code"]
-    stops = {128 + signal.SIGTERM, 128 + signal.SIGINT, -signal.SIGTERM, -signal.SIGINT}
+    stops = {c for sig in STOP_SIGNALS for c in (128 + sig, -sig)}
     return failure["rank"] is not None and code is not None and code not in stops
 
 

@@ -1,7 +1,7 @@
-"""Stops in a worker: SIGTERM and SIGINT recorded, not obeyed at once, from the process's first
-moments: before TensorFlow loads (the command line installs them right after reading the
-config), through start-up, to the end of the run. RunControl (control.py) turns what each
-worker saw into one decision that all of them act on at the same step.
+"""Stops in a worker: SIGTERM, SIGINT and SIGUSR1 recorded, not obeyed at once, from the
+process's first moments: before TensorFlow loads (the command line installs them right after
+reading the config), through start-up, to the end of the run. RunControl (control.py) turns
+what each worker saw into one decision that all of them act on at the same step.
 
 Standard library only: installed before TensorFlow and Horovod load.
 """
@@ -26,8 +26,13 @@ from hvd_train.record import end_before_start
 if TYPE_CHECKING:
     from hvd_train.config import Config, RunConfig
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+# A scheduler's warning that the job will be ended (Slurm's `--signal=B:USR1@120`, which
+# launch/slurm.sbatch passes to `hvd-train launch`): a stop like SIGTERM, but nothing kills the
+# workers seconds later, so rank 0 may take longer over its stop checkpoint.
+WARNING_SIGNALS = (signal.SIGUSR1,)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, *WARNING_SIGNALS)
 DEFAULT_GRACE_S = 3.5  # horovodrun's SIGKILL follows its SIGTERM after 5 s
+WARNING_GRACE_S = 60.0  # well inside the template's 120 s between the warning and the end
 _UNDER_MPI = "OMPI_COMM_WORLD_RANK" in os.environ
 MPIRUN_KILL_WINDOW_S = 3.0
 # Set by hvd-train launch's supervisor (supervise.py) for MPI workers, to which it passes stops
@@ -42,7 +47,7 @@ MPIRUN_KILLED = (
 
 
 class StopSignals:
-    """Records SIGTERM/SIGINT instead of dying, so training can stop at a step boundary.
+    """Records SIGTERM/SIGINT/SIGUSR1 instead of dying, so training can stop at a step boundary.
 
     The main thread acts on a signal only between steps (RunControl agrees on it), but a step
     can run for seconds (the first, while TensorFlow traces and compiles), longer than a
@@ -130,11 +135,13 @@ class StopSignals:
             self._exit(signum, "before any step ran: nothing to save")
         if not self.chief:
             return  # rank 0 decides; when it ends, this worker's next collective fails
-        if not self.done.wait(self.grace_s):
+        warning = signum in WARNING_SIGNALS
+        grace_s = max(self.grace_s, WARNING_GRACE_S) if warning else self.grace_s
+        why = "after a scheduler's warning" if warning else "the launcher's grace before SIGKILL"
+        if not self.done.wait(grace_s):
             self._exit(
                 signum,
-                f"its stop did not finish within {self.grace_s:g} s (the launcher's grace "
-                "before SIGKILL): no stop checkpoint",
+                f"its stop did not finish within {grace_s:g} s ({why}): no stop checkpoint",
             )
 
     def _exit(

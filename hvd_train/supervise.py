@@ -1,4 +1,4 @@
-"""Runs a job's launcher (horovodrun, mpirun) and passes SIGTERM/SIGINT on to its workers.
+"""Runs a job's launcher (horovodrun, mpirun); passes SIGTERM/SIGINT/SIGUSR1 to its workers.
 
     python -m hvd_train.supervise -- horovodrun -np 2 ... python -m hvd_train --config FILE
 
@@ -10,6 +10,11 @@ the workers run on, and mpirun, given a SIGTERM, kills its workers 1 s after pas
 to the workers on this host and waits: they agree on the stop with the workers elsewhere (one
 all-reduce), write the stop checkpoint, and end; mpirun then ends the job. Where no worker
 runs on this host (a launcher pod), the signal goes to mpirun.
+
+SIGUSR1 (a scheduler's warning: Slurm's `--signal=B:USR1@120`) is a stop too, but horovodrun
+does not pass it on (it would end horovodrun): it goes straight to the workers on this host,
+under Gloo as under MPI, and the others follow them at the next agreed step. Where no worker
+runs on this host, horovodrun gets SIGTERM instead, the stop it passes on.
 
 The job runs in a session of its own, so a terminal's Ctrl-C reaches it only through here.
 """
@@ -28,9 +33,8 @@ from typing import Any
 import psutil
 
 from hvd_train.horovodrun import job_env
-from hvd_train.stops import SUPERVISED
+from hvd_train.stops import STOP_SIGNALS, SUPERVISED, WARNING_SIGNALS
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 RANK_VARIABLES = (b"OMPI_COMM_WORLD_RANK=", b"HOROVOD_RANK=", b"PMI_RANK=")
 # Under MPI the workers are signalled directly and nothing kills them after a few seconds:
 # rank 0 may take this long to finish its stop checkpoint (see stops.StopSignals).
@@ -43,7 +47,7 @@ def is_mpi(cmd: list[str]) -> bool:
 
 
 class Supervisor:
-    """Runs one job at a time; `stop_signal` is the first SIGTERM/SIGINT it passed on."""
+    """Runs one job at a time; `stop_signal` is the first SIGTERM/SIGINT/SIGUSR1 it passed on."""
 
     def __init__(self) -> None:
         self.stop_signal = 0
@@ -101,13 +105,17 @@ class Supervisor:
             self._pass_on(signum if first else signal.SIGKILL)
 
     def _pass_on(self, signum: int) -> None:
-        """To the workers on this host under MPI (else to mpirun); to horovodrun under Gloo.
-        A second signal kills the whole job at once."""
+        """To the workers on this host under MPI (else to mpirun); to horovodrun under Gloo,
+        but SIGUSR1 to the workers here under either (else SIGTERM to horovodrun). A second
+        signal kills the whole job at once."""
         proc = self._proc
         if signum == signal.SIGKILL:
             _kill_tree(proc.pid)
             return
-        targets = local_workers(proc.pid) if self._mpi else []
+        direct = self._mpi or signum in WARNING_SIGNALS
+        targets = local_workers(proc.pid) if direct else []
+        if not targets and not self._mpi and signum in WARNING_SIGNALS:
+            signum = signal.SIGTERM  # horovodrun dies of SIGUSR1; it passes SIGTERM on
         for p in targets or [psutil.Process(proc.pid)]:
             try:
                 p.send_signal(signum)

@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
+import sys
+import time
 
 import pytest
-from harness import QUICKSTART
+from harness import QUICKSTART, ROOT
 
 from hvd_train import launch
 
@@ -47,7 +50,9 @@ def test_a_job_stopped_then_exiting_0_exits_as_its_record_says(
     assert json.loads((run_dir / "summary.json").read_text())["status"] == status
 
 
-@pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+@pytest.mark.parametrize(
+    ("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143), (signal.SIGUSR1, 138)]
+)
 def test_a_stopped_job_that_horovodrun_ends_with_1_exits_128_plus_the_signal(
     tmp_path, monkeypatch, signum, code
 ) -> None:
@@ -75,6 +80,9 @@ def _failure(rank, rank_exit_code, error=None) -> dict:
         # a scheduler's SIGTERM to the workers themselves: a stop
         ({"status": "interrupted", "stopped_by": "SIGTERM"}, _failure(0, 143), 0,
          {"status": "interrupted", "stopped_by": "SIGTERM"}),
+        # Slurm's warning (SIGUSR1), to the workers themselves: a stop too
+        ({"status": "interrupted", "stopped_by": "SIGUSR1"}, _failure(1, 138), 0,
+         {"status": "interrupted", "stopped_by": "SIGUSR1"}),
         # the launcher passed a stop on: the workers' failures only echo it
         ({"status": "failed"}, _failure(1, 137), signal.SIGINT,
          {"status": "interrupted", "stopped_by": "SIGINT"}),
@@ -113,3 +121,66 @@ def test_the_launcher_writes_no_record_where_the_job_was_refused(tmp_path, case)
     cfg = launch.load_config(str(QUICKSTART), [f"run.dir={run_dir}"])
     launch._mark_ended(str(run_dir / "summary.json"), failure, 0, cfg, 2)
     assert not (run_dir / "summary.json").exists()
+
+
+# ------------------------------------------------------------ the supervisor passes SIGUSR1 on
+# A stand-in for horovodrun (Gloo): it starts one "worker" and exits with its code; it does not
+# handle SIGUSR1 (as horovodrun does not: the signal would end it, exit code -10), and on
+# SIGTERM says so and ends its worker. The worker carries HOROVOD_RANK as horovodrun's do (or
+# not: then no worker runs on this host).
+FAKE_HOROVODRUN = """
+import os, signal, subprocess, sys
+def term(signum, frame):
+    print("horovodrun: TERM", flush=True)
+    worker.kill()
+    sys.exit(143)
+env = dict(os.environ)
+if {local_worker}:
+    env["HOROVOD_RANK"] = "0"
+worker = subprocess.Popen([sys.executable, "-c", {worker!r}], env=env)
+signal.signal(signal.SIGTERM, term)
+sys.exit(worker.wait())
+"""
+FAKE_WORKER = """
+import os, signal, sys, time
+def stop(signum, frame):
+    print(f"worker: {{signal.Signals(signum).name}}", flush=True)
+    sys.exit(128 + signum)
+signal.signal(signal.SIGUSR1, stop)
+open({ready!r}, "w").close()
+time.sleep(60)
+"""
+SUPERVISED = """
+import sys
+sys.path.insert(0, {root!r})
+from hvd_train.supervise import Supervisor
+s = Supervisor()
+code, _ = s.run([sys.executable, "-c", {horovodrun!r}])
+print(f"code={{code}} stop_signal={{s.stop_signal}}", flush=True)
+"""
+
+
+@pytest.mark.parametrize("local_worker", [True, False])
+def test_slurms_warning_signal_reaches_the_workers_here_not_horovodrun(
+    tmp_path, local_worker
+) -> None:
+    """SIGUSR1 to the launcher goes to the workers on its host (horovodrun would die of it);
+    with none here, horovodrun gets the SIGTERM it passes on."""
+    ready = tmp_path / "ready"
+    worker = FAKE_WORKER.format(ready=str(ready))
+    fake = FAKE_HOROVODRUN.format(local_worker=local_worker, worker=worker)
+    code = SUPERVISED.format(root=str(ROOT), horovodrun=fake)
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not ready.exists() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGUSR1)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    if local_worker:
+        assert "worker: SIGUSR1" in out and "code=138 stop_signal=10" in out, out
+    else:
+        assert "horovodrun: TERM" in out and "code=143 stop_signal=10" in out, out

@@ -91,7 +91,7 @@ def before_the_record(run_dir: pathlib.Path, sig: str = "SIGTERM", **env: str):
                           text=True, timeout=120, env={**os.environ, **env})  # fmt: skip
 
 
-@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT", "SIGUSR1"])
 def test_a_stop_before_the_record_is_recorded_by_rank_0_itself(tmp_path, sig) -> None:
     d = tmp_path / "run"
     proc = before_the_record(d, sig, HOROVOD_RANK="0", HOROVOD_SIZE="2")
