@@ -9,7 +9,7 @@ PY     := $(VENV)/bin/python
 NP     ?= 2
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: install demo test test-quick test-stack lint format bench clean docker-test
+.PHONY: install demo test test-quick test-stack lint format bench clean docker-test slurm-test
 
 install:
 	@bash scripts/install.sh
@@ -43,6 +43,13 @@ test-stack: install
 # cache on a loaded machine); needs root for dockerd; not part of `make test`.
 docker-test:
 	bash scripts/docker_test.sh all
+
+# Slurm for real: Debian's slurmctld, slurmd and munge in containers of the CPU image (two
+# compute nodes), launch/slurm.sbatch submitted with sbatch: two nodes equal one, a SIGUSR1
+# preemption stops with a checkpoint and requeues, a killed node fails the job. Builds the image
+# as docker-test does; needs root for dockerd; not part of `make test`.
+slurm-test:
+	bash scripts/slurm_test.sh all
 
 lint: install
 	$(VENV)/bin/ruff check hvd_train tests benchmarks

@@ -26,8 +26,11 @@
 #
 # Every container and volume it starts carries the label $LABEL and is removed on exit; nothing
 # else is touched. Figures go to build/docker-test/figures.txt, logs beside it.
+#
+# Sourced (scripts/slurm_test.sh), it defines the functions and runs no step; DOCKER_TEST_OUT
+# then names the folder of figures and logs, DOCKER_TEST_NAME the prefix of its lines.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
 ROOT=$PWD
 
 DEBIAN_IMAGE=${DEBIAN_IMAGE:-hvd_train-debian:bookworm}
@@ -38,12 +41,13 @@ STATE=${HVD_TRAIN_DOCKER_STATE:-/var/lib/hvd_train-docker}  # the debootstrap tr
 APT=${APT_SOURCES_ROOT:-}/etc/apt  # where apt's sources are read
 LABEL=hvd_train.docker_test=$$
 MIN_ACCURACY=${MIN_ACCURACY:-0.95}
-OUT=$ROOT/build/docker-test
+OUT=${DOCKER_TEST_OUT:-$ROOT/build/docker-test}
 FIGURES=$OUT/figures.txt
 mkdir -p "$OUT"
 
-say() { printf '[docker_test] %s\n' "$*"; }
-die() { printf '[docker_test] error: %s\n' "$*" >&2; exit 1; }
+NAME=${DOCKER_TEST_NAME:-docker_test}
+say() { printf '[%s] %s\n' "$NAME" "$*"; }
+die() { printf '[%s] error: %s\n' "$NAME" "$*" >&2; exit 1; }
 figure() { say "$*"; printf '%s\n' "$*" >>"$FIGURES"; }
 need_root() { [ "$(id -u)" = 0 ] || die "$1 needs root (run: sudo $0 $STEP)"; }
 
@@ -193,6 +197,7 @@ quickstart() {
 # starting the workers locally). Each runs sshd as mpiuser, as MPI Operator workers do, with
 # the keys mounted read-only at ~/.ssh; a third container is the launcher.
 MN=$OUT/multinode
+LAUNCHER=hvd_train-test-launcher-$$  # the launcher container
 HOSTS=(--add-host node1:127.0.0.2 --add-host node2:127.0.0.3 --add-host launcher:127.0.0.4)
 # One intra-op thread per worker in every run: by default a worker takes cores / local workers,
 # so one worker per host would run 2 threads here and one host's two workers 1 each, and a
@@ -218,12 +223,13 @@ worker() {
 # on_launcher LOG CMD...: runs CMD in the launcher container; its output into LOG.
 on_launcher() {
   local log=$1; shift
-  docker exec "hvd_train-test-launcher-$$" "$@" >"$log" 2>&1
+  docker exec "$LAUNCHER" "$@" >"$log" 2>&1
 }
 
-# same_result RUN_A RUN_B: metrics.csv's training columns and the final weights, bit for bit.
+# same_result RUN_A RUN_B: metrics.csv's training columns and the final weights, bit for bit
+# (read in the container $LAUNCHER, where the results are at /results).
 same_result() {
-  docker exec -i "hvd_train-test-launcher-$$" python - "/results/$1" "/results/$2" <<'PYEOF'
+  docker exec -i "$LAUNCHER" python - "/results/$1" "/results/$2" <<'PYEOF'
 import csv, sys
 import numpy as np
 from hvd_train.keras_stack import keras  # the project's Keras 2: tf_keras on TensorFlow 2.16+
@@ -242,7 +248,7 @@ multinode() {
   printf '%s\n' 'node1 slots=1' 'node2 slots=1' >"$MN/results/hosts.txt"
   worker node1 127.0.0.2 2222
   worker node2 127.0.0.3 2223
-  container -d --name "hvd_train-test-launcher-$$" --hostname launcher "${HOSTS[@]}" --user 1000:1000 \
+  container -d --name "$LAUNCHER" --hostname launcher "${HOSTS[@]}" --user 1000:1000 \
     -v "$MN/keys:/home/mpiuser/.ssh:ro" -v "$MN/results:/results" "$IMAGE_CPU" sleep infinity >/dev/null
   local one two out
   # 1. launch/multi_node.sh, Open MPI (the MPI Operator's path), against one host at -np 2.
@@ -288,7 +294,7 @@ lost_host() {
   local cmd log=$MN/lost.log pid killed ended start
   cmd=(launch/multi_node.sh --hostfile /results/hosts.txt "${JOB[@]/RUN/lost}" --set train.epochs=40 --mpi --network-interface lo)
   say "lost host: ${cmd[*]}, then docker kill node2 after epoch 5"
-  docker exec "hvd_train-test-launcher-$$" "${cmd[@]}" >"$log" 2>&1 &
+  docker exec "$LAUNCHER" "${cmd[@]}" >"$log" 2>&1 &
   pid=$!
   start=$(date +%s)
   until grep -qi 'epoch 5/40' "$log"; do
@@ -329,6 +335,7 @@ lost_host() {
   figure "lost host: the same command again: $resumed; finished epoch 40/40; summary.json says: $record"
 }
 
+[ "${BASH_SOURCE[0]}" = "$0" ] || return 0  # sourced: the functions only
 STEP=${1:-all}
 case "$STEP" in
   engine) engine ;;

@@ -1,6 +1,7 @@
-"""Static checks of the Dockerfile and the Kubernetes manifests (no cluster here). The image itself
-is built and run by `make docker-test` (scripts/docker_test.sh), outside `make test`; of that
-script, only its lookup of apt's Debian mirror runs here, on apt sources made for the test. Linters
+"""Static checks of the Dockerfile, the Kubernetes manifests and the sbatch template (no cluster
+here). The image itself is built and run by `make docker-test` (scripts/docker_test.sh), and
+Slurm by `make slurm-test` (scripts/slurm_test.sh), outside `make test`; of the first script,
+only its lookup of apt's Debian mirror runs here, on apt sources made for the test. Linters
 from PyPI (hadolint, shellcheck), schema checks of the manifests (the MPIJob CRD's own OpenAPI
 schema, shipped in launch/k8s/schema/; kubernetes-validate for core objects), plus the facts that
 tie the pieces together: the image installs with the README's script, the manifests mount the
@@ -48,7 +49,8 @@ def test_dockerfile_passes_hadolint() -> None:
 
 def test_launch_scripts_pass_shellcheck() -> None:
     scripts = sorted(str(p) for p in (ROOT / "launch").glob("*.sh"))
-    scripts.append(str(ROOT / "scripts" / "docker_test.sh"))
+    scripts += [str(ROOT / "scripts" / n) for n in ("docker_test.sh", "slurm_test.sh")]
+    scripts.append(str(ROOT / "launch" / "slurm.sbatch"))
     proc = subprocess.run([str(BIN / "shellcheck"), "-x", *scripts], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
@@ -124,12 +126,28 @@ def test_dockerignore_keeps_the_host_venv_and_results_out() -> None:
     assert {".venv", "runs", ".git", "build"} <= set(ignored)
 
 
-def test_docker_test_is_a_make_target_outside_make_test() -> None:
+@pytest.mark.parametrize("target", ["docker-test", "slurm-test"])
+def test_docker_and_slurm_tests_are_make_targets_outside_make_test(target) -> None:
     makefile = (ROOT / "Makefile").read_text()
-    target = re.search(r"^docker-test:.*\n((?:\t.*\n)+)", makefile, re.M)
-    assert target and "scripts/docker_test.sh" in target.group(1)
+    script = f"scripts/{target.replace('-', '_')}.sh"
+    found = re.search(rf"^{target}:.*\n((?:\t.*\n)+)", makefile, re.M)
+    assert found and script in found.group(1)
     test_deps = re.search(r"^test: (?!export).*$", makefile, re.M).group(0)
-    assert "docker" not in test_deps
+    assert "docker" not in test_deps and "slurm" not in test_deps
+
+
+def test_the_slurm_template_stops_on_slurms_warning_and_requeues() -> None:
+    """launch/slurm.sbatch asks for the warning and the requeue, runs `hvd-train launch
+    --slurm`, and is the script scripts/slurm_test.sh submits."""
+    text = (ROOT / "launch" / "slurm.sbatch").read_text()
+    options = re.findall(r"^#SBATCH (\S+)", text, re.M)
+    for needed in ("--nodes=2", "--ntasks-per-node=1", "--signal=B:USR1@120", "--requeue",
+                   "--open-mode=append"):  # fmt: skip
+        assert needed in options, options
+    assert 'setsid hvd-train launch --slurm --config "$@" &' in text
+    assert "trap " in text and "USR1" in text and 'scontrol requeue "$SLURM_JOB_ID"' in text
+    assert re.search(r"\[ \"\$code\" = 138 \]", text)  # 128 + SIGUSR1: the launcher's stop
+    assert "launch/slurm.sbatch" in (ROOT / "scripts" / "slurm_test.sh").read_text()
 
 
 DEB822 = "Types: deb\nURIs: {}\nSuites: bookworm bookworm-updates\nComponents: main\n"
