@@ -7,6 +7,10 @@
 #   GPU:        docker build -t hvd_train:gpu .
 #   Quickstart: docker run --rm --user "$(id -u):$(id -g)" -v "$PWD/runs:/opt/hvd_train/runs" hvd_train:cpu
 #
+# Two stages: `build` has the compilers and headers and compiles Horovod; the image is the
+# runtime stage, on RUNTIME_IMAGE (default: BASE_IMAGE), with the virtualenv copied from it and
+# only the runtime libraries (Open MPI, ssh, Python).
+#
 # Built and run on this project's machine by `make docker-test` (scripts/docker_test.sh): the CPU
 # image, its quickstart and a two-container multi-node job. The GPU image is not built there
 # (no nvcc can be installed from the registries it reaches): see docs/docker.md.
@@ -16,7 +20,12 @@
 # for 2.15 (--build-arg BASE_IMAGE=nvidia/cuda:12.2.2-cudnn8-devel-ubuntu22.04). CPU: any Debian
 # or Ubuntu with a Python the stack has wheels for (scripts/stack.sh).
 ARG BASE_IMAGE=nvidia/cuda:12.5.1-cudnn-devel-ubuntu22.04
-FROM ${BASE_IMAGE}
+# The runtime stage's base: the same image unless given (for GPU, the CUDA runtime image of the
+# same CUDA and Ubuntu, nvidia/cuda:12.5.1-cudnn-runtime-ubuntu22.04, leaves nvcc out too).
+ARG RUNTIME_IMAGE=${BASE_IMAGE}
+
+# --- build: compilers and headers, TensorFlow, and Horovod compiled against it -------------
+FROM ${BASE_IMAGE} AS build
 
 # gpu: CUDA TensorFlow and Horovod with NCCL GPU operations; cpu: the CPU wheels.
 ARG DEVICE=gpu
@@ -26,19 +35,52 @@ ARG DEVICE=gpu
 ARG TF=2.21
 # GPU only: the CUDA toolkit Horovod compiles its kernels with (bin/nvcc must exist there).
 ARG CUDA_HOME=/usr/local/cuda
+ENV DEBIAN_FRONTEND=noninteractive PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=2 HVD_TRAIN_TF=${TF}
+
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+
+# Open MPI (mpirun, and headers for Horovod and mpi4py), and what Horovod compiles with.
+# NCCL comes from the nvidia-nccl wheel that tensorflow[and-cuda] installs (install.sh).
+# hadolint ignore=DL3008
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends \
+      openmpi-bin libopenmpi-dev openssh-client \
+      python3-venv python3-dev g++ make ca-certificates procps \
+ && rm -rf /var/lib/apt/lists/*
+
+# The install, from only what it reads (the pinned dependencies and the install script), so
+# that editing the code, configs, launch scripts or tests does not rebuild TensorFlow and
+# Horovod (the slow layer: Horovod compiles for minutes).
+WORKDIR /opt/hvd_train
+COPY pyproject.toml ./
+COPY scripts/install.sh scripts/stack.sh scripts/patch_horovod.py scripts/
+# HOROVOD_CUDA_HOME only for the GPU build: set, Horovod's CMake requires nvcc there.
+# The package is installed editable, so an empty hvd_train/ and README.md (pyproject.toml names
+# it) suffice here: the real ones arrive with the project below, in the place the install
+# points to. The stack's virtualenv (.venv-tf2.15 for TF=2.15) is also reachable as .venv, the
+# one name PATH holds. pip's cache and the compiled Horovod wheel stay in this stage.
+RUN mkdir hvd_train && touch hvd_train/__init__.py README.md \
+ && if [ "$DEVICE" = gpu ]; then export HOROVOD_CUDA_HOME="$CUDA_HOME"; fi \
+ && HVD_TRAIN_DEVICE=${DEVICE} bash scripts/install.sh \
+ && { [ -e .venv ] || ln -s "$(bash scripts/stack.sh venv)" .venv; } \
+ && rm -rf build
+
+# --- runtime: what a job runs with, and the virtualenv built above --------------------------
+FROM ${RUNTIME_IMAGE}
+
+ARG TF=2.21
 # Port of the workers' sshd when running as the non-root user (2222: no privilege needed).
 ARG SSH_PORT=2222
 ENV DEBIAN_FRONTEND=noninteractive PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=2 HVD_TRAIN_TF=${TF}
 
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 
-# Open MPI (mpirun, and headers for Horovod and mpi4py), ssh, and what Horovod compiles with.
-# NCCL comes from the nvidia-nccl wheel that tensorflow[and-cuda] installs (install.sh).
+# Open MPI's mpirun and libraries, ssh, and the Python the virtualenv was made with: no
+# compilers, headers or build caches.
 # hadolint ignore=DL3008
 RUN apt-get update \
  && apt-get install -y --no-install-recommends \
-      openmpi-bin libopenmpi-dev openssh-server openssh-client \
-      python3-venv python3-dev g++ make ca-certificates procps \
+      openmpi-bin openssh-server openssh-client python3 ca-certificates procps \
  && rm -rf /var/lib/apt/lists/*
 
 # ssh for the MPI Operator. The launcher reaches workers it has never seen, with keys the
@@ -57,28 +99,13 @@ RUN useradd --create-home --uid 1000 --shell /bin/bash mpiuser \
  && printf '%s\n' "Port ${SSH_PORT}" 'PidFile /home/mpiuser/sshd.pid' \
       'HostKey /home/mpiuser/.ssh/id_rsa' 'StrictModes no' 'UsePAM no' \
       'PasswordAuthentication no' > /home/mpiuser/.sshd_config \
- && chown mpiuser:mpiuser /home/mpiuser/.sshd_config \
- && install -d -o mpiuser -g mpiuser /opt/hvd_train
+ && chown mpiuser:mpiuser /home/mpiuser/.sshd_config
 
-# The install first, from only what it reads (the pinned dependencies and the install script),
-# so that editing the code, configs, launch scripts or tests does not rebuild TensorFlow and
-# Horovod (the slow layer: Horovod compiles for minutes).
 WORKDIR /opt/hvd_train
 # Numeric, so Kubernetes can verify runAsNonRoot; 1000 is mpiuser.
 USER 1000:1000
-COPY --chown=1000:1000 pyproject.toml ./
-COPY --chown=1000:1000 scripts/install.sh scripts/stack.sh scripts/patch_horovod.py scripts/
-# HOROVOD_CUDA_HOME only for the GPU build: set, Horovod's CMake requires nvcc there.
-# The package is installed editable, so an empty hvd_train/ and README.md (pyproject.toml names
-# it) suffice here: the real ones arrive with the project below, in the place the install
-# points to. The stack's virtualenv (.venv-tf2.15 for TF=2.15) is also reachable as .venv, the
-# one name PATH holds. pip's cache and the compiled Horovod wheel install.sh keeps for other
-# clones go: an image holds one install.
-RUN mkdir hvd_train && touch hvd_train/__init__.py README.md \
- && if [ "$DEVICE" = gpu ]; then export HOROVOD_CUDA_HOME="$CUDA_HOME"; fi \
- && HVD_TRAIN_DEVICE=${DEVICE} bash scripts/install.sh \
- && { [ -e .venv ] || ln -s "$(bash scripts/stack.sh venv)" .venv; } \
- && rm -rf /home/mpiuser/.cache/pip /home/mpiuser/.cache/hvd_train
+# The virtualenv at the path it was made at (its scripts name it), owned by mpiuser.
+COPY --from=build --chown=1000:1000 /opt/hvd_train /opt/hvd_train
 ENV PATH=/opt/hvd_train/.venv/bin:${PATH}
 
 # The rest of the project: configs, launch scripts, examples, tests.

@@ -60,7 +60,9 @@ def test_image_defaults_to_the_default_stacks_cuda_devel_with_a_cpu_build_arg() 
     steps = dockerfile_instructions()
     assert ("ARG", "TF=2.21") in steps
     assert ("ARG", "BASE_IMAGE=nvidia/cuda:12.5.1-cudnn-devel-ubuntu22.04") in steps
-    assert steps[[w for w, _ in steps].index("FROM")] == ("FROM", "${BASE_IMAGE}")
+    froms = [a for w, a in steps if w == "FROM"]
+    assert froms == ["${BASE_IMAGE} AS build", "${RUNTIME_IMAGE}"], froms
+    assert ("ARG", "RUNTIME_IMAGE=${BASE_IMAGE}") in steps
     assert ("ARG", "DEVICE=gpu") in steps
     header = DOCKERFILE.read_text()
     assert "--build-arg BASE_IMAGE=debian:bookworm-slim --build-arg DEVICE=cpu" in header
@@ -81,9 +83,24 @@ def test_image_installs_with_the_readmes_install_script() -> None:
     assert any("HVD_TRAIN_DEVICE=${DEVICE} bash scripts/install.sh" in r for r in runs)
     assert "scripts/install.sh" in (ROOT / "README.md").read_text()
     assert "scripts/install.sh" in (ROOT / "Makefile").read_text()  # what CI's `make test` runs
-    apt = next(r for r in runs if "apt-get install" in r)
-    for package in ("openmpi-bin", "libopenmpi-dev", "openssh-server", "openssh-client", "python3-venv"):  # fmt: skip
-        assert package in apt
+    build, runtime = (r for r in runs if "apt-get install" in r)
+    for package in ("openmpi-bin", "libopenmpi-dev", "python3-venv", "python3-dev", "g++"):
+        assert package in build, package
+    for package in ("openmpi-bin", "openssh-server", "openssh-client", "python3 "):
+        assert package in runtime, package
+
+
+def test_the_image_is_a_runtime_stage_with_the_built_virtualenv_and_no_compilers() -> None:
+    """Horovod compiles in the build stage; the image gets its virtualenv at the same path and
+    only runtime packages: no compiler, headers or build caches."""
+    steps = dockerfile_instructions()
+    runtime = steps[max(i for i, (w, _) in enumerate(steps) if w == "FROM") :]
+    runs = " ".join(a for w, a in runtime if w == "RUN")
+    for build_only in ("g++", "-dev", "make ", "install.sh"):
+        assert build_only not in runs, build_only
+    copies = [a for w, a in runtime if w == "COPY"]
+    assert copies[0] == "--from=build --chown=1000:1000 /opt/hvd_train /opt/hvd_train", copies
+    assert copies[-1] == "--chown=1000:1000 . /opt/hvd_train", copies
 
 
 def test_install_layer_comes_before_the_rest_of_the_project() -> None:
