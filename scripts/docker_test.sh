@@ -141,7 +141,12 @@ build() {
   end=$(date +%s)
   figure "build $image: $((end - start)) s (docker build --network host --build-arg BASE_IMAGE=$base --build-arg DEVICE=$device${DOCKER_TEST_NO_CACHE:+ --no-cache})"
   figure "size $image: $(docker image inspect -f '{{.Size}}' "$image" | awk '{printf "%.2f GB (%.0f bytes)", $1/1e9, $1}')"
-  docker run --rm --network host "$image" horovodrun --check-build >"$OUT/check-build-$device.txt"
+  # TensorFlow's start-up lines (its import in the check's forks) only if the check fails.
+  if ! docker run --rm --network host "$image" horovodrun --check-build \
+        >"$OUT/check-build-$device.txt" 2>"$OUT/check-build-$device.err"; then
+    cat "$OUT/check-build-$device.txt" "$OUT/check-build-$device.err" >&2
+    die "$image: horovodrun --check-build failed"
+  fi
   sed -n '/Tensor Operations/,$p' "$OUT/check-build-$device.txt" | grep -q '\[X\] Gloo' ||
     die "$image: horovodrun --check-build does not list Gloo: $(cat "$OUT/check-build-$device.txt")"
   if [ "$device" = gpu ]; then
