@@ -75,8 +75,12 @@ def init(knobs: HorovodConfig, run_dir: str) -> None:
         # Open MPI busy-polls in blocking calls, and Horovod's background thread makes one every
         # cycle, on the core its worker computes on: let it yield (see docs/benchmarks.md).
         os.environ.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
-        if os.environ.get("OMPI_COMM_WORLD_LOCAL_SIZE") == os.environ["OMPI_COMM_WORLD_SIZE"]:
-            os.environ.update(ONE_HOST_RING if _no_allreduce_choice() else {})
+        one_host = (
+            os.environ.get("OMPI_COMM_WORLD_LOCAL_SIZE") == os.environ["OMPI_COMM_WORLD_SIZE"]
+        )
+        # Unless somebody (mpirun --mca, the environment) chose the algorithm already.
+        if one_host and not any(key in os.environ for key in ONE_HOST_RING):
+            os.environ.update(ONE_HOST_RING)
     hvd.init()
     if _BOUND_CORES and _launcher_local_rank() != (hvd.local_rank(), hvd.local_size()):
         raise UserError(
@@ -93,11 +97,6 @@ ONE_HOST_RING = {
     "OMPI_MCA_coll_tuned_use_dynamic_rules": "1",
     "OMPI_MCA_coll_tuned_allreduce_algorithm": "4",
 }
-
-
-def _no_allreduce_choice() -> bool:
-    """Whether nobody (mpirun --mca, the environment) chose Open MPI's all-reduce algorithm."""
-    return not any(key in os.environ for key in ONE_HOST_RING)
 
 
 # This worker's cores when bind_cores() gave it a share of the host, else empty.
