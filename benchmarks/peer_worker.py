@@ -2,7 +2,7 @@
 
 Modes, all training the same convnet on in-memory synthetic 32x32x3 images, 10 classes:
   keras             plain Keras model.fit in one process (no Horovod);
-  hvd_train         this project's trainer (hvd_train.trainer.train), launched by horovodrun;
+  hvd_train         this project's trainer (hvd_train.train.trainer.train), launched by horovodrun;
   horovod_example   a minimal Horovod Keras script shaped like Horovod's own examples;
   mwms              tf.distribute.MultiWorkerMirroredStrategy (TF_CONFIG set by the driver).
 
@@ -26,7 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import threadstat  # noqa: E402
 
 # Before TensorFlow: on TensorFlow 2.16+ this makes tf.keras Keras 2 (tf_keras), the Keras
-# Horovod's API needs; hvd_train.keras_stack then gives Horovod's Keras API bound to it.
+# Horovod's API needs; hvd_train.runtime.keras_stack then gives Horovod's Keras API bound to it.
 import hvd_train  # noqa: E402,F401
 
 WORKLOADS = {"light": (256,), "heavy": (2816, 256)}  # convnet dense layers: ~1.1 M / ~12.4 M
@@ -129,7 +129,7 @@ def wait_for_peers() -> None:
 
 
 def build_model(tf, workload: str):
-    from hvd_train.models import convnet
+    from hvd_train.train.models import convnet
 
     return convnet((32, 32, 3), 10, dense_units=WORKLOADS[workload])
 
@@ -159,7 +159,7 @@ def run_keras_like(args: argparse.Namespace) -> dict:
         world = strategy.num_replicas_in_sync
         rank = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
     if args.mode == "horovod_example":
-        from hvd_train.keras_stack import hvd
+        from hvd_train.runtime.keras_stack import hvd
 
         before = threadstat.threads()
         hvd.init()  # Horovod: initialize (starts the background thread)
@@ -202,9 +202,9 @@ def run_hvd_train(args: argparse.Namespace) -> dict:
     before_tf = threadstat.threads()
     import tensorflow as tf
 
-    import hvd_train.trainer as trainer
+    import hvd_train.train.trainer as trainer
     from hvd_train.config import load_config
-    from hvd_train.keras_stack import hvd
+    from hvd_train.runtime.keras_stack import hvd
 
     world = int(os.environ.get("HOROVOD_SIZE", os.environ.get("OMPI_COMM_WORLD_SIZE", "1")))
     run_dir = tempfile.mkdtemp(prefix="peer-hvd-train-")

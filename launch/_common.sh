@@ -22,7 +22,7 @@ check_python() {
 }
 
 # launch_command CONFIG [ARG...]: the job's horovodrun command, built by the one builder every
-# launcher uses (hvd_train/horovodrun.py, through `hvd-train launch --print-command`), into the
+# launcher uses (hvd_train/launcher/horovodrun.py, through `hvd-train launch --print-command`), into the
 # array CMD; NP and CONTROLLER are read back from it. A bad config ends the script with the
 # loader's one-line error and its exit code (2).
 launch_command() {
@@ -39,19 +39,19 @@ launch_command() {
 
 # gpu_count: GPUs on this machine, as the builder counts them (nvidia-smi -L, narrowed by
 # CUDA_VISIBLE_DEVICES).
-gpu_count() { "$PY" -c 'from hvd_train.horovodrun import count_gpus; print(count_gpus())'; }
+gpu_count() { "$PY" -c 'from hvd_train.launcher.horovodrun import count_gpus; print(count_gpus())'; }
 
 is_loopback() { [[ $1 == localhost || $1 == 127.* || $1 == ::1 ]]; }
 
 is_positive_int() { [[ $1 =~ ^[1-9][0-9]*$ ]]; }
 
 # run_printed CMD...: prints the exact command (shell-quoted, `+ ` first), then runs it under
-# the supervisor (hvd_train/supervise.py), which passes SIGTERM/SIGINT on to the workers (under
+# the supervisor (hvd_train/launcher/supervise.py), which passes SIGTERM/SIGINT on to the workers (under
 # MPI, horovodrun and mpirun do not); the script's exit code is the job's.
 run_printed() {
   local quoted
   quoted=$(printf '%q ' "$@")
   printf '+ %s\n' "${quoted% }"
   [ "${DRY_RUN:-0}" = 1 ] && exit 0
-  exec "$PY" -m hvd_train.supervise -- "$@"
+  exec "$PY" -m hvd_train.launcher.supervise -- "$@"
 }

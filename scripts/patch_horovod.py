@@ -32,7 +32,7 @@ and the tf.cond stays.
 `tf.function`s, which autograph rewrites first in every process (0.7 s of the quickstart's
 first step here). Their only branches and loops are on Python values, so the rewrite gives the
 same graph: they are now traced without it. (hvd_train also tells autograph to leave the rest
-of Horovod's code alone: hvd_train/distributed.py.)
+of Horovod's code alone: hvd_train/runtime/distributed.py.)
 
 5. A job whose worker failed ended with 15 lines of horovodrun's own Python traceback, after the
 workers' own one-line errors. horovodrun now ends such a job in one line, with the same facts
@@ -43,7 +43,7 @@ and exit code 1, as before; `--verbose` keeps the traceback, and any other error
 could not tell the two apart, and recorded a worker killed in the first epoch as a user's stop.
 horovodrun now notes the first failure in its rendezvous server (which the workers already
 talk to) before it sends SIGTERM; hvd_train's rank 0 asks for that note when a SIGTERM comes
-(hvd_train/control.py) and records `failed`, naming the rank, instead of `interrupted`.
+(hvd_train/train/control.py) and records `failed`, naming the rank, instead of `interrupted`.
 
 7. When horovodrun stopped a worker whose shell ended at that moment (reaped by the middleman's
 main thread), the stopping thread's `p.children()` raised NoSuchProcess, and the start of its

@@ -15,7 +15,7 @@
 #
 # Each stack has its own virtualenv, so installing one never overwrites another. TensorFlow
 # 2.16+ makes Keras 3 the default; Horovod's Keras API needs Keras 2, which those releases ship
-# as the tf_keras package (hvd_train/keras_stack.py selects it).
+# as the tf_keras package (hvd_train/runtime/keras_stack.py selects it).
 
 # stack_select: sets, from HVD_TRAIN_TF, TF_STACK, TF_VERSION, KERAS_REQ (empty: built into
 # TensorFlow), STACK_VENV, STACK_PYTHONS (the Python minor versions the stack's TensorFlow has

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from hvd_train.augment import augment_batch_fn
+from hvd_train.base.errors import DataError
 from hvd_train.config import load_config
-from hvd_train.errors import DataError
+from hvd_train.data.augment import augment_batch_fn
 
 X = np.random.default_rng(0).random((16, 8, 6, 3), dtype=np.float32)
 Y = np.arange(16, dtype=np.int32)
@@ -119,7 +119,7 @@ def test_training_pipeline_applies_it_seeded_by_step() -> None:
     """In train_dataset: flip with probability 1 mirrors every batch; brightness draws the same
     numbers for the same step when the data is rebuilt from a later epoch (as on a resume)."""
     from hvd_train.config import derive
-    from hvd_train.data import load_source, train_dataset
+    from hvd_train.data.pipeline import load_source, train_dataset
 
     base = ["data.source=digits", "train.epochs=3"]
     plain_cfg = load_config(None, base)

@@ -20,7 +20,7 @@ import pytest
 import tensorflow as tf
 from harness import PYTHON, QUICKSTART, check, finish, horovodrun, run, start
 
-from hvd_train.launch import first_failure
+from hvd_train.launcher.launch import first_failure
 
 # The quickstart (digits, 44 steps/epoch alone) without dropout: a resumed run repeats exactly
 # what another run resumed from the same checkpoint does. A checkpoint is about 1.2 MB,

@@ -11,7 +11,7 @@ import pytest
 from harness import PYTHON, QUICKSTART, check, horovodrun, run
 
 from hvd_train.config import derive, load_config
-from hvd_train.schedules import learning_rate_schedule
+from hvd_train.train.schedules import learning_rate_schedule
 
 pytestmark = pytest.mark.multiworker
 
@@ -86,8 +86,8 @@ def test_plan_starts_from_the_one_worker_run_and_refuses_the_two_worker_one(runs
     """`hvd-train plan --run` reads the 1-worker run's summary.json: its median step, its batch
     and the trainable parameters rank 0 recorded (4 bytes each); a 2-worker run's step already
     holds an all-reduce, so it is refused."""
-    from hvd_train.errors import UserError
-    from hvd_train.plan import workload_from_run
+    from hvd_train.base.errors import UserError
+    from hvd_train.launcher.plan import workload_from_run
 
     summary = json.loads((runs / "one" / "summary.json").read_text())
     assert summary["gradient_dtype"] == "float32"

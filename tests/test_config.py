@@ -12,9 +12,9 @@ import sys
 import pytest
 import yaml
 
+from hvd_train.base.errors import ConfigError, DataError
 from hvd_train.config import Config, check, derive, dump_yaml, load_config
-from hvd_train.errors import ConfigError, DataError
-from hvd_train.typed_yaml import MAX_CONFIG_BYTES, MAX_OVERRIDE_BYTES
+from hvd_train.config.typed_yaml import MAX_CONFIG_BYTES, MAX_OVERRIDE_BYTES
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 QUICKSTART = ROOT / "configs" / "quickstart.yaml"
@@ -174,7 +174,7 @@ def test_fewer_examples_than_one_global_batch_is_a_data_error() -> None:
 
 
 def test_config_module_prints_values_for_launch_scripts(capsys) -> None:
-    from hvd_train.config import main
+    from hvd_train.commands.config import main
 
     path = str(ROOT / "configs" / "quickstart.yaml")
     assert main(["--config", path, "--get", "train.batch_size", "--get", "data.source"]) == 0

@@ -21,9 +21,9 @@ from types import SimpleNamespace
 import pytest
 from harness import BIN, PYTHON, QUICKSTART, ROOT, check, horovodrun
 
-from hvd_train import callbacks, fitting
-from hvd_train.callbacks import BOOKKEEPING, BOOKKEEPING_TAGS, EpochLines, ProgressBar
 from hvd_train.config import derive, load_config
+from hvd_train.train import callbacks, fitting
+from hvd_train.train.callbacks import BOOKKEEPING, BOOKKEEPING_TAGS, EpochLines, ProgressBar
 
 EPOCHS = 2
 LONGEST_LINE = 300  # characters: a line a terminal shows whole, prefixes included
@@ -264,7 +264,7 @@ def test_the_closing_line_names_only_what_the_run_measured(metrics, rate, said) 
     """A run without validation (data.val_examples: 0) or without an accuracy metric: the
     closing line names what there is, never a `val_accuracy 0.0000` nothing measured, and a
     rate under 10 examples/s keeps its digits (a one-step run of a big model: 0.44, not 0)."""
-    from hvd_train.trainer import _closing_figures
+    from hvd_train.train.trainer import _closing_figures
 
     summary = {"final_metrics": metrics, "train_examples_per_sec": rate}
     assert _closing_figures(summary) == said

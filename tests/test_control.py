@@ -8,9 +8,10 @@ import signal
 import pytest
 import tensorflow as tf
 
-from hvd_train import control, distributed
-from hvd_train.control import RunControl
-from hvd_train.stops import StopSignals
+from hvd_train.record.stops import StopSignals
+from hvd_train.runtime import distributed
+from hvd_train.train import control
+from hvd_train.train.control import RunControl
 
 
 class FakeClock:

@@ -11,9 +11,9 @@ import pytest
 from harness import PYTHON, QUICKSTART, horovodrun
 from PIL import Image
 
-from hvd_train import images, sources, tfrecords
+from hvd_train.base.errors import DataError
 from hvd_train.config import load_config
-from hvd_train.errors import DataError
+from hvd_train.data import images, sources, tfrecords
 
 CLASS_SIZES = (37, 29, 41)
 BAD = {0: [3, 10, 11, 30], 1: [0, 28], 2: [5, 6, 7, 8, 20, 40]}  # class -> file numbers

@@ -19,7 +19,7 @@ import pytest
 from harness import BIN, PYTHON, QUICKSTART, WORKERS, check, finish, horovodrun, run, start
 from PIL import Image
 
-from hvd_train.checkpoint import read_state
+from hvd_train.train.checkpoint import read_state
 
 pytestmark = pytest.mark.multiworker
 
@@ -409,8 +409,8 @@ def test_convert_stops_at_a_corrupt_file_unless_told_to_skip(bad_root) -> None:
     ],
 )  # fmt: skip
 def test_image_source_config_rules(overrides: list[str], message: str) -> None:
+    from hvd_train.base.errors import ConfigError
     from hvd_train.config import check, load_config
-    from hvd_train.errors import ConfigError
 
     with pytest.raises(ConfigError) as info:
         check(load_config(None, overrides), world_size=2)
@@ -429,7 +429,7 @@ def test_digits_read_from_their_file_are_scikit_learns_load_digits() -> None:
     scikit-learn's datasets: the same images, labels and types as `load_digits` gives."""
     from sklearn.datasets import load_digits
 
-    from hvd_train.sources import _digits_arrays
+    from hvd_train.data.sources import _digits_arrays
 
     expected = load_digits()
     images, target = _digits_arrays()

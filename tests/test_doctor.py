@@ -11,8 +11,8 @@ import pathlib
 import pytest
 from harness import PYTHON, ROOT, run
 
-from hvd_train import keras_stack
-from hvd_train.doctor import diagnose, version_tuple
+from hvd_train.commands.doctor import diagnose, version_tuple
+from hvd_train.runtime import keras_stack
 
 pytestmark = pytest.mark.stack  # the doctor is the first check of a new stack
 

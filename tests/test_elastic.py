@@ -9,9 +9,9 @@ import tensorflow as tf
 from harness import QUICKSTART
 
 from hvd_train.config import derive, load_config
-from hvd_train.elastic import _rescale_learning_rate
-from hvd_train.schedules import lr_multiplier
-from hvd_train.training_step import make_optimizer
+from hvd_train.train.elastic import _rescale_learning_rate
+from hvd_train.train.schedules import lr_multiplier
+from hvd_train.train.step import make_optimizer
 
 
 def test_a_smaller_world_trains_at_its_own_rate_and_keeps_the_multiplier() -> None:

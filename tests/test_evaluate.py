@@ -15,7 +15,7 @@ import pytest
 from harness import PYTHON, QUICKSTART, check, horovodrun, run
 from PIL import Image
 
-from hvd_train import rundir
+from hvd_train.record import rundir
 
 pytestmark = pytest.mark.multiworker
 

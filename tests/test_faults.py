@@ -27,7 +27,7 @@ from harness import (
     workers,
 )
 
-from hvd_train.checkpoint import is_checkpoint, read_state
+from hvd_train.train.checkpoint import is_checkpoint, read_state
 
 pytestmark = pytest.mark.multiworker
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from hvd_train.launch import describe, first_failure
+from hvd_train.launcher.launch import describe, first_failure
 
 GLOO_TRACEBACK = """\
 Traceback (most recent call last):

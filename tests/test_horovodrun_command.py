@@ -1,4 +1,4 @@
-"""What every launcher hands horovodrun (hvd_train/horovodrun.py): the discovery script as one
+"""What every launcher hands horovodrun (hvd_train/launcher/horovodrun.py): the discovery script as one
 checked, quoted word; for a job on this machine alone, the flags that keep it on loopback; and
 the same command from `hvd-train launch`, `launch/single_node.sh` and `launch/multi_node.sh`.
 
@@ -21,9 +21,9 @@ import time
 import pytest
 from harness import finish, run, start
 
+from hvd_train.base.errors import ConfigError
 from hvd_train.config import load_config
-from hvd_train.errors import ConfigError
-from hvd_train.horovodrun import command, network_flags, shared_cpu_note
+from hvd_train.launcher.horovodrun import command, network_flags, shared_cpu_note
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 QUICKSTART = ROOT / "configs" / "quickstart.yaml"

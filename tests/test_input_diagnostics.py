@@ -12,8 +12,10 @@ from __future__ import annotations
 import pytest
 import tensorflow as tf
 
-from hvd_train import distributed, input_diagnostics
-from hvd_train.input_diagnostics import InputWait, advice_for
+from hvd_train.data.diagnostics import advice_for
+from hvd_train.runtime import distributed
+from hvd_train.train import input_wait
+from hvd_train.train.input_wait import InputWait
 
 
 class FakeClock:
@@ -29,7 +31,7 @@ def logged(monkeypatch) -> list[str]:
     """One worker, no Horovod job: rank 0's log lines, collected."""
     lines: list[str] = []
     monkeypatch.setattr(distributed, "allgather_object", lambda obj, name: [obj])
-    monkeypatch.setattr(input_diagnostics.distributed, "log", lines.append)
+    monkeypatch.setattr(input_wait.distributed, "log", lines.append)
     return lines
 
 

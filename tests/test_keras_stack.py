@@ -1,4 +1,4 @@
-"""The Keras hvd_train uses on each TensorFlow stack (hvd_train/keras_stack.py): Keras 2, chosen
+"""The Keras hvd_train uses on each TensorFlow stack (hvd_train/runtime/keras_stack.py): Keras 2, chosen
 before TensorFlow is imported, Horovod's Keras API bound to it, and a user's Keras left alone.
 
 Each case runs in a fresh process, in an environment without TF_USE_LEGACY_KERAS (this pytest
@@ -13,7 +13,7 @@ import pathlib
 import pytest
 from harness import PYTHON, QUICKSTART, ROOT, check, run
 
-from hvd_train import keras_stack
+from hvd_train.runtime import keras_stack
 
 pytestmark = pytest.mark.stack
 NEWER = keras_stack.uses_tf_keras()  # TensorFlow 2.16+: Keras 2 is tf_keras, `keras` is Keras 3
@@ -41,7 +41,7 @@ def test_import_hvd_train_and_its_cli_select_keras_2_without_importing_tensorflo
 
 def test_project_keras_and_tf_keras_are_the_same_keras_2(tmp_path) -> None:
     out = lines("import hvd_train, tensorflow as tf\n"
-                "from hvd_train.keras_stack import hvd, keras\n"
+                "from hvd_train.runtime.keras_stack import hvd, keras\n"
                 "print(keras.layers.Dense.__module__.split('.')[0], issubclass(tf.keras.Model, keras.Model))\n"
                 "print(issubclass(hvd.callbacks.MetricAverageCallback, keras.callbacks.Callback))",
                 tmp_path)  # fmt: skip
@@ -55,13 +55,13 @@ def test_users_import_keras_still_means_keras_3(tmp_path) -> None:
     # only while Horovod imports, and Horovod's own backend is tf_keras's.
     out = lines("import sys\n"
                 "import keras as before\n"
-                "from hvd_train.keras_stack import hvd\n"
+                "from hvd_train.runtime.keras_stack import hvd\n"
                 "import horovod.tensorflow.keras as h, keras\n"
                 "print(keras is before, keras.__version__.split('.')[0], h.K.__name__)",
                 tmp_path)  # fmt: skip
     assert out == ["True 3 tf_keras.backend"]
     out = lines("import sys\n"
-                "from hvd_train.keras_stack import hvd\n"
+                "from hvd_train.runtime.keras_stack import hvd\n"
                 "print('keras' in sys.modules)\n"
                 "import keras\n"
                 "print(keras.__version__.split('.')[0])",
@@ -143,9 +143,9 @@ def test_tensorboard_missing_is_one_line_before_training(monkeypatch) -> None:
     TBNotInstalledError after the first epoch."""
     import importlib.util
 
-    from hvd_train.callbacks import require_tensorboard
+    from hvd_train.base.errors import UserError
     from hvd_train.config import load_config
-    from hvd_train.errors import UserError
+    from hvd_train.train.callbacks import require_tensorboard
 
     require_tensorboard(load_config(QUICKSTART))  # installed on every stack by install.sh
     found = importlib.util.find_spec

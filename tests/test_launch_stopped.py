@@ -13,7 +13,9 @@ import time
 import pytest
 from harness import QUICKSTART, ROOT
 
-from hvd_train import launch
+from hvd_train.commands import launch as launch_command
+from hvd_train.config import load_config
+from hvd_train.launcher import launch
 
 
 class StoppedJob:
@@ -44,7 +46,7 @@ def test_a_job_stopped_then_exiting_0_exits_as_its_record_says(
     job = type("Job", (StoppedJob,), {"record": (run_dir / "summary.json", status)})
     monkeypatch.setattr(launch, "Supervisor", job)
     argv = ["--config", str(QUICKSTART), "--np", "2", "--set", f"run.dir={run_dir}"]
-    assert launch.main(argv, "hvd-train launch") == code
+    assert launch_command.main(argv, "hvd-train launch") == code
     said = capsys.readouterr().err
     assert ("job completed" in said) == (status == "completed"), said
     assert json.loads((run_dir / "summary.json").read_text())["status"] == status
@@ -63,7 +65,7 @@ def test_a_stopped_job_that_horovodrun_ends_with_1_exits_128_plus_the_signal(
     job = type("Job", (StoppedJob,), {"code": 1, "signum": signum})
     monkeypatch.setattr(launch, "Supervisor", job)
     argv = ["--config", str(QUICKSTART), "--np", "2", "--set", f"run.dir={run_dir}"]
-    assert launch.main(argv, "hvd-train launch") == code
+    assert launch_command.main(argv, "hvd-train launch") == code
     assert json.loads((run_dir / "summary.json").read_text())["status"] == "interrupted"
 
 
@@ -101,7 +103,7 @@ def test_the_launcher_makes_the_record_say_how_the_attempt_ended(
     if before is not None:
         run_dir.mkdir()
         path.write_text(json.dumps(before))
-    cfg = launch.load_config(str(QUICKSTART), [f"run.dir={run_dir}"])
+    cfg = load_config(str(QUICKSTART), [f"run.dir={run_dir}"])
     launch._mark_ended(str(path), failure, stop, cfg, 2)
     got = json.loads(path.read_text())
     assert {k: got.get(k) for k in after} == after, got
@@ -118,7 +120,7 @@ def test_the_launcher_writes_no_record_where_the_job_was_refused(tmp_path, case)
     if case == "foreign files":
         (run_dir / "notes.txt").write_text("mine")
     failure = _failure(0, 2 if case == "user error" else 137)
-    cfg = launch.load_config(str(QUICKSTART), [f"run.dir={run_dir}"])
+    cfg = load_config(str(QUICKSTART), [f"run.dir={run_dir}"])
     launch._mark_ended(str(run_dir / "summary.json"), failure, 0, cfg, 2)
     assert not (run_dir / "summary.json").exists()
 
@@ -153,7 +155,7 @@ time.sleep(60)
 SUPERVISED = """
 import sys
 sys.path.insert(0, {root!r})
-from hvd_train.supervise import Supervisor
+from hvd_train.launcher.supervise import Supervisor
 s = Supervisor()
 code, _ = s.run([sys.executable, "-c", {horovodrun!r}])
 print(f"code={{code}} stop_signal={{s.stop_signal}}", flush=True)

@@ -16,10 +16,10 @@ import pytest
 import tensorflow as tf
 from harness import PYTHON, ROOT, WORKERS, check, horovodrun, run
 
+from hvd_train.base.errors import ConfigError
 from hvd_train.config import check as check_config
 from hvd_train.config import load_config
-from hvd_train.errors import ConfigError
-from hvd_train.models import application, build_model, input_adapter
+from hvd_train.train.models import application, build_model, input_adapter
 
 EXAMPLE = ROOT / "examples" / "my_model.yaml"
 TINY = ["data.source=synthetic", "data.image_size=[32, 32]", "data.train_examples=16",
@@ -267,7 +267,8 @@ def test_factory_accepts_a_file_path_and_names_a_missing_one(tmp_path, monkeypat
 def test_every_applications_name_has_its_base_and_preprocessing() -> None:
     """model.name's Applications choices (config.ApplicationName) are the bases models.py
     builds and preprocesses: a name added to one list and not the others fails here."""
-    from hvd_train import config, models
+    from hvd_train import config
+    from hvd_train.train import models
 
     assert set(models._BASES) == set(config.APPLICATIONS) == set(models._PREPROCESS)
 
@@ -275,7 +276,7 @@ def test_every_applications_name_has_its_base_and_preprocessing() -> None:
 def test_a_factory_that_raises_at_import_is_named_by_file_and_line(tmp_path, monkeypatch) -> None:
     """The user's module raising while imported: the error says where in their code; a module
     that imports what is missing says where too."""
-    from hvd_train.errors import users_frame
+    from hvd_train.base.errors import users_frame
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "bad.py").write_text("import os\nraise RuntimeError('my bug')\n")

@@ -12,9 +12,9 @@ import pytest
 import yaml
 from harness import BIN, PYTHON, QUICKSTART, ROOT, WORKERS, check, horovodrun, run
 
-from hvd_train import keras_stack
 from hvd_train.config import load_config
-from hvd_train.data import load_source
+from hvd_train.data.pipeline import load_source
+from hvd_train.runtime import keras_stack
 
 pytestmark = pytest.mark.multiworker
 

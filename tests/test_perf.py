@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 from harness import PYTHON, QUICKSTART, ROOT, WORKERS, check, horovodrun, run
 
-from hvd_train import perf
 from hvd_train.config import load_config
+from hvd_train.train import perf
 
 # --------------------------------------------------------------------------- timeline arithmetic
 
@@ -95,8 +95,8 @@ def test_mixed_precision_computes_in_16_bits_with_float32_weights_and_output(
 ) -> None:
     import tensorflow as tf
 
-    from hvd_train import tuning
-    from hvd_train.models import build_model
+    from hvd_train.runtime import tuning
+    from hvd_train.train.models import build_model
 
     cfg = load_config(QUICKSTART, [f"runtime.mixed_precision={policy}"])
     tuning.apply_precision(cfg)
@@ -161,7 +161,7 @@ def test_jit_compile_takes_the_whole_step_only_where_horovod_has_its_xla_ops(tmp
     2.19+ without xla_mpi_ops.cc) XLA auto-clustering around the all-reduce, never a whole-step
     compile that would fail on the HorovodAllreduce op. (No GPU here: the choice is tested, the
     GPU compile is not.)"""
-    from hvd_train import tuning
+    from hvd_train.runtime import tuning
 
     assert [tuning.whole_step_xla(gpu, ops) for gpu in (False, True) for ops in (False, True)] == [
         False, False, False, True,
@@ -223,7 +223,7 @@ def test_speed_knobs_are_applied_in_every_worker(tmp_path: pathlib.Path) -> None
 
 def test_a_lone_worker_cycles_every_10_ms_unless_configured(monkeypatch) -> None:
     from hvd_train.config import HorovodConfig
-    from hvd_train.distributed import cycle_time_ms
+    from hvd_train.runtime.distributed import cycle_time_ms
 
     for key in ("HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE", "HOROVOD_ELASTIC"):
         monkeypatch.delenv(key, raising=False)
@@ -256,7 +256,7 @@ LOCAL_SIZES = ("HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE", "OMPI_COMM_WORLD_LOCA
 def test_cpu_workers_sharing_a_host_bind_to_their_cores_unless_configured(
     monkeypatch, setting, launcher, bound
 ) -> None:
-    from hvd_train.distributed import binds_cores
+    from hvd_train.runtime.distributed import binds_cores
 
     for key in LOCAL_SIZES:
         monkeypatch.delenv(key, raising=False)
@@ -367,7 +367,7 @@ def test_epoch_time_leaves_out_waiting_for_rank_0s_epoch_end(tmp_path: pathlib.P
 def test_resnet50_config_builds_the_model_of_horovods_synthetic_benchmark() -> None:
     import tensorflow as tf
 
-    from hvd_train.models import build_model
+    from hvd_train.train.models import build_model
 
     cfg = load_config(ROOT / "configs" / "resnet50_synthetic.yaml", ["data.image_size=[32,32]"])
     model = build_model(cfg, (32, 32, 3), cfg.data.num_classes)  # through model.factory

@@ -13,7 +13,7 @@ import pytest
 from harness import ROOT
 
 from hvd_train import cli
-from hvd_train.plan import (
+from hvd_train.launcher.plan import (
     Assumptions,
     Network,
     Workload,
@@ -22,7 +22,7 @@ from hvd_train.plan import (
     predict_one,
     workload_from_run,
 )
-from hvd_train.published_scaling import (
+from hvd_train.launcher.published_scaling import (
     ONEFLOW_SAME_CLUSTER,
     PUBLISHED,
     PUBLISHED_ASSUMPTIONS,
@@ -262,8 +262,8 @@ def test_the_trainer_records_the_trainable_parameters_and_their_bytes(
     is not all-reduced), and 2 bytes each with fp16 compression."""
     import types
 
-    from hvd_train.keras_stack import keras
-    from hvd_train.trainer import _gradient_size
+    from hvd_train.runtime.keras_stack import keras
+    from hvd_train.train.trainer import _gradient_size
 
     frozen = keras.layers.Dense(3)
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(5), frozen])

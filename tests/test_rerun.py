@@ -14,7 +14,7 @@ import pathlib
 import pytest
 from harness import PYTHON, QUICKSTART, check, run
 
-from hvd_train.record import earlier_job, nothing_to_train
+from hvd_train.record.summary import earlier_job, nothing_to_train
 
 pytestmark = pytest.mark.multiworker
 

@@ -16,11 +16,11 @@ import time
 import pytest
 from harness import BIN, PYTHON, QUICKSTART, WORKERS, check, finish, run, start
 
-from hvd_train import rundir
+from hvd_train.base.errors import ConfigError, UserError
 from hvd_train.config import check as check_config
 from hvd_train.config import load_config
-from hvd_train.errors import ConfigError, UserError
-from hvd_train.rundir import LOCK_NAME, InUse, NotARunDir, NotWritable
+from hvd_train.record import rundir
+from hvd_train.record.rundir import LOCK_NAME, InUse, NotARunDir, NotWritable
 
 HOST = socket.gethostname()
 

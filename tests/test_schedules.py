@@ -15,10 +15,10 @@ import pytest
 import tensorflow as tf
 from harness import PYTHON, QUICKSTART, check, run
 
+from hvd_train.base.errors import ConfigError
 from hvd_train.config import check as check_config
 from hvd_train.config import derive, load_config
-from hvd_train.errors import ConfigError
-from hvd_train.schedules import WarmupScaled, learning_rate_schedule, rates
+from hvd_train.train.schedules import WarmupScaled, learning_rate_schedule, rates
 
 COMMON = ["optimizer.learning_rate=0.1", "optimizer.lr_scaling=linear", "train.batch_size=10",
           "optimizer.warmup_epochs=1", "train.epochs=11"]  # fmt: skip

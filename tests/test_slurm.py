@@ -1,4 +1,4 @@
-"""Inside a Slurm allocation (hvd_train/slurm.py): hosts and workers per host from Slurm's
+"""Inside a Slurm allocation (hvd_train/launcher/slurm.py): hosts and workers per host from Slurm's
 variables, as `hvd-train launch --slurm` hands them to horovodrun. In-process, with the
 variables Slurm sets; a real Slurm cluster is not part of these tests."""
 
@@ -9,8 +9,8 @@ import shlex
 import pytest
 from harness import QUICKSTART
 
-from hvd_train import launch
-from hvd_train.slurm import SlurmError, expand_counts, expand_nodelist, hosts
+from hvd_train.commands import launch as launch_command
+from hvd_train.launcher.slurm import SlurmError, expand_counts, expand_nodelist, hosts
 
 
 @pytest.mark.parametrize(
@@ -73,7 +73,7 @@ def print_command(monkeypatch, capsys, env: dict[str, str], *args: str) -> tuple
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     argv = ["--slurm", "--config", str(QUICKSTART), "--print-command", *args]
-    code = launch.main(argv, "hvd-train launch")
+    code = launch_command.main(argv, "hvd-train launch")
     return code, capsys.readouterr().out
 
 

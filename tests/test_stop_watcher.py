@@ -17,13 +17,13 @@ import textwrap
 import pytest
 from harness import QUICKSTART, ROOT
 
-from hvd_train.record import end_before_start
-from hvd_train.rundir import LOCK_NAME
+from hvd_train.record.rundir import LOCK_NAME
+from hvd_train.record.summary import end_before_start
 
 SCRIPT = """
 import os, signal, sys, time
 sys.path.insert(0, {root!r})
-from hvd_train.stops import StopSignals
+from hvd_train.record.stops import StopSignals
 s = StopSignals(grace_s=0.5)
 s.abandon = lambda signum, reason, ran, failed, failed_rank: print(
     f"ABANDON signal={{signum}} ran={{ran}} failed={{failed}}: {{reason}}", flush=True)
@@ -75,7 +75,7 @@ def test_mpiruns_kill_sequence_is_recorded_as_a_failure_not_a_stop() -> None:
 BEFORE_THE_RECORD = """
 import os, signal, sys, time
 sys.path.insert(0, {root!r})
-from hvd_train import stops
+from hvd_train.record import stops
 from hvd_train.config import load_config
 stops.installed(load_config({config!r}, ["run.dir={run_dir}"]))
 os.kill(os.getpid(), signal.{signal})

@@ -21,7 +21,7 @@ import psutil
 import pytest
 from harness import BIN, PYTHON, QUICKSTART, WORKERS, check, finish, run, start, workers
 
-from hvd_train.checkpoint import is_checkpoint, read_state
+from hvd_train.train.checkpoint import is_checkpoint, read_state
 
 pytestmark = pytest.mark.multiworker
 
@@ -175,7 +175,7 @@ def test_stop_during_a_checkpoint_write_then_the_rerun_completes(tmp_path, contr
         if controller == "gloo":
             proc = start(horovodrun("gloo", program), tmp_path)
         else:  # the supervisor of `hvd-train launch`, around horovodrun --mpi
-            proc = start([PYTHON, "-m", "hvd_train.supervise", "--", *horovodrun("mpi", program)],
+            proc = start([PYTHON, "-m", "hvd_train.launcher.supervise", "--", *horovodrun("mpi", program)],
                          tmp_path)  # fmt: skip
         wait_until(marker.exists, proc, "a checkpoint write")
         stop(proc, controller)

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from hvd_train import images, tfrecords
-from hvd_train.errors import DataError
+from hvd_train.base.errors import DataError
+from hvd_train.data import images, tfrecords
 
 SIZES = (9, 7)
 

@@ -6,9 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hvd_train import distributed  # noqa: F401 - installs the autograph rule, as the trainer does
-from hvd_train.keras_stack import hvd, keras
-from hvd_train.training_step import _build_loss_and_metrics
+from hvd_train.runtime import (
+    distributed,  # noqa: F401 - installs the autograph rule, as the trainer does
+)
+from hvd_train.runtime.keras_stack import hvd, keras
+from hvd_train.train.step import _build_loss_and_metrics
 
 pytestmark = pytest.mark.stack  # Keras 2's compile containers: built in on 2.15, tf_keras after
 

@@ -8,8 +8,8 @@ from typing import Literal
 
 import pytest
 
-from hvd_train.errors import ConfigError
-from hvd_train.typed_yaml import choices, field_comments, get, load, reference
+from hvd_train.base.errors import ConfigError
+from hvd_train.config.typed_yaml import choices, field_comments, get, load, reference
 
 
 @dataclass(frozen=True)

@@ -13,12 +13,12 @@ import pytest
 from harness import PYTHON, QUICKSTART, WORKERS, check, horovodrun, run
 
 from hvd_train import config as config_module
-from hvd_train.checkpoint import read_state
+from hvd_train.base.errors import ConfigError
 from hvd_train.config import CallbackConfig, dump_yaml, load_config
-from hvd_train.errors import ConfigError
-from hvd_train.schedules import WarmupScaled, rates
-from hvd_train.trainer import _results
-from hvd_train.user_callbacks import ReduceLROnPlateau, construct
+from hvd_train.train.checkpoint import read_state
+from hvd_train.train.schedules import WarmupScaled, rates
+from hvd_train.train.trainer import _results
+from hvd_train.train.user_callbacks import ReduceLROnPlateau, construct
 
 PROBES = WORKERS / "probe_callbacks.py"
 

@@ -19,10 +19,10 @@ import hvd_train  # noqa: F401  (before TensorFlow: on 2.16+ it makes tf.keras K
 import numpy as np
 import tensorflow as tf
 
-from hvd_train import distributed
 from hvd_train.config import derive, load_config
-from hvd_train.data import load_source, train_dataset, val_shard
-from hvd_train.evaluation import Evaluator
+from hvd_train.data.pipeline import load_source, train_dataset, val_shard
+from hvd_train.runtime import distributed
+from hvd_train.train.evaluation import Evaluator
 
 ids_folder, ids_records, digits_folder, model_path = sys.argv[1:5]
 distributed.init(load_config(None).horovod, "unused")

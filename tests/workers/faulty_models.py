@@ -9,7 +9,7 @@ import os
 
 import tensorflow as tf
 
-from hvd_train.models import convnet
+from hvd_train.train.models import convnet
 
 FAIL_AFTER_STEPS = int(os.environ.get("FAULTY_AFTER_STEPS", "30"))
 FAULTY_RANK = int(os.environ.get("FAULTY_RANK", "1"))

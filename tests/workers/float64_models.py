@@ -10,7 +10,7 @@ counts are fixed: set `runtime.intra_op_threads`.)
 
 import tensorflow as tf
 
-from hvd_train.models import convnet
+from hvd_train.train.models import convnet
 
 
 def convnet7_float64(cfg, input_shape, num_classes) -> tf.keras.Model:

@@ -16,8 +16,9 @@ import hvd_train  # noqa: F401  (before TensorFlow: on 2.16+ it makes tf.keras K
 # isort: split
 import tensorflow as tf
 
-from hvd_train import distributed, trainer
 from hvd_train.config import load_config
+from hvd_train.runtime import distributed
+from hvd_train.train import trainer
 
 GATE_DIR, CONFIG, SETS = sys.argv[1], sys.argv[2], sys.argv[3:]
 

@@ -12,7 +12,7 @@ import sys
 import numpy as np
 
 from hvd_train.config import derive, load_config
-from hvd_train.data import load_source, train_dataset, val_shard
+from hvd_train.data.pipeline import load_source, train_dataset, val_shard
 
 
 def batches(source_name: str, folder: str) -> list[np.ndarray]:

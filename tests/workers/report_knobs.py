@@ -14,9 +14,9 @@ import hvd_train  # noqa: F401  (before TensorFlow: on 2.16+ it makes tf.keras K
 import numpy as np
 import tensorflow as tf
 
-from hvd_train import distributed
 from hvd_train.config import load_config
-from hvd_train.trainer import train
+from hvd_train.runtime import distributed
+from hvd_train.train.trainer import train
 
 
 def thread_affinities() -> list[list[int]]:

@@ -27,8 +27,9 @@ import hvd_train  # noqa: F401  (before TensorFlow: on 2.16+ it makes tf.keras K
 # isort: split
 import tensorflow as tf
 
-from hvd_train import callbacks, distributed, trainer
 from hvd_train.config import load_config
+from hvd_train.runtime import distributed
+from hvd_train.train import callbacks, trainer
 
 SLOW_S = 2.0
 ORDER = pathlib.Path("order")

@@ -17,7 +17,9 @@ import pathlib
 import sys
 import time
 
-from hvd_train import checkpoint, cli, evaluation, tfrecords
+from hvd_train import cli
+from hvd_train.data import tfrecords
+from hvd_train.train import checkpoint, evaluation
 
 SLOW_S = 2.0
 

@@ -8,9 +8,9 @@ import sys
 
 import numpy as np
 
-from hvd_train import distributed
 from hvd_train.config import load_config
-from hvd_train.trainer import train
+from hvd_train.runtime import distributed
+from hvd_train.train.trainer import train
 
 model, summary = train(load_config(sys.argv[1], sys.argv[2:]))
 flat = np.concatenate([w.ravel() for w in model.get_weights()])

@@ -15,9 +15,9 @@ import sys
 
 import numpy as np
 
-from hvd_train import distributed
 from hvd_train.config import load_config
-from hvd_train.trainer import train
+from hvd_train.runtime import distributed
+from hvd_train.train.trainer import train
 
 
 def digest(arrays) -> str:

@@ -1,0 +1,350 @@
+"""`hvd-train doctor [--json | --versions]`: can this machine train, and if not, why not.
+
+Gathers facts (Python, TensorFlow, Keras, Horovod and what it was built with, the GPUs
+TensorFlow sees, MPI), then `diagnose` turns them into problems. An `error` means training
+cannot work here (exit code 1); a `warning` means it works, but not as well as it could.
+
+Nothing here creates a TensorFlow context or starts Horovod: GPUs are listed with
+`tf.config.list_physical_devices`, Horovod's build with its `*_built()` functions, which read
+the compiled library without `hvd.init()`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import shutil
+import subprocess
+import sys
+import warnings
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import hvd_train
+from hvd_train.launcher.horovodrun import count_gpus
+from hvd_train.runtime.keras_stack import version_tuple
+
+# The stacks scripts/install.sh installs (scripts/stack.sh, HVD_TRAIN_TF).
+SUPPORTED_TENSORFLOW = ("2.15.1", "2.18.1", "2.19.1", "2.20.0", "2.21.0")
+SUPPORTED_TEXT = "2.15.1, 2.18.1, 2.19.1, 2.20.0 or 2.21.0"
+STACKS = tuple(v.rpartition(".")[0] for v in SUPPORTED_TENSORFLOW)  # the HVD_TRAIN_TF values
+TESTED_HOROVOD = "0.28.1"
+# Horovod's compiled extensions, one per framework (horovod/<framework>/<name>*.so).
+_FRAMEWORK_LIBS = {"tensorflow": "mpi_lib", "torch": "mpi_lib_v2", "mxnet": "mpi_lib"}
+_TENSOR_OPS = ("nccl", "mpi", "gloo", "ddl", "ccl")
+
+
+@dataclass(frozen=True)
+class Problem:
+    level: str  # "error": training cannot work here; "warning": it works, but worse
+    message: str
+
+
+# --------------------------------------------------------------------------- facts
+
+
+def gather() -> dict[str, Any]:
+    """Everything the diagnosis needs, as plain data (what `--json` prints under `facts`)."""
+    facts: dict[str, Any] = {
+        "python": sys.version.split()[0],
+        "python_executable": sys.executable,
+        "hvd_train": hvd_train.__version__,
+        "env": {k: os.environ.get(k) for k in ("TF_USE_LEGACY_KERAS", "CUDA_VISIBLE_DEVICES")},
+    }
+    facts["tensorflow"] = _tensorflow_facts()
+    facts["horovod"] = _horovod_facts()
+    facts["nvidia_smi_gpus"] = _nvidia_smi_gpus()
+    facts["mpirun"] = _mpirun()
+    return facts
+
+
+def _tensorflow_facts() -> dict[str, Any]:
+    try:
+        import tensorflow as tf
+    except Exception as e:  # noqa: BLE001 - any failure to import is the finding
+        return {"version": None, "error": _one_line(e)}
+    out: dict[str, Any] = {
+        "version": tf.__version__,
+        "built_with_cuda": tf.test.is_built_with_cuda(),
+        # Enumerates GPUs without creating a context on them (device_lib would).
+        "gpus": [d.name for d in tf.config.list_physical_devices("GPU")],
+    }
+    try:
+        # tf.keras is Keras 2 (`keras` <= 2.15 or `tf_keras`) or Keras 3 (`keras` >= 3): ask the
+        # package it resolves to, as tf.keras itself has no version.
+        package = tf.keras.__name__.split(".")[0]
+        out["keras"] = f"{package} {sys.modules[package].__version__}"
+    except Exception as e:  # noqa: BLE001
+        out["keras"], out["keras_error"] = None, _one_line(e)
+    return out
+
+
+def _horovod_facts() -> dict[str, Any]:
+    try:
+        import horovod
+    except Exception as e:  # noqa: BLE001
+        return {"version": None, "error": _one_line(e)}
+    pkg = os.path.dirname(os.path.abspath(horovod.__file__))
+    out: dict[str, Any] = {
+        "version": horovod.__version__,
+        "path": pkg,
+        # Horovod's setup.py records the framework versions it compiled against here; its own
+        # import of horovod.tensorflow compares this record with the installed TensorFlow.
+        "built_against": _framework_versions(_read_json(os.path.join(pkg, "metadata.json"))),
+        "frameworks": [
+            fw
+            for fw, lib in _FRAMEWORK_LIBS.items()
+            if glob.glob(os.path.join(pkg, fw, f"{lib}.*so"))
+        ],
+    }
+    out.update(_horovod_tensorflow_build())
+    out["keeps_stop_exit_code"] = _keeps_stop_exit_code()
+    return out
+
+
+def _keeps_stop_exit_code() -> bool | None:
+    """Whether horovodrun keeps a stopped worker's exit code: Horovod 0.28.1 patched by
+    scripts/patch_horovod.py (None: its launcher does not import)."""
+    try:
+        from horovod.runner.common.util import safe_shell_exec
+    except Exception:  # noqa: BLE001
+        return None
+    return hasattr(safe_shell_exec, "_exited_unreaped")
+
+
+def _horovod_tensorflow_build() -> dict[str, Any]:
+    """Loads horovod.tensorflow's compiled library and asks what it was built with."""
+    try:
+        with warnings.catch_warnings():  # its version-mismatch warning: diagnose() reports it
+            warnings.simplefilter("ignore")
+            import horovod.tensorflow as hvd
+    except Exception as e:  # noqa: BLE001 - e.g. "undefined symbol" after a TensorFlow upgrade
+        return {"tensorflow_extension_error": _one_line(e)}
+    return {
+        "controllers": [c for c in ("gloo", "mpi") if getattr(hvd, f"{c}_built")()],
+        "tensor_ops": [op for op in _TENSOR_OPS if getattr(hvd, f"{op}_built")()],
+        "cuda_built": bool(hvd.cuda_built()),
+        "rocm_built": bool(hvd.rocm_built()),
+    }
+
+
+def _nvidia_smi_gpus() -> int | None:
+    """GPUs the driver lists for this process (horovodrun.count_gpus), or None without
+    nvidia-smi."""
+    return count_gpus() if shutil.which("nvidia-smi") else None
+
+
+def _mpirun() -> dict[str, Any] | None:
+    path = shutil.which("mpirun")
+    if path is None:
+        return None
+    try:
+        out = subprocess.run(
+            [path, "--version"], capture_output=True, text=True, timeout=20, check=False
+        )
+        version = (out.stdout or out.stderr).strip().splitlines()[0]
+    except (OSError, subprocess.TimeoutExpired, IndexError):
+        version = "unknown"
+    return {"path": path, "version": version}
+
+
+def _framework_versions(metadata: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The framework versions of Horovod's build record, without its placeholder entries
+    (Horovod writes `"dummy": "none"` beside them)."""
+    if metadata is None:
+        return None
+    return {k: v for k, v in metadata.items() if k in _FRAMEWORK_LIBS and v != "none"}
+
+
+def _read_json(path: str) -> dict[str, Any] | None:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def _one_line(e: BaseException) -> str:
+    text = " ".join(str(e).split())
+    return f"{type(e).__name__}: {text[:400]}"
+
+
+# --------------------------------------------------------------------------- diagnosis
+
+
+def diagnose(facts: dict[str, Any]) -> list[Problem]:
+    """The known-bad combinations in `facts`, errors first. Pure: no imports, no I/O."""
+    problems = [
+        *_python_problems(facts),
+        *_tensorflow_problems(facts),
+        *_horovod_problems(facts),
+        *_device_problems(facts),
+    ]
+    return sorted(problems, key=lambda p: p.level != "error")
+
+
+def _python_problems(facts: dict[str, Any]) -> list[Problem]:
+    # TensorFlow's wheels: 2.15 for Python 3.9-3.11, 2.18-2.19 for 3.9-3.12, 2.20-2.21 for
+    # 3.9/3.10-3.13; hvd_train's numpy<2 has no wheels for 3.13.
+    newest = 11 if version_tuple(facts["tensorflow"].get("version")) < (2, 16) else 12
+    if not (3, 10) <= version_tuple(facts["python"])[:2] <= (3, newest):
+        return [Problem("warning", f"Python {facts['python']}: hvd_train supports 3.10-3.11 with TensorFlow 2.15, 3.10-3.12 with 2.18-2.21")]  # fmt: skip
+    return []
+
+
+def _tensorflow_problems(facts: dict[str, Any]) -> list[Problem]:
+    tf = facts["tensorflow"]
+    if tf.get("version") is None:
+        return [Problem("error", f"TensorFlow does not import: {tf.get('error')}; run scripts/install.sh")]  # fmt: skip
+    v, keras = version_tuple(tf["version"]), tf.get("keras") or ""
+    # hvd_train sets TF_USE_LEGACY_KERAS=1 on 2.16+ (keras_stack.py): tf.keras is then tf_keras,
+    # or does not import at all when only Keras 3 is installed.
+    if version_tuple(keras.rpartition(" ")[2])[:1] >= (3,) or (v >= (2, 16) and not keras):
+        minor = ".".join(map(str, v[:2]))
+        how = (
+            f"HVD_TRAIN_TF={minor} scripts/install.sh"
+            if minor in STACKS
+            else f"or HVD_TRAIN_TF={STACKS[-1]} scripts/install.sh: TensorFlow "
+            f"{SUPPORTED_TENSORFLOW[-1]} with tf_keras"
+        )
+        return [Problem("error", f"Keras 3 is active (TensorFlow {tf['version']}, {keras or 'no tf_keras installed'}): horovod.tensorflow.keras needs Keras 2; install tf_keras {minor} ({how})")]  # fmt: skip
+    out = []
+    if keras.startswith("tf_keras ") and version_tuple(keras[9:])[:2] != v[:2]:
+        out.append(Problem("warning", f"{keras} with TensorFlow {tf['version']}: tf_keras should match TensorFlow's minor version"))  # fmt: skip
+    if not any(
+        tf["version"] == ok or tf["version"].startswith(f"{ok}.") for ok in SUPPORTED_TENSORFLOW
+    ):
+        out.append(Problem("warning", f"TensorFlow {tf['version']}: hvd_train is tested with {SUPPORTED_TEXT}"))  # fmt: skip
+    return out
+
+
+def _horovod_problems(facts: dict[str, Any]) -> list[Problem]:
+    hv, tf_version = facts["horovod"], facts["tensorflow"].get("version")
+    if hv.get("version") is None:
+        return [Problem("error", f"Horovod does not import: {hv.get('error')}; run scripts/install.sh")]  # fmt: skip
+    out = []
+    built = (hv.get("built_against") or {}).get("tensorflow")
+    if built and tf_version and built != tf_version:
+        out.append(Problem("error", f"Horovod {hv['version']} was built against TensorFlow {built}, but TensorFlow {tf_version} is installed: rebuild Horovod against it (pip install --no-cache-dir --no-build-isolation horovod=={hv['version']}, or delete .venv and run scripts/install.sh)"))  # fmt: skip
+    elif not built and "tensorflow" in hv.get("frameworks", []):
+        out.append(Problem("warning", f"Horovod has no record of the TensorFlow it was built against ({hv.get('path')}/metadata.json)"))  # fmt: skip
+    if "tensorflow" not in hv.get("frameworks", []):
+        out.append(Problem("error", "Horovod was built without TensorFlow support: rebuild with HOROVOD_WITH_TENSORFLOW=1 (scripts/install.sh)"))  # fmt: skip
+    elif hv.get("tensorflow_extension_error"):
+        out.append(Problem("error", f"horovod.tensorflow does not load: {hv['tensorflow_extension_error']}; rebuild Horovod against the installed TensorFlow (scripts/install.sh)"))  # fmt: skip
+    else:
+        out += _controller_problems(hv.get("controllers", []), facts["mpirun"])
+    if hv.get("keeps_stop_exit_code") is False:
+        out.append(Problem("warning", "horovodrun may exit 0 after Ctrl-C or SIGTERM (Horovod 0.28.1 can lose a stopped worker's exit code; summary.json still says interrupted): python scripts/patch_horovod.py fixes it, as scripts/install.sh does"))  # fmt: skip
+    if hv["version"] != TESTED_HOROVOD:
+        out.append(Problem("warning", f"Horovod {hv['version']}: hvd_train is tested with {TESTED_HOROVOD}"))  # fmt: skip
+    return out
+
+
+def _controller_problems(controllers: list[str], mpirun: dict[str, Any] | None) -> list[Problem]:
+    if "gloo" not in controllers and ("mpi" not in controllers or mpirun is None):
+        return [Problem("error", "no usable controller: Horovod was built without Gloo, and MPI is " + ("not built" if "mpi" not in controllers else "built but mpirun is not on PATH"))]  # fmt: skip
+    if "mpi" in controllers and mpirun is None:
+        return [Problem("warning", "mpirun is not on PATH: only the Gloo controller works (no --mpi)")]  # fmt: skip
+    if "mpi" not in controllers:
+        return [Problem("warning", "Horovod was built without MPI: only the Gloo controller works")]  # fmt: skip
+    return []
+
+
+def _device_problems(facts: dict[str, Any]) -> list[Problem]:
+    tf_gpus = len(facts["tensorflow"].get("gpus") or [])
+    smi, out = facts["nvidia_smi_gpus"], []
+    if smi and not tf_gpus and facts["tensorflow"].get("version"):
+        cuda = facts["tensorflow"].get("built_with_cuda")
+        why = (
+            "CUDA libraries were not found"
+            if cuda
+            else "the CPU-only TensorFlow wheel is installed"
+        )
+        out.append(Problem("warning", f"nvidia-smi lists {smi} GPU(s) but TensorFlow sees none ({why}): training runs on the CPU; HVD_TRAIN_DEVICE=gpu scripts/install.sh installs the CUDA build"))  # fmt: skip
+    ops = facts["horovod"].get("tensor_ops")
+    if tf_gpus and ops is not None and "nccl" not in ops:
+        out.append(Problem("warning", "TensorFlow sees GPUs but Horovod was built without NCCL: gradients go through host memory; rebuild with HOROVOD_GPU_OPERATIONS=NCCL (HVD_TRAIN_DEVICE=gpu scripts/install.sh)"))  # fmt: skip
+    return out
+
+
+# --------------------------------------------------------------------------- output
+
+
+def versions_line(facts: dict[str, Any]) -> str:
+    """`hvd_train=0.1.0 tensorflow=2.15.1 horovod=0.28.1`: what multi_node.sh compares."""
+    return " ".join(
+        f"{name}={version or 'missing'}"
+        for name, version in (
+            ("hvd_train", facts["hvd_train"]),
+            ("tensorflow", facts["tensorflow"].get("version")),
+            ("horovod", facts["horovod"].get("version")),
+        )
+    )
+
+
+def render(facts: dict[str, Any], problems: list[Problem]) -> str:
+    """The human-readable report."""
+    tf, hv, mpi = facts["tensorflow"], facts["horovod"], facts["mpirun"]
+    built = (hv.get("built_against") or {}).get("tensorflow") or "unknown"
+    smi = facts["nvidia_smi_gpus"]
+    lines = [
+        f"python       {facts['python']} ({facts['python_executable']})",
+        f"hvd_train    {facts['hvd_train']}",
+        f"tensorflow   {tf.get('version') or 'missing'}"
+        + (f" ({tf.get('keras')}, built with CUDA: {_yes(tf.get('built_with_cuda'))})" if tf.get("version") else ""),
+        f"horovod      {hv.get('version') or 'missing'}"
+        + (f", built against TensorFlow {built}" if hv.get("version") else ""),
+        f"  frameworks   {_list(hv.get('frameworks'))}",
+        f"  controllers  {_list(hv.get('controllers'))}",
+        f"  tensor ops   {_list(hv.get('tensor_ops'))} (NCCL: {_yes('nccl' in (hv.get('tensor_ops') or []))})",
+        f"GPUs         TensorFlow sees {len(tf.get('gpus') or [])}; nvidia-smi: "
+        + ("not found" if smi is None else f"{smi} GPU(s)"),
+        f"MPI          {mpi['version']} ({mpi['path']})" if mpi else "MPI          mpirun not found",
+    ]  # fmt: skip
+    lines += [f"{p.level}: {p.message}" for p in problems]
+    errors = sum(p.level == "error" for p in problems)
+    lines.append(
+        f"NOT READY: {errors} error(s): training cannot work here" if errors else "ready to train"
+    )
+    return "\n".join(lines)
+
+
+def _yes(value: Any) -> str:
+    return "yes" if value else "no"
+
+
+def _list(items: list[str] | None) -> str:
+    return ", ".join(items) if items else "none"
+
+
+def main(argv: list[str] | None = None, prog: str = "hvd-train doctor") -> int:
+    """Prints the report (or JSON, or the versions line); exit 1 when training cannot work."""
+    p = argparse.ArgumentParser(
+        prog=prog, description=__doc__.splitlines()[0], epilog="Docs: docs/install.md"
+    )
+    out = p.add_mutually_exclusive_group()
+    out.add_argument("--json", action="store_true", help="print facts and problems as JSON")
+    out.add_argument(
+        "--versions", action="store_true",
+        help="print one line `hvd_train=X tensorflow=Y horovod=Z` (problems go to stderr)",
+    )  # fmt: skip
+    args = p.parse_args(argv)
+    facts = gather()
+    problems = diagnose(facts)
+    ok = not any(p.level == "error" for p in problems)
+    if args.json:
+        print(json.dumps({"ok": ok, "facts": facts, "problems": [asdict(p) for p in problems]}, indent=2))  # fmt: skip
+    elif args.versions:
+        print(versions_line(facts))
+        for problem in problems:
+            print(f"{problem.level}: {problem.message}", file=sys.stderr)
+    else:
+        print(render(facts, problems))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(prog="python -m hvd_train.commands.doctor"))

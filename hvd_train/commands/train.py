@@ -1,0 +1,43 @@
+"""`hvd-train train` (the default command): train as one worker of the job, or alone."""
+
+from __future__ import annotations
+
+import argparse
+
+from hvd_train.config import add_config_arguments
+
+
+def parser(
+    prog: str, docs: str = "docs/config.md (every key), docs/launching.md"
+) -> argparse.ArgumentParser:
+    """`--config FILE [--set KEY=VALUE ...]`, as training reads them; data-bench and lr-plot
+    start from it."""
+    p = argparse.ArgumentParser(
+        prog=prog,
+        description="Train a Keras model with Horovod. Launch with "
+        "`horovodrun -np N hvd-train --config FILE`, or run alone as one worker.",
+        epilog=f"Docs: {docs}",
+    )
+    add_config_arguments(p)
+    return p
+
+
+def main(argv: list[str], prog: str) -> int:
+    args = parser(prog).parse_args(argv)
+    from hvd_train.config import load_config
+
+    cfg = load_config(args.config, args.overrides)  # before TensorFlow loads: fast to fail
+    from hvd_train.base import logs, startup
+    from hvd_train.record import stops
+
+    startup.mark("config")
+    # From here a stop, or horovodrun ending the job after another worker failed, is recorded
+    # (rank 0 writes summary.json), also during TensorFlow's import: Python's default would
+    # end the process without a word.
+    signals = stops.installed(cfg)
+    logs.hold()  # a launcher's worker: its output waits for its log in run.dir (logs.py)
+    from hvd_train.train.trainer import train
+
+    startup.mark("imports")  # TensorFlow, Horovod and the trainer
+    train(cfg, config_path=args.config, signals=signals)
+    return 0

@@ -1,0 +1,434 @@
+"""The config's schema: one frozen dataclass per section, every field typed, defaulted and
+commented (each comment is the key's entry in docs/config.md), and the `callbacks:` list's own
+parser. The order of precedence (defaults, then `--config FILE`, then each `--set a.b=value`)
+and the type checks live in the loader (typed_yaml.py); rules across keys in rules.py.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from hvd_train.base.errors import ConfigError
+from hvd_train.config.typed_yaml import (
+    MAX_STRING,
+    SHORT_REPR,
+    Sourced,
+    first_source,
+    got,
+    unknown_key,
+)
+
+
+def _positive(default: Any, **meta: Any) -> Any:
+    return field(default=default, metadata={"min": 1, **meta})
+
+
+# Each field's comment is its entry in docs/config.md (`hvd-train config --reference`): the
+# comment lines right above a field and the one at the end of its line are what a user reads.
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Where the run writes its results, one job at a time (docs/faults.md)."""
+
+    # The run's folder: config.yaml, metrics.csv, summary.json, the models, checkpoints and
+    # logs. One job at a time: a second job is refused with exit code 2.
+    dir: str = "runs/default"
+    # A run.dir holding files that are not a run's is refused; true writes the run's files
+    # beside them (replacing only the run's own). Never lets two jobs share a run.dir.
+    overwrite: bool = False
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """The training loop: epochs, batches, resume."""
+
+    epochs: int = _positive(10)  # Epochs to train; raise it and run again to continue a run.
+    batch_size: int = _positive(32)  # Examples a step: per worker or in all (batch_size_mode).
+    # per_worker: each worker takes batch_size examples a step (global = batch_size x workers).
+    # global: batch_size is split across the workers (it must divide by the worker count), so
+    # the step is the same at any worker count.
+    batch_size_mode: Literal["per_worker", "global"] = "per_worker"
+    steps_per_epoch: int | None = _positive(None)  # A cap; null: one pass over the data.
+    # What rank 0 prints while training: 0 nothing; 1 one line per epoch (loss, accuracy,
+    # val_loss, val_accuracy, lr, examples/s, median step, seconds); 2 Keras' live progress bar
+    # when its stdout is a terminal, else (always under horovodrun or mpirun) as 1. Old
+    # configs' true/false mean 1/0.
+    verbose: Literal[0, 1, 2] = field(default=2, metadata={"bool_as_int": True})
+    # With verbose 1 or 2: a progress line every this many seconds inside a long epoch (step,
+    # rank 0's running loss and accuracy, examples/s); 0: none.
+    log_every_s: float = field(default=60.0, metadata={"min": 0.0})
+    # auto: continue from the newest valid checkpoint in run.dir if there is one; never: start
+    # afresh (existing checkpoints are left alone, new ones overwrite by step); or a checkpoint
+    # folder (run.dir/checkpoints/ckpt-NNNNNNNN) to continue from.
+    resume: str = "auto"
+    # Batches each worker runs before one all-reduce and update (Horovod's
+    # backward_passes_per_step, averaged): the effective batch is global batch x this, the
+    # learning rate is scaled for it as for more workers, and an epoch's steps are rounded down
+    # to a multiple of it.
+    gradient_accumulation_steps: int = _positive(1)
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    """The optimizer (wrapped in Horovod's DistributedOptimizer) and its learning rate: scaled
+    for the worker count, warmed up, then scheduled (docs/models.md)."""
+
+    name: Literal["sgd", "adam", "adamw", "rmsprop"] = "sgd"  # Keras' optimizer of that name
+    # The rate for one worker's batch; scaled by lr_scaling for the batch an update takes.
+    learning_rate: float = field(default=0.01, metadata={"min_exclusive": 0.0})
+    momentum: float = field(default=0.9, metadata={"min": 0.0, "max": 1.0})  # sgd's and rmsprop's
+    weight_decay: float = field(default=0.0, metadata={"min": 0.0})  # adamw's weight decay
+    # linear: x workers; sqrt: x sqrt(workers); none. It applies in per_worker mode, where the
+    # global batch grows with the workers; in global mode the batch and the rate do not change
+    # with the worker count (gradient accumulation scales them in both).
+    lr_scaling: Literal["linear", "sqrt", "none"] = "linear"
+    # Linear ramp, per batch, from learning_rate to the scaled rate (Goyal et al. 2017).
+    warmup_epochs: float = field(default=0.0, metadata={"min": 0.0})
+    # After the warm-up, on the scaled rate, per batch: constant; step: x step_factor at each
+    # of step_boundaries_epochs; cosine: to min_lr_fraction at the end; exponential: x
+    # decay_rate every decay_epochs; warmup_decay: linear to min_lr_fraction at the end (a ramp
+    # up, then decay; needs warmup_epochs > 0).
+    schedule: Literal["constant", "step", "cosine", "exponential", "warmup_decay"] = "constant"
+    # step: epochs, counted from the start and after the warm-up, at which the rate is
+    # multiplied by step_factor.
+    step_boundaries_epochs: tuple[int, ...] = ()
+    step_factor: float = field(default=0.1, metadata={"min_exclusive": 0.0})  # step: x this each
+    # exponential: the multiplier every decay_epochs.
+    decay_rate: float = field(default=0.9, metadata={"min_exclusive": 0.0, "max": 1.0})
+    # exponential: the epochs over which the rate is multiplied by decay_rate once.
+    decay_epochs: float = field(default=1.0, metadata={"min_exclusive": 0.0})
+    # The lowest rate, as a fraction of the scaled rate: where cosine and warmup_decay end,
+    # and a floor for exponential (Keras' CosineDecay calls it alpha).
+    min_lr_fraction: float = field(default=0.0, metadata={"min": 0.0, "max": 1.0})
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Where the examples come from and how each worker reads them (docs/data.md)."""
+
+    # synthetic: random inputs with learnable labels, made once in memory (speed runs measure
+    # the model, not the data). digits: scikit-learn's 8x8 handwritten digits, shipped inside
+    # it (no download). image_folder: one sub-folder of JPEG/PNG files per class; tfrecord:
+    # *.tfrecord files from hvd-train convert-tfrecord.
+    source: Literal["synthetic", "digits", "image_folder", "tfrecord"] = "synthetic"
+    # [height, width] (or [features] for synthetic): synthetic's size; images are resized to it.
+    image_size: tuple[int, ...] = (32, 32)
+    channels: int = _positive(3)  # synthetic's; images are converted to it (1 grey or 3 RGB)
+    num_classes: int = field(default=10, metadata={"min": 2})  # synthetic's classes
+    train_examples: int = _positive(4096)  # synthetic's training examples
+    val_examples: int = field(default=1024, metadata={"min": 0})  # synthetic's validation examples
+    # digits, and images without val_dir: the share of each class held out for validation,
+    # chosen by runtime.seed.
+    validation_fraction: float = field(default=0.2, metadata={"min": 0.0, "max": 0.9})
+    # The examples past the last full global batch of an epoch: drop (a different few each
+    # epoch when shuffled), or pad_by_repeat (the last batch is filled from the epoch's first).
+    remainder: Literal["drop", "pad_by_repeat"] = "drop"
+    shuffle: bool = True  # Reshuffled every epoch from runtime.seed.
+    # image_folder: a folder with one sub-folder of images per class; tfrecord: a folder of
+    # *.tfrecord files. A local path, or a gs:// or s3:// URL.
+    train_dir: str = ""
+    # The same for validation; "" holds out validation_fraction of each class, split by seed.
+    val_dir: str = ""
+    # Class-balanced caps: a sample of each class chosen by runtime.seed; null: every image.
+    max_train_per_class: int | None = _positive(None)
+    max_val_per_class: int | None = _positive(None)  # The same for validation.
+    # memory: decode every image once, before training, and keep it (uint8) on every worker.
+    cache: Literal["none", "memory"] = "none"
+    # A file that is not a readable JPEG/PNG: error (exit 2, naming every such file) or skip
+    # (left out, counted, listed in summary.json's skipped_files).
+    on_corrupt: Literal["error", "skip"] = "error"
+    # GPU only: batches copied to the GPU ahead (not run on a GPU by this project).
+    prefetch_to_device: bool = False
+    # Image sources: exact (each example exactly once per epoch, a global shuffle, read by
+    # index) or stream (each worker streams its own files through a shuffle buffer: about once
+    # per epoch; for network storage).
+    read: Literal["exact", "stream"] = "exact"
+    shuffle_buffer: int = _positive(10000)  # read: stream: examples in each worker's buffer
+    # Rank 0 warns when an epoch's input_wait_fraction passes this. Not for synthetic and
+    # digits: already in memory, their wait is the step's own start-up, which no setting removes.
+    input_wait_warning: float = field(default=0.1, metadata={"min": 0.0, "max": 1.0})
+
+
+# The Keras Applications bases, a part of model.name's choices.
+ApplicationName = Literal["mobilenet_v2", "resnet50", "efficientnet_b0"]
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The model: a built-in one or your own (docs/models.md)."""
+
+    # convnet: a small convnet for small images (convnet7 is its old name, still accepted);
+    # mlp: dense layers; mobilenet_v2, resnet50, efficientnet_b0: Keras Applications bases.
+    name: Literal["convnet", "mlp", ApplicationName] = field(
+        default="convnet", metadata={"aliases": {"convnet7": "convnet"}}
+    )
+    # "module:function" or "path/to/file.py:function": called with the config, returns an
+    # uncompiled Keras model. Wins over name. Imports and runs your code in every worker
+    # (docs/security.md).
+    factory: str = ""
+    from_logits: bool = False  # true when the model's last layer has no softmax
+    # convnet: the convolutions' widths (a max-pool after every second).
+    filters: tuple[int, ...] = (32, 32, 64, 64)
+    dense_units: tuple[int, ...] = (256,)  # hidden dense layers (convnet, mlp, Applications head)
+    dropout: float = field(default=0.25, metadata={"min": 0.0, "max": 0.95})  # dropout rate
+    # Keras Applications models: the base without its ImageNet classifier, then this head:
+    # global avg or max pooling, dense_units, dropout, the classes.
+    pooling: Literal["avg", "max"] = "avg"
+    # Applications models: "none" (random init) or a local weights file for the base (.h5 or
+    # .keras); nothing is ever downloaded. Read on every worker, then rank 0's values are
+    # broadcast.
+    weights: str = "none"
+    trainable_base: bool = True  # Applications models: false freezes the base, trains the head
+    # Swap every BatchNormalization for Horovod's SyncBatchNormalization (statistics over the
+    # global batch: for small per-worker batches); the exported model.keras has plain
+    # BatchNormalization again.
+    sync_batch_norm: bool = False
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    """Each worker's threads, seed and numerics (docs/performance.md)."""
+
+    # TensorFlow compute threads per worker; 0: the cores this process may use / the workers
+    # on its host (CPU).
+    intra_op_threads: int = field(default=0, metadata={"min": 0})
+    # TensorFlow's inter-op threads per worker; 0: 2 on CPU, TensorFlow's choice on GPU.
+    inter_op_threads: int = field(default=0, metadata={"min": 0})
+    seed: int = 42  # Data order, validation split, augmentation and initial weights.
+    # XLA: the whole step on GPU; on CPU, auto-clustering of the ops around the all-reduce.
+    jit_compile: bool = False
+    # Keras mixed precision: compute in 16 bits, variables and the output layer in float32;
+    # mixed_float16 adds dynamic loss scaling. bfloat16 is fast only on CPUs/GPUs that have it.
+    mixed_precision: Literal["none", "mixed_float16", "mixed_bfloat16"] = "none"
+    # CPU: each worker binds itself (and Horovod's background thread) to its own share of the
+    # cores, by local rank, before TensorFlow starts its threads. null: bound on a host without
+    # a GPU where the launcher started several workers, else unbound.
+    bind_cores: bool | None = None
+
+
+@dataclass(frozen=True)
+class HorovodConfig:
+    """Horovod's runtime knobs, applied by the trainer before hvd.init() (and passed as
+    horovodrun flags by the launchers). null keeps Horovod's own default."""
+
+    # What the launchers start (launch/*.sh, hvd-train launch, hvd-train sweep): gloo, or mpi
+    # (faster on CPU hosts: docs/performance.md). Horovod Elastic always uses Gloo.
+    controller: Literal["gloo", "mpi"] = "gloo"
+    # Tensor fusion buffer in MB (Horovod's default: 128); horovodrun --fusion-threshold-mb.
+    fusion_threshold_mb: int | None = field(default=None, metadata={"min": 0})
+    # Horovod's background cycle; null: Horovod's 1 ms, or 10 ms for a job of one worker that
+    # is not elastic; horovodrun --cycle-time-ms.
+    cycle_time_ms: float | None = field(default=None, metadata={"min_exclusive": 0.0})
+    # <run.dir>/timeline.json (Chrome trace), written by rank 0; it costs rank 0 CPU: keep it
+    # off to measure speed.
+    timeline: bool = False
+    autotune: bool = False  # Horovod's Bayesian tuning of fusion and cycle time
+    # A collective that some ranks reached and others did not for this long is a hang (a rank
+    # stuck or its graph different): Horovod warns, then shuts down so the job ends with an error.
+    stall_warning_s: int = _positive(60)
+    # Must exceed stall_warning_s; 0: never shut down.
+    stall_shutdown_s: int = field(default=300, metadata={"min": 0})
+    compression: Literal["none", "fp16"] = (
+        "none"  # fp16: gradients sent as float16 (half the bytes)
+    )
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """What the launchers start on a machine without a GPU (docs/launching.md)."""
+
+    cpu_workers: int = _positive(2)  # workers per node the launch scripts start without a GPU
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    """Checkpoints for exact resume: weights, optimizer state, epoch and step (rank 0 writes;
+    docs/faults.md)."""
+
+    # A checkpoint every N epochs, and always after the last; 0: only at stops and the end.
+    every_epochs: int = field(default=1, metadata={"min": 0})
+    every_steps: int | None = _positive(None)  # also every N global steps, mid-epoch
+    keep_last: int = _positive(3)  # newest checkpoints kept; the best is kept besides
+    # The epoch metric that picks the best checkpoint (and best.keras).
+    monitor: Literal["val_loss", "val_accuracy", "loss", "accuracy"] = "val_loss"
+    mode: Literal["auto", "min", "max"] = "auto"  # auto: max for accuracy, min for loss
+    # How often (in steps) the workers agree on stopping (SIGTERM/SIGINT, a non-finite loss):
+    # one tiny synchronous all-reduce each time, and before every checkpoint. 0: about once a
+    # second (the interval agreed from the workers' step times) and at each epoch's first step.
+    # Agreeing at every step cost 5-15% of 2 CPU workers' throughput (docs/benchmarks.md).
+    check_every_steps: int = field(default=0, metadata={"min": 0})
+
+
+@dataclass(frozen=True)
+class ElasticConfig:
+    """Horovod Elastic: the job goes on when workers leave or join (start it with hvd-train
+    launch; docs/faults.md)."""
+
+    enabled: bool = False  # true: the job runs under Horovod Elastic
+    min_workers: int = _positive(1)  # the fewest workers the job goes on with
+    max_workers: int | None = _positive(None)  # null: as many as the discovery script offers
+    # The path of one executable that prints `host:slots` lines; required when enabled. No
+    # arguments or shell syntax: horovodrun runs it through a shell every second, so `hvd-train
+    # launch` checks it on the launching host and passes it as one quoted word. With
+    # model.factory, one of the two places where a config runs your code.
+    discovery_script: str = field(default="", metadata={"executable": True})
+    # In-memory commit of the state every N steps, besides every epoch's end: what the workers
+    # roll back to when one fails.
+    commit_every_steps: int = _positive(50)
+
+
+@dataclass(frozen=True)
+class LoggingConfig:
+    """What rank 0 writes besides metrics.csv and summary.json (docs/performance.md)."""
+
+    # <run.dir>/tensorboard, rank 0 only: Keras' epoch_loss, epoch_accuracy and
+    # epoch_learning_rate (and validation/), plus throughput/examples_per_sec,
+    # throughput/examples_per_sec_per_worker, throughput/step_time_ms_median,
+    # throughput/epoch_time_s, throughput/epoch_examples and input/wait_fraction.
+    tensorboard: bool = True
+    # [first, last] training step (1-based, counted over the run) to trace with TensorFlow's
+    # profiler on rank 0, into <run.dir>/tensorboard/plugins/profile; [] is off.
+    profile_steps: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class AugmentConfig:
+    """Random augmentation of training batches (images in [0, 1]) on every worker; validation
+    data is never augmented (docs/models.md)."""
+
+    # horizontal, vertical or horizontal_and_vertical; none: off.
+    flip: Literal["none", "horizontal", "vertical", "horizontal_and_vertical"] = "none"
+    # The chance that each image is flipped, per direction.
+    flip_probability: float = field(default=0.5, metadata={"min": 0.0, "max": 1.0})
+    # Pad each side with this many zero pixels, then crop back to the size at a random offset.
+    random_crop: int = field(default=0, metadata={"min": 0})
+    # The largest brightness change: each image gets a delta drawn from +- this; 0: off.
+    brightness: float = field(default=0.0, metadata={"min": 0.0, "max": 1.0})
+    # Each image's contrast is scaled by a factor drawn from 1 +- this; 0: off.
+    contrast: float = field(default=0.0, metadata={"min": 0.0, "max": 1.0})
+
+
+@dataclass(frozen=True)
+class CallbackConfig:
+    """One item of `callbacks:`: a Keras callback the trainer builds at training start.
+
+    `cls` is the YAML key `class`: "module:Name", or a bare name from tf.keras.callbacks.
+    `args` are its constructor's keyword arguments (kept as pairs: the tree is frozen).
+    `ranks`: all or chief; None picks by class (see user_callbacks.py).
+    """
+
+    # "module:Name" or "path/to/file.py:Name", or a bare tf.keras.callbacks name such as
+    # EarlyStopping.
+    cls: str = field(metadata={"key": "class"})
+    args: tuple[tuple[str, Any], ...] = ()  # the constructor's keyword arguments (a mapping)
+    # all, or chief (rank 0 only); null: chief for Keras' file writers (ModelCheckpoint,
+    # CSVLogger, TensorBoard, RemoteMonitor), all for the rest.
+    ranks: Literal["all", "chief"] | None = None
+
+    def kwargs(self) -> dict[str, Any]:
+        """`args` as a fresh dict, so a callback that changes its arguments changes no config."""
+        return copy.deepcopy(dict(self.args))
+
+    def as_dict(self) -> dict[str, Any]:
+        """The item as it is written in YAML."""
+        ranks = {"ranks": self.ranks} if self.ranks else {}
+        return {"class": self.cls, "args": self.kwargs(), **ranks}
+
+
+@dataclass(frozen=True)
+class Config:
+    run: RunConfig = field(default_factory=RunConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    horovod: HorovodConfig = field(default_factory=HorovodConfig)
+    launch: LaunchConfig = field(default_factory=LaunchConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    elastic: ElasticConfig = field(default_factory=ElasticConfig)
+    augment: AugmentConfig = field(default_factory=AugmentConfig)
+    # Your own Keras callbacks, in order: [{class: "module:Name", args: {...}, ranks: ...}].
+    # Imports and runs your code in every worker (docs/security.md; docs/models.md).
+    callbacks: tuple[CallbackConfig, ...] = field(
+        default=(), metadata={"parse": lambda tree, source: _callbacks(tree, source)}
+    )
+
+
+_CALLBACK_KEYS = ("class", "args", "ranks")
+# Keras callbacks that cannot work here, and what to use instead (refused at load and, for
+# subclasses, when built). ReduceLROnPlateau is replaced, not refused: see user_callbacks.py.
+REFUSED_CALLBACKS = {
+    "BackupAndRestore": (
+        "hvd_train already checkpoints and resumes exactly (checkpoint.*, train.resume); "
+        "remove it"
+    ),
+}
+
+
+def _callbacks(tree: Any, default_source: str) -> tuple[CallbackConfig, ...]:
+    """`callbacks:`, a list of {class, args, ranks} mappings, checked item by item."""
+    if isinstance(tree, dict):  # `callbacks: {...}` or `--set callbacks.x=...`
+        raise ConfigError(
+            f"{first_source(tree, default_source)}: callbacks: expected a list of "
+            "{class: 'module:Name', args: {...}} mappings, got a mapping"
+        )
+    items, source = tree.value, tree.source
+    if items is None:
+        return ()
+    if not isinstance(items, list):
+        raise ConfigError(
+            f"{source}: callbacks: expected a list of {{class: 'module:Name', args: {{...}}}} "
+            f"mappings, got {got(items)}"
+        )
+    return tuple(_callback(item, f"callbacks[{i}]", source) for i, item in enumerate(items))
+
+
+def _callback(item: Any, path: str, source: str) -> CallbackConfig:
+    if not isinstance(item, dict):
+        raise ConfigError(
+            f"{source}: {path}: expected a mapping with class (and optional args, ranks), "
+            f"got {got(item)}"
+        )
+    for key in item:
+        if key not in _CALLBACK_KEYS:
+            tagged = {k: Sourced(v, source) for k, v in item.items()}
+            known = dict.fromkeys(_CALLBACK_KEYS)
+            raise ConfigError(unknown_key(tagged, key, f"{path}.", known, source))
+    if "class" not in item:
+        raise ConfigError(
+            f"{source}: {path}.class: required: the callback, as 'module:Name' or a "
+            "tf.keras.callbacks name such as EarlyStopping"
+        )
+    cls = item["class"]
+    if not isinstance(cls, str) or len(cls) > MAX_STRING:
+        raise ConfigError(f"{source}: {path}.class: expected 'module:Name', got {got(cls)}")
+    _check_spec(cls, f"{source}: {path}.class", "Name", bare_ok=True)
+    name = cls.rpartition(":")[2]
+    if name in REFUSED_CALLBACKS:
+        raise ConfigError(f"{source}: {path}.class: {name}: {REFUSED_CALLBACKS[name]}")
+    args = {} if item.get("args") is None else item["args"]
+    if not isinstance(args, dict) or not all(isinstance(k, str) for k in args):
+        raise ConfigError(
+            f"{source}: {path}.args: expected a mapping of the constructor's keyword "
+            f"arguments, got {got(args)}"
+        )
+    ranks = item.get("ranks")
+    if ranks not in (None, "all", "chief"):
+        raise ConfigError(
+            f"{source}: {path}.ranks: expected 'all' or 'chief' (rank 0 only), got {got(ranks)}"
+        )
+    return CallbackConfig(cls, tuple(args.items()), ranks)
+
+
+def _check_spec(spec: str, where: str, what: str, bare_ok: bool = False) -> None:
+    """`module:Name` (or, with `bare_ok`, a bare Name): what `model.factory` and `callbacks`
+    import. The module may be `path/to/file.py`."""
+    module, sep, name = spec.rpartition(":")
+    if (sep and module and name.isidentifier()) or (bare_ok and not sep and name.isidentifier()):
+        return
+    raise ConfigError(f"{where}: expected 'module:{what}', got {SHORT_REPR.repr(spec)}")

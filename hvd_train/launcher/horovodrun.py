@@ -1,0 +1,218 @@
+"""The one horovodrun command for a config: what every launcher starts.
+
+`hvd-train launch`, `hvd-train sweep` and the shell launchers (`launch/single_node.sh`,
+`launch/multi_node.sh`, through `hvd-train launch --print-command`) call `command`, so the same
+config starts the same job whichever of them starts it (as accelerate's `prepare_*_cmd_env`
+serve every accelerate launcher). The GPUs of this machine are counted here alone
+(`count_gpus`).
+
+This module imports nothing heavy (no TensorFlow, no Horovod): launchers call it before any job.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+
+from hvd_train.base.errors import ConfigError
+from hvd_train.config import Config
+
+# Open MPI on a job whose ranks all run on this machine: only its same-host transports (shared
+# memory). Otherwise every rank opens the TCP transport, which listens on all interfaces whatever
+# btl_tcp_if_include says, and the libfabric one, which listens on the host's address
+# (horovodrun's `-mca btl ^openib` turns back on what Debian's openmpi-mca-params.conf turns off).
+# btl_base_include filters on top of `btl`, which horovodrun sets and mpirun takes only once.
+LOOPBACK_MPI_ARGS = ["--mca", "btl_base_include", "self,vader"]
+# Without GPUs the workers share the cores with TensorFlow's threads: Open MPI must yield while
+# it waits instead of busy-polling a core per rank. Only this machine's GPUs are counted: a
+# hostfile of CPU hosts asks for it with --mpi on a launcher that has no GPU either.
+CPU_MPI_ARGS = ["--mca", "mpi_yield_when_idle", "1"]
+
+
+def count_gpus() -> int:
+    """GPUs on this machine (`nvidia-smi -L`), narrowed by CUDA_VISIBLE_DEVICES when it is set;
+    0 without nvidia-smi. Never starts TensorFlow."""
+    if not shutil.which("nvidia-smi"):
+        return 0
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    listed = sum(line.startswith("GPU ") for line in out.stdout.splitlines())
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return listed
+    devices = [v for v in visible.split(",") if v.strip()]
+    return 0 if devices in ([], ["-1"]) else min(listed, len(devices))
+
+
+def command(
+    cfg: Config,
+    config_path: str,
+    overrides: list[str],
+    np: int | None = None,
+    hosts: str | None = None,
+    controller: str | None = None,
+    nics: str = "",
+    ssh: list[str] | None = None,
+) -> tuple[list[str], dict[str, str]]:
+    """The horovodrun command line and environment of the job `cfg` describes.
+
+    Args:
+        cfg: the resolved config (its Horovod knobs and elastic section shape the command).
+        config_path: the YAML file the workers load (passed as its real path).
+        overrides: the `--set key=value` items the workers apply after it.
+        np: workers. Defaults to one per GPU here (`count_gpus`), else `launch.cpu_workers`.
+        hosts: horovodrun's `-H host:slots,...`. Defaults to `localhost:NP`.
+        controller: "mpi" or "gloo". Defaults to `horovod.controller`.
+        nics: interfaces the job talks on (`--network-interfaces`). Defaults to `lo` when all
+            hosts are loopback, else to Horovod's own choice.
+        ssh: horovodrun's ssh flags (`--ssh-port P`, `--ssh-identity-file F`). Defaults to none.
+
+    Returns:
+        (argv, env): env is this process's environment with what the job adds.
+    """
+    gpus = count_gpus()
+    np = np or workers(cfg, gpus)
+    cmd = [_horovodrun(), "-np", str(np)]
+    if cfg.elastic.enabled:  # Horovod Elastic (Gloo): hosts come and go as the script reports them
+        e = cfg.elastic
+        cmd += ["--min-np", str(e.min_workers)]
+        cmd += ["--host-discovery-script", discovery_command(e.discovery_script)]
+        cmd += ["--max-np", str(e.max_workers)] if e.max_workers else []
+        cmd += ["--gloo", *(ssh or [])]
+    else:
+        hosts = hosts or f"localhost:{np}"
+        mpi = (controller or cfg.horovod.controller) == "mpi"
+        # horovodrun --mpi adds --allow-run-as-root (containers run as root), -bind-to none and
+        # -map-by slot itself.
+        cpu = CPU_MPI_ARGS if gpus == 0 else []
+        cmd += ["-H", hosts, "--mpi" if mpi else "--gloo"]
+        cmd += network_flags(hosts, mpi, cpu, nics, ssh or [])
+    cmd += horovod_flags(cfg)
+    cmd += [sys.executable, "-m", "hvd_train", "--config", os.path.realpath(config_path)]
+    cmd += [arg for item in overrides for arg in ("--set", item)]
+    return cmd, job_env()
+
+
+def workers(cfg: Config, gpus: int | None = None) -> int:
+    """The default worker count here: one per GPU (`gpus`, counted when not given), else
+    `launch.cpu_workers`."""
+    return (count_gpus() if gpus is None else gpus) or cfg.launch.cpu_workers
+
+
+def shared_cpu_note(
+    cfg: Config, np: int, hosts: str | None, gpus: int, controller: str | None = None
+) -> str | None:
+    """One line before a job whose CPU workers share this host's cores, else None.
+
+    Such workers split the cores, and each all-reduce's CPU work comes out of its worker's
+    share: for a compute-bound model they beat one process on all cores, for one with large
+    gradients against its compute they do not (docs/benchmarks.md). Which a model is shows
+    only once it trains, so the line names the choice for the second; and Open MPI where Gloo
+    would run (Gloo's all-reduce costs twice the CPU).
+    """
+    local = hosts is None or on_loopback(hosts)
+    if gpus or np < 2 or not local or cfg.elastic.enabled:
+        return None
+    cores = len(os.sched_getaffinity(0))
+    mpi = (controller or cfg.horovod.controller) == "mpi"
+    return (
+        f"{np} workers will share this host's {cores} CPU cores: "
+        + ("" if mpi else "--mpi spends less of them on the all-reduce; ")
+        + "a model with large gradients against its compute trains faster in one process "
+        "(--np 1; docs/performance.md#one-cpu-host)"
+    )
+
+
+def job_env() -> dict[str, str]:
+    """The environment a job runs in: this one, TensorFlow's C++ log quieter (horovodrun
+    imports TensorFlow too), and this interpreter's folder first on PATH."""
+    env = dict(os.environ)
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    bindir = os.path.dirname(sys.executable)
+    env["PATH"] = f"{bindir}{os.pathsep}{env.get('PATH', '')}"
+    return env
+
+
+def _horovodrun() -> str:
+    """HVD_TRAIN_HOROVODRUN, else the horovodrun beside this Python, else the one on PATH."""
+    beside = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+    if os.environ.get("HVD_TRAIN_HOROVODRUN"):
+        return os.environ["HVD_TRAIN_HOROVODRUN"]
+    return beside if os.path.exists(beside) else shutil.which("horovodrun") or "horovodrun"
+
+
+def horovod_flags(cfg: Config) -> list[str]:
+    """The config's Horovod knobs as horovodrun flags (the trainer applies the same knobs
+    itself when started without them, by plain mpirun)."""
+    h, flags = cfg.horovod, []
+    if h.fusion_threshold_mb is not None:
+        flags += ["--fusion-threshold-mb", _number(h.fusion_threshold_mb)]
+    if h.cycle_time_ms is not None:
+        flags += ["--cycle-time-ms", _number(h.cycle_time_ms)]
+    if h.timeline:  # rank 0 writes it; absolute, as workers on other hosts resolve it too
+        flags += [
+            "--timeline-filename",
+            os.path.join(os.path.realpath(cfg.run.dir), "timeline.json"),
+        ]
+    return flags + (["--autotune"] if h.autotune else [])
+
+
+def _number(value: float) -> str:
+    return str(value)  # as `python -m hvd_train.config --get` prints it
+
+
+def network_flags(
+    hosts: str, mpi: bool, mpi_args: list[str] | None = None, nics: str = "",
+    ssh: list[str] | None = None,
+) -> list[str]:  # fmt: skip
+    """horovodrun flags for the interfaces the job binds to and talks on, with `mpi_args` and
+    the network's Open MPI flags as the one --mpi-args horovodrun keeps, and `ssh` between.
+
+    Named interfaces (`nics`) win: Horovod sets Gloo's interface, btl_tcp_if_include and
+    NCCL_SOCKET_IFNAME from them, and mpirun's own traffic follows oob_tcp_if_include. Else,
+    when every host is this machine's loopback: `--network-interfaces lo` and, under MPI,
+    LOOPBACK_MPI_ARGS. What stays on all interfaces, whatever the flags: horovodrun's
+    rendezvous server (Gloo) and mpirun's out-of-band listener (docs/security.md).
+    """
+    args = list(mpi_args or [])
+    if nics:
+        args += ["--mca", "oob_tcp_if_include", nics]
+    elif on_loopback(hosts):
+        args += LOOPBACK_MPI_ARGS
+    interfaces = nics or ("lo" if on_loopback(hosts) else "")
+    flags = ["--network-interfaces", interfaces] if interfaces else []
+    # horovodrun pastes --mpi-args into the mpirun command that a shell runs: quote each word.
+    mpi_flag = [f"--mpi-args={shlex.join(args)}"] if mpi and args else []
+    return [*mpi_flag, *(ssh or []), *flags]
+
+
+def on_loopback(hosts: str) -> bool:
+    """Whether every host of horovodrun's `-H host:slots,...` is a loopback name or address."""
+    names = [h.strip().rsplit(":", 1)[0] for h in hosts.split(",") if h.strip()]
+    return bool(names) and all(n in ("localhost", "::1") or n.startswith("127.") for n in names)
+
+
+def discovery_command(path: str) -> str:
+    """`elastic.discovery_script` as horovodrun's `--host-discovery-script`: one quoted word.
+
+    horovodrun runs the script here, on the launching host, through a shell (Horovod's
+    `safe_shell_exec`: `Popen(command, shell=True)`), every second. The loader already refused
+    anything but one plain path (workers load the config too, but the script need not exist
+    on them, as on Kubernetes, where only the launcher has it); here it must exist and be
+    executable, and its absolute path is shell-quoted: the folder it is relative to may hold
+    any character.
+    """
+    full = os.path.abspath(path)
+    if not os.path.isfile(full):
+        raise ConfigError(
+            f"elastic.discovery_script: {full}: no such file on this host, which runs it for "
+            "horovodrun"
+        )
+    if not os.access(full, os.X_OK):
+        raise ConfigError(f"elastic.discovery_script: {full}: not executable; chmod +x it")
+    return shlex.quote(full)

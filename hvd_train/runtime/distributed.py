@@ -1,0 +1,336 @@
+"""Everything that touches Horovod's global state: init, ranks, devices, collectives, logging.
+
+Nothing else in hvd_train calls `hvd.rank()`: code asks `is_chief()` or uses `rank_zero_only`.
+Collectives (`allreduce_sum`, `broadcast_object`) must be called on every rank.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import horovod
+import horovod.tensorflow as hvd_tf
+import numpy as np
+import tensorflow as tf
+
+from hvd_train.base import logs
+from hvd_train.base.errors import UserError
+from hvd_train.config import HorovodConfig
+from hvd_train.runtime import keras_stack
+from hvd_train.runtime.keras_stack import hvd
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _autograph_leaves_horovod_alone() -> None:
+    """Adds Horovod to the libraries autograph does not convert (TensorFlow, Keras, NumPy are).
+
+    Keras traces the train step with autograph, which rewrites every function it calls that is
+    not on that list: Horovod's all-reduce, broadcast and name helpers, 25 functions at 0.15 s
+    each, in every process's first step (4 s of the quickstart's 2-worker first step here).
+    Horovod's graph code is written for TensorFlow 1's graph mode: its conditions are on Python
+    values, so converting it changes nothing but the time. A private TensorFlow module: where it
+    is missing (a future release), autograph converts Horovod as before.
+    """
+    try:
+        from tensorflow.python.autograph.core import config as autograph_config
+    except ImportError:
+        return
+    rules = getattr(autograph_config, "CONVERSION_RULES", None)
+    rule = getattr(autograph_config, "DoNotConvert", None)
+    if isinstance(rules, tuple) and rule is not None:
+        autograph_config.CONVERSION_RULES = (rule("horovod"), *rules)
+
+
+_autograph_leaves_horovod_alone()
+
+
+def init(knobs: HorovodConfig, run_dir: str) -> None:
+    """Starts Horovod (Gloo or MPI, whichever horovodrun or mpirun chose) with the config's knobs.
+
+    Horovod reads its tuning from the environment at init; a value the launcher already set
+    (a horovodrun flag) wins over the config.
+    """
+    env = {
+        "HOROVOD_FUSION_THRESHOLD": knobs.fusion_threshold_mb and knobs.fusion_threshold_mb << 20,
+        "HOROVOD_CYCLE_TIME": cycle_time_ms(knobs),
+        "HOROVOD_AUTOTUNE": 1 if knobs.autotune else None,
+        "HOROVOD_TIMELINE": os.path.abspath(os.path.join(run_dir, "timeline.json"))
+        if knobs.timeline
+        else None,
+        "HOROVOD_STALL_CHECK_TIME_SECONDS": knobs.stall_warning_s,
+        "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": knobs.stall_shutdown_s or None,
+    }
+    if knobs.fusion_threshold_mb == 0:
+        env["HOROVOD_FUSION_THRESHOLD"] = 0  # 0 turns fusion off
+    for key, value in env.items():
+        if value is not None:
+            os.environ.setdefault(key, str(value))
+    if knobs.timeline:
+        os.makedirs(run_dir, exist_ok=True)  # Horovod opens the file at init, on rank 0
+    if "OMPI_COMM_WORLD_SIZE" in os.environ and not tf.config.list_physical_devices("GPU"):
+        # Open MPI busy-polls in blocking calls, and Horovod's background thread makes one every
+        # cycle, on the core its worker computes on: let it yield (see docs/benchmarks.md).
+        os.environ.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
+        one_host = (
+            os.environ.get("OMPI_COMM_WORLD_LOCAL_SIZE") == os.environ["OMPI_COMM_WORLD_SIZE"]
+        )
+        # Unless somebody (mpirun --mca, the environment) chose the algorithm already.
+        if one_host and not any(key in os.environ for key in ONE_HOST_RING):
+            os.environ.update(ONE_HOST_RING)
+    hvd.init()
+    if _BOUND_CORES and _launcher_local_rank() != (hvd.local_rank(), hvd.local_size()):
+        raise UserError(
+            "runtime.bind_cores: the launcher did not give this worker its local rank before "
+            "start (HOROVOD_LOCAL_RANK or OMPI_COMM_WORLD_LOCAL_RANK); launch with horovodrun "
+            "or mpirun, or set runtime.bind_cores: false"
+        )
+
+
+# Open MPI's ring all-reduce for a job on one CPU host, read at MPI_Init. Its own choice for
+# 49 MB between 2 ranks cost 35-41 ms of CPU, the ring 24-30 ms (benchmarks/allreduce_cost.py),
+# and on a CPU host that time is taken from the workers' compute.
+ONE_HOST_RING = {
+    "OMPI_MCA_coll_tuned_use_dynamic_rules": "1",
+    "OMPI_MCA_coll_tuned_allreduce_algorithm": "4",
+}
+
+
+# This worker's cores when bind_cores() gave it a share of the host, else empty.
+_BOUND_CORES: list[int] = []
+
+
+def bind_cores() -> list[int]:
+    """Binds this worker's threads to its own share of the cores, by local rank; returns them.
+
+    Call before `init()` and before TensorFlow runs anything: threads started later (TensorFlow's
+    pools, tf.data's, Horovod's background thread) inherit the binding. The cores this process
+    may use (its affinity mask, which honours taskset and container limits) are cut into one
+    contiguous block per local worker; with more workers than cores, workers share cores round
+    robin. Horovod's background thread is pinned to the first core of the block through
+    HOROVOD_THREAD_AFFINITY (a launcher's value wins).
+    """
+    local, count = _launcher_local_rank()
+    cores = sorted(os.sched_getaffinity(0))
+    per = len(cores) // count
+    mine = cores[local * per : (local + 1) * per] if per else [cores[local % len(cores)]]
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(tid), mine)
+        except ProcessLookupError:  # a thread that has just exited
+            pass
+    # Horovod indexes this list by local rank; only this process reads its copy.
+    os.environ.setdefault("HOROVOD_THREAD_AFFINITY", ",".join([str(mine[0])] * count))
+    _BOUND_CORES[:] = mine
+    return mine
+
+
+def binds_cores(setting: bool | None) -> bool:
+    """Whether this worker binds itself to its share of the cores (`runtime.bind_cores`).
+
+    Unset (None): yes on a host without a GPU where the launcher started several workers, which
+    then share its cores: unbound, the scheduler moves their threads between cores and puts
+    two workers' threads on one core while the other waits (10-13% slower here,
+    docs/benchmarks.md). Not with GPUs (the launcher's placement is kept), nor for a lone worker
+    or one whose launcher did not say its local rank.
+    """
+    if setting is not None:
+        return setting
+    return _launcher_local_rank()[1] > 1 and not tf.config.list_physical_devices("GPU")
+
+
+def bound_cores() -> list[int]:
+    """The cores `bind_cores` gave this worker ([] when it was not called)."""
+    return list(_BOUND_CORES)
+
+
+# A lone worker's Horovod cycle: its background thread wakes every cycle even with no peer to
+# agree with, which at Horovod's 1 ms took about 3% of a core (docs/benchmarks.md).
+ALONE_CYCLE_TIME_MS = 10.0
+
+
+def cycle_time_ms(knobs: HorovodConfig) -> float | None:
+    """`horovod.cycle_time_ms`; unset, 10 ms for a job of one worker (not elastic, which may
+    grow), else Horovod's own default. At one worker only the epoch-end collectives wait for
+    a cycle: gradients skip the all-reduce."""
+    if knobs.cycle_time_ms is not None:
+        return knobs.cycle_time_ms
+    alone = logs.launcher_size() == 1 and not os.environ.get("HOROVOD_ELASTIC")
+    return ALONE_CYCLE_TIME_MS if alone else None
+
+
+def _launcher_local_rank() -> tuple[int, int]:
+    """(local rank, local size) from the launcher's environment, readable before hvd.init()."""
+    for rank_key, size_key in (
+        ("HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE"),  # horovodrun (Gloo)
+        ("OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"),  # mpirun, horovodrun --mpi
+    ):
+        if rank_key in os.environ and size_key in os.environ:
+            return int(os.environ[rank_key]), int(os.environ[size_key])
+    return 0, 1
+
+
+def rank() -> int:
+    return hvd.rank()
+
+
+def size() -> int:
+    return hvd.size()
+
+
+def local_rank() -> int:
+    return hvd.local_rank()
+
+
+def local_size() -> int:
+    return hvd.local_size()
+
+
+def is_chief() -> bool:
+    """True on the one worker that writes files and prints progress (rank 0)."""
+    return hvd.rank() == 0
+
+
+# Variables an MPI launcher (Open MPI's mpirun, horovodrun --mpi; MPICH/PMIx) sets in each worker.
+_MPI_LAUNCHER_ENV = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK")
+
+
+def controller() -> str:
+    """'gloo' or 'mpi': the controller this job runs on; 'none' for one process started
+    without horovodrun or mpirun (Horovod then starts MPI for itself alone: no job to control).
+    """
+    if hvd.gloo_enabled():
+        return "gloo"
+    return "mpi" if any(k in os.environ for k in _MPI_LAUNCHER_ENV) else "none"
+
+
+def rank_zero_only(fn: F) -> F:
+    """Runs `fn` on rank 0 only; elsewhere it returns None. Never wrap a collective in it."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        return fn(*args, **kwargs) if is_chief() else None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def log(message: str, *, all_ranks: bool = False) -> None:
+    """Prints on rank 0; with `all_ranks=True` every rank prints, prefixed `[rank N]`.
+
+    Rank 0's lines also go to its log file (logs.py); other ranks' stderr is their log file.
+    A log nobody reads any more (the launcher that held the pipe died) does not stop the run:
+    its stop or its failure still has to be recorded.
+    """
+    try:
+        if all_ranks:
+            print(f"[rank {rank()}] {message}", file=sys.stderr, flush=True)
+        elif is_chief():
+            print(f"[hvd_train] {message}", flush=True)
+            logs.copy(f"[hvd_train] {message}")
+    except OSError:  # a pipe nobody reads
+        pass
+
+
+def configure_devices(intra_op_threads: int, inter_op_threads: int) -> str:
+    """Pins this process to its device and sizes TensorFlow's thread pools; returns 'gpu'|'cpu'.
+
+    Must run before TensorFlow executes any op. `list_physical_devices` only enumerates GPUs; it
+    does not create a context on each of them (as `device_lib.list_local_devices()` would, the
+    trap that makes every worker allocate memory on every GPU).
+    """
+    gpus = tf.config.list_physical_devices("GPU")
+    if gpus:
+        # Horovod: one GPU per process, chosen by local rank. A launcher that already narrowed
+        # CUDA_VISIBLE_DEVICES to one GPU per process leaves exactly one visible.
+        if len(gpus) > 1 and local_rank() >= len(gpus):
+            raise UserError(
+                f"worker with local rank {local_rank()} found only {len(gpus)} GPUs on "
+                f"this host; start at most {len(gpus)} workers per host"
+            )
+        gpu = gpus[local_rank() if len(gpus) > 1 else 0]
+        tf.config.experimental.set_memory_growth(gpu, True)
+        tf.config.set_visible_devices(gpu, "GPU")
+    else:
+        # On CPU, workers on one host share its cores: give each its fair share, not all.
+        # After bind_cores the affinity mask already is this worker's share.
+        cores = len(os.sched_getaffinity(0))
+        share = cores if _BOUND_CORES else max(1, cores // local_size())
+        intra_op_threads = intra_op_threads or share
+        inter_op_threads = inter_op_threads or 2
+    if intra_op_threads:
+        tf.config.threading.set_intra_op_parallelism_threads(intra_op_threads)
+    if inter_op_threads:
+        tf.config.threading.set_inter_op_parallelism_threads(inter_op_threads)
+    return "gpu" if gpus else "cpu"
+
+
+def allreduce_sum(values: np.ndarray | list[float], name: str) -> np.ndarray:
+    """Sums a float64 vector over all ranks (exact counts and sums, not a mean of means)."""
+    tensor = tf.constant(np.asarray(values, dtype=np.float64))
+    return hvd_tf.allreduce(tensor, op=hvd_tf.Sum, name=name).numpy()
+
+
+def barrier(name: str) -> None:
+    """Returns once every rank has called it (a one-number all-reduce)."""
+    if size() > 1:
+        allreduce_sum([0.0], name)
+
+
+def broadcast_object(obj: Any, name: str) -> Any:
+    """Rank 0's `obj` on every rank."""
+    return hvd_tf.broadcast_object(obj, root_rank=0, name=name)
+
+
+def allgather_object(obj: Any, name: str) -> list[Any]:
+    """Every rank's `obj`, in rank order, on every rank."""
+    return hvd_tf.allgather_object(obj, name=name)
+
+
+def stop_timeline() -> None:
+    """Stops Horovod's timeline; rank 0's writer then flushes and closes timeline.json."""
+    hvd.stop_timeline()
+
+
+def broadcast_variables(variables: list[tf.Variable]) -> None:
+    """Copies rank 0's values into `variables` on every rank."""
+    hvd_tf.broadcast_variables(variables, root_rank=0)
+
+
+def versions() -> dict[str, str]:
+    """summary.json's `versions`: the stack this run trained on (`keras`: "tf_keras 2.18.0")."""
+    return {
+        "python": sys.version.split()[0],
+        "tensorflow": tf.__version__,
+        "keras": keras_stack.describe(),
+        "horovod": horovod.__version__,
+    }
+
+
+def chief_computes(fn: Callable[[], Any], name: str) -> Any:
+    """Runs `fn` on rank 0 alone and gives every rank its result, or its error.
+
+    For work whose answer every rank must share, done once (listing and checking a data
+    folder). A UserError on rank 0 is raised on every rank, so none is left waiting in the
+    broadcast; another error on rank 0 ends the other ranks with a RuntimeError. Without
+    Horovod started (a tool run outside a job), it just calls `fn`.
+    """
+    if not hvd.is_initialized() or size() == 1:
+        return fn()
+    result: Any = None
+    error: Exception | None = None
+    if is_chief():
+        try:
+            result = fn()
+        except Exception as e:  # shared below, then raised on rank 0 too
+            error = e
+    shared = error if isinstance(error, UserError) or error is None else RuntimeError(repr(error))
+    result, shared = broadcast_object((result, shared), name=name)
+    if error is not None:
+        raise error
+    if shared is not None:
+        raise shared
+    return result

@@ -1,0 +1,138 @@
+"""The speed knobs: core binding, mixed precision, and the Horovod optimizer with its gradient
+compression, accumulation and loss scaling. Each is applied at the one point of the run where
+it must be: binding before Horovod and TensorFlow start threads, the precision policy before
+the model is built, the optimizer wrapping at compile.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+
+import tensorflow as tf
+
+from hvd_train.config import Config, Derived
+from hvd_train.runtime import distributed
+from hvd_train.runtime.keras_stack import hvd, keras
+
+
+def before_init(cfg: Config) -> None:
+    """What must happen before `hvd.init()` and before TensorFlow creates its thread pools."""
+    if distributed.binds_cores(cfg.runtime.bind_cores):
+        distributed.bind_cores()
+    if cfg.runtime.jit_compile:
+        _prepare_xla()
+
+
+def _prepare_xla() -> None:
+    # Horovod's all-reduce has an XLA implementation only in CUDA builds that compiled its
+    # xla_mpi_ops.cc (HOROVOD_ENABLE_XLA_OPS, read at hvd.init): there the whole train step is
+    # compiled. Elsewhere (CPU; Horovod built for TensorFlow 2.19+, which drops that file:
+    # scripts/patch_horovod.py) compiling the whole step fails on the HorovodAllreduce op, so
+    # XLA auto-clustering compiles what it can of the step, and the all-reduce stays outside.
+    if whole_step_xla(bool(tf.config.list_physical_devices("GPU")), horovod_has_xla_ops()):
+        os.environ.setdefault("HOROVOD_ENABLE_XLA_OPS", "1")
+    else:
+        flags = os.environ.get("TF_XLA_FLAGS", "")
+        if "--tf_xla_cpu_global_jit" not in flags:
+            os.environ["TF_XLA_FLAGS"] = f"{flags} --tf_xla_cpu_global_jit".strip()
+        tf.config.optimizer.set_jit("autoclustering")
+
+
+def whole_step_xla(gpu: bool, xla_ops: bool) -> bool:
+    """Whether `runtime.jit_compile` compiles the whole train step (all-reduce included)."""
+    return gpu and xla_ops
+
+
+def horovod_has_xla_ops(lib: pathlib.Path | None = None) -> bool:
+    """Whether Horovod's TensorFlow library (`lib`: the installed one) holds its XLA all-reduce,
+    the custom-call target xla_mpi_ops.cc registers in CUDA builds: its bytes searched, nothing
+    imported or loaded."""
+    import importlib.util
+    import mmap
+
+    if lib is None:
+        spec = importlib.util.find_spec("horovod.tensorflow")
+        origin = spec.origin if spec else None
+        lib = next(pathlib.Path(origin).parent.glob("mpi_lib*.so"), None) if origin else None
+    if lib is None or lib.stat().st_size == 0:
+        return False
+    with open(lib, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        return data.find(b"CallbackHVDAllreduce") >= 0
+
+
+def jit_compile(cfg: Config, device: str) -> bool:
+    """Keras' `jit_compile` for model.compile: the whole train step where XLA can compile the
+    all-reduce (see _prepare_xla)."""
+    return cfg.runtime.jit_compile and whole_step_xla(device == "gpu", horovod_has_xla_ops())
+
+
+def apply_precision(cfg: Config) -> None:
+    """Sets the Keras precision policy; call after the devices are configured, before the model
+    is built (layers take the policy in force when they are created)."""
+    policy = "float32" if cfg.runtime.mixed_precision == "none" else cfg.runtime.mixed_precision
+    keras.mixed_precision.set_global_policy(policy)
+
+
+def distributed_optimizer(
+    optimizer: keras.optimizers.Optimizer, cfg: Config
+) -> keras.optimizers.Optimizer:
+    """Wraps `optimizer` in Horovod's DistributedOptimizer with the configured knobs, and in a
+    LossScaleOptimizer under mixed_float16.
+
+    The order matters: the LossScaleOptimizer goes outside. It scales the loss, the Horovod
+    optimizer inside all-reduces the (scaled) gradients, then they are unscaled; so every rank
+    sees the same, all-reduced gradients when the loss scaler decides to skip a step on inf/NaN,
+    and the ranks stay identical. (Horovod cannot wrap a LossScaleOptimizer: it rebuilds the
+    optimizer from its class and config, which Keras' LossScaleOptimizer does not support.)
+    """
+    acc = cfg.train.gradient_accumulation_steps
+    wrapped = hvd.DistributedOptimizer(
+        optimizer,
+        # Horovod: float16 on the wire halves the bytes; values are cast back after the sum.
+        compression=hvd.Compression.fp16
+        if cfg.horovod.compression == "fp16"
+        else hvd.Compression.none,
+        # Horovod: sum `acc` batches locally, all-reduce once, divide by `acc`: the update is
+        # the mean gradient over the effective batch, as one step of that batch would give.
+        backward_passes_per_step=acc,
+        average_aggregated_gradients=acc > 1,
+    )
+    if cfg.runtime.mixed_precision == "mixed_float16":
+        return keras.mixed_precision.LossScaleOptimizer(wrapped)
+    return wrapped
+
+
+def log_knobs(cfg: Config, plan: Derived) -> None:
+    """One line on rank 0 for the speed knobs that are on; each rank's cores when bound."""
+    parts = []
+    if plan.accumulation_steps > 1:
+        parts.append(
+            f"gradient accumulation: {plan.accumulation_steps} batches per update, effective "
+            f"batch {plan.effective_batch}"
+        )
+    if cfg.runtime.mixed_precision != "none":
+        parts.append(f"precision {cfg.runtime.mixed_precision}")
+    if cfg.horovod.compression != "none":
+        parts.append(f"gradients sent as {cfg.horovod.compression}")
+    if cfg.runtime.jit_compile:
+        auto = tf.config.optimizer.get_jit() == "autoclustering"
+        parts.append(
+            "XLA auto-clustering (the all-reduce outside)" if auto else "XLA: the whole train step"
+        )
+    if cfg.horovod.timeline:
+        parts.append("Horovod timeline on (its writer thread polls on rank 0: slower steps)")
+    if distributed.controller() == "mpi":
+        if os.environ.get("OMPI_MCA_mpi_yield_when_idle"):
+            parts.append("Open MPI polling yields the core (OMPI_MCA_mpi_yield_when_idle=1)")
+        if distributed.ONE_HOST_RING.items() <= os.environ.items():
+            parts.append("Open MPI's ring all-reduce (one CPU host)")
+    if parts:
+        distributed.log(" | ".join(parts))
+    if distributed.bound_cores():
+        distributed.log(
+            f"bound to cores {distributed.bound_cores()}, Horovod thread on core "
+            f"{os.environ['HOROVOD_THREAD_AFFINITY'].split(',')[distributed.local_rank()]}, "
+            f"{tf.config.threading.get_intra_op_parallelism_threads()} intra-op threads",
+            all_ranks=True,
+        )

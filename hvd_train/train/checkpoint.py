@@ -1,0 +1,355 @@
+"""Saving: resumable checkpoints and plain Keras models, both written atomically.
+
+A write that fails raises `CheckpointError` (see `write_error`): the run ends with exit code 1
+and the checkpoints written before stay as they were.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import math
+import os
+import re
+import shutil
+from typing import Any
+
+import tensorflow as tf
+
+from hvd_train.base.errors import CheckpointError
+from hvd_train.config import CheckpointConfig
+from hvd_train.runtime.keras_stack import keras
+from hvd_train.train.models import plain_clone
+
+
+def export_plain_model(model: keras.Model, path: str) -> str:
+    """Writes architecture and weights, without the (Horovod-wrapped) optimizer, atomically.
+
+    The file loads with the stack's Keras 2 (`tf.keras` on TensorFlow 2.15, `tf_keras` on 2.16+:
+    `load_model(path)`) where Horovod is not installed.
+    A functional or sequential model is cloned and saved as `.keras`; a subclassed model, which
+    cannot be cloned, is saved as a SavedModel folder (`path` without `.keras`). A crash during
+    the write leaves any previous file at `path` as it was. Returns the path written.
+
+    Raises:
+        OSError or tf.errors.OpError: the write failed (its temporary file is removed).
+    """
+    try:
+        plain = plain_clone(model)  # Horovod's SyncBatchNormalization back to plain Keras
+    except ValueError:  # subclassed model
+        target = path.removesuffix(".keras")
+        _atomic(target, lambda tmp: model.save(tmp, save_format="tf", include_optimizer=False))
+        return target
+    _atomic(path, lambda tmp: plain.save(tmp))
+    return path
+
+
+def _atomic(path: str, write) -> None:
+    """`write(tmp)` next to `path`, then rename over it: readers see the old or the new, whole.
+
+    A process killed mid-write leaves `<stem>.tmp-<pid>[.keras]` or `<path>.old-<pid>`, which
+    `remove_strays` deletes when the next job starts.
+    """
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    suffix = ".keras" if path.endswith(".keras") else ""
+    tmp = f"{path.removesuffix(suffix)}.tmp-{os.getpid()}{suffix}"
+    try:
+        write(tmp)
+        if os.path.isdir(path) and os.path.isdir(tmp):
+            old = f"{path}.old-{os.getpid()}"
+            os.replace(path, old)
+            os.replace(tmp, path)
+            shutil.rmtree(old)
+        else:
+            os.replace(tmp, path)
+    finally:
+        if os.path.isdir(tmp):
+            shutil.rmtree(tmp, ignore_errors=True)
+        elif os.path.exists(tmp):
+            os.remove(tmp)
+
+
+# --------------------------------------------------------------------------- resumable checkpoints
+
+CHECKPOINT_PATTERN = re.compile(r"^ckpt-(\d{8})$")
+STATE_FILE = "state.json"
+PREFIX = "ckpt"  # tf.train.Checkpoint files inside a checkpoint folder: ckpt.index, ckpt.data-*
+
+
+class CheckpointStore:
+    """`run.dir/checkpoints/`: resumable checkpoints, written atomically, pruned, best kept.
+
+    A checkpoint is a folder `ckpt-<global step, 8 digits>/` holding the model's and the
+    optimizer's variables (`tf.train.Checkpoint`: weights, slots, the step counter that drives
+    the learning-rate schedule) and `state.json` (epoch, step in epoch, examples of the epoch
+    already seen, seed, worker count, batch sizes, the epoch's metrics). It is written under a
+    temporary name and renamed into place, so a crash mid-write never leaves a partial
+    checkpoint under a valid name. Only rank 0 calls `save`.
+    """
+
+    def __init__(self, run_dir: str, cfg: CheckpointConfig):
+        self.dir = os.path.join(run_dir, "checkpoints")
+        self.cfg = cfg
+
+    def save(self, model: keras.Model, state: dict[str, Any]) -> str:
+        """Writes one checkpoint for `state["global_step"]`, then prunes; returns its folder.
+
+        Raises:
+            CheckpointError: the write failed (disk full, no permission); the partial folder is
+                removed and the earlier checkpoints are left as they were.
+        """
+        final = os.path.join(self.dir, f"ckpt-{state['global_step']:08d}")
+        try:
+            self._write(model, state, final)
+        except (OSError, tf.errors.OpError) as e:
+            raise write_error(final, e, self.newest(), "checkpoint ") from e
+        self.prune()
+        return final
+
+    def _write(self, model: keras.Model, state: dict[str, Any], final: str) -> None:
+        os.makedirs(self.dir, exist_ok=True)
+        tmp = os.path.join(self.dir, f".tmp-ckpt-{state['global_step']:08d}-{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        try:
+            os.makedirs(tmp)
+            tf.train.Checkpoint(model=model, optimizer=model.optimizer).write(
+                os.path.join(tmp, PREFIX)
+            )
+            _write_json(os.path.join(tmp, STATE_FILE), state)
+            _fsync_dir(tmp)
+            if os.path.isdir(final):  # the same step written again (a rerun with resume: never)
+                shutil.rmtree(final)
+            os.rename(tmp, final)
+            _fsync_dir(self.dir)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    def named(self) -> list[str]:
+        """Every folder named as a checkpoint (`ckpt-<step>`), complete or not, oldest first."""
+        try:
+            names = os.listdir(self.dir)
+        except FileNotFoundError:
+            return []
+        return [os.path.join(self.dir, n) for n in sorted(names) if CHECKPOINT_PATTERN.match(n)]
+
+    def valid(self) -> list[str]:
+        """Complete checkpoint folders, oldest first."""
+        return [path for path in self.named() if is_checkpoint(path)]
+
+    def newest(self) -> str | None:
+        found = self.valid()
+        return found[-1] if found else None
+
+    def best(self) -> str | None:
+        """The valid checkpoint with the best `monitor` value among those that recorded it."""
+        scored = []
+        for path in self.valid():
+            value = read_state(path).get("metrics", {}).get(self.cfg.monitor)
+            if value is not None and math.isfinite(value):
+                scored.append((value, path))
+        if not scored:
+            return None
+        pick = max if monitor_mode(self.cfg) == "max" else min
+        return pick(scored, key=lambda vp: vp[0])[1]
+
+    def prune(self) -> None:
+        """Keeps the newest `keep_last` checkpoints and the best one."""
+        found = self.valid()
+        keep = set(found[-self.cfg.keep_last :]) | {self.best()}
+        for path in found:
+            if path not in keep:
+                shutil.rmtree(path, ignore_errors=True)
+
+    @staticmethod
+    def set_aside(path: str) -> str:
+        """Renames a checkpoint that cannot be loaded to `<path>.unloadable`, out of the way of
+        resume, pruning and the best-checkpoint search (kept for a look; delete it by hand)."""
+        target = f"{path}.unloadable"
+        shutil.rmtree(target, ignore_errors=True)
+        os.rename(path, target)
+        return target
+
+
+def monitor_mode(cfg: CheckpointConfig) -> str:
+    """'min' or 'max': auto means max for accuracy, min for a loss."""
+    if cfg.mode != "auto":
+        return cfg.mode
+    return "max" if cfg.monitor.endswith("accuracy") else "min"
+
+
+def is_checkpoint(path: str) -> bool:
+    """A complete checkpoint folder: state.json readable and the variables' index present."""
+    try:
+        read_state(path)
+    except (OSError, ValueError):
+        return False
+    return os.path.exists(os.path.join(path, f"{PREFIX}.index"))
+
+
+def read_state(path: str) -> dict[str, Any]:
+    with open(os.path.join(path, STATE_FILE)) as f:
+        return json.load(f)
+
+
+# What resuming reads from state.json.
+STATE_KEYS = ("epoch", "step", "examples_in_epoch", "world_size", "global_batch")
+
+
+class Unloadable(Exception):
+    """A checkpoint that cannot be restored into this model; the message says why.
+
+    `mismatch`: it was read, but its variables do not fit this model and optimizer (a changed
+    config, not a damaged file).
+    """
+
+    def __init__(self, why: str, mismatch: bool = False):
+        super().__init__(why)
+        self.mismatch = mismatch
+
+
+def load(model: keras.Model, path: str) -> dict[str, Any]:
+    """Restores checkpoint `path` into `model` and its (already built) optimizer; returns its
+    state.
+
+    state.json is read first, so an unreadable one leaves the model untouched. A restore that
+    fails part-way may have overwritten some variables; restoring another checkpoint of the
+    same model afterwards overwrites them all (tf.train.Checkpoint restores every variable it
+    matches, and `load` insists that all of them match).
+
+    Raises:
+        Unloadable: state.json is unreadable, ckpt.index is missing, a file is truncated or
+            corrupt, or the variables do not match.
+    """
+    try:
+        state = read_state(path)
+        missing = [k for k in STATE_KEYS if k not in state]
+    except (OSError, ValueError, TypeError) as e:
+        raise Unloadable(f"{STATE_FILE} is unreadable ({_brief(e)})") from e
+    if missing:
+        raise Unloadable(f"{STATE_FILE} lacks {', '.join(missing)}")
+    if not os.path.exists(os.path.join(path, f"{PREFIX}.index")):
+        raise Unloadable(f"{PREFIX}.index is missing")
+    try:
+        restore(model, path)
+    except (AssertionError, ValueError) as e:
+        raise Unloadable(
+            f"it does not match this model and optimizer ({_brief(e)})", mismatch=True
+        ) from e
+    except Exception as e:  # noqa: BLE001 - a damaged file raises many kinds (IndexError, ...)
+        raise Unloadable(
+            f"its variables cannot be read: {PREFIX}.index or {PREFIX}.data-* is truncated or "
+            f"corrupt ({_brief(e)})"
+        ) from e
+    return state
+
+
+def restore(model: keras.Model, path: str) -> None:
+    """Reads a checkpoint's variables into `model` and its (already built) optimizer."""
+    status = tf.train.Checkpoint(model=model, optimizer=model.optimizer).read(
+        os.path.join(path, PREFIX)
+    )
+    status.assert_existing_objects_matched()
+
+
+# --------------------------------------------------------------------------- failed writes
+
+# How to go on after a write failed with this errno ({dir}: the folder written to).
+_FIXES = {
+    errno.ENOSPC: "free space in {dir}",
+    errno.EDQUOT: "free space in {dir} or raise the quota",
+    errno.EFBIG: "raise the file-size limit (ulimit -f)",
+    errno.EACCES: "make {dir} writable",
+    errno.EPERM: "make {dir} writable",
+    errno.EROFS: "write run.dir to a writable file system",
+}
+
+
+def write_error(path: str, e: BaseException, newest: str | None, what: str = "") -> CheckpointError:
+    """The one-line error for a failed write of `path`: what failed, why, and how to go on.
+
+    `newest`: the newest checkpoint left intact, from which a rerun resumes. `what` goes
+    before the path ("checkpoint "). Defaults to "".
+    """
+    code, cause = _cause(e)
+    fix = _FIXES.get(code, "check {dir}").format(dir=os.path.dirname(path) or ".")
+    kept = (
+        f"the newest checkpoint, {newest}, is intact and train.resume=auto resumes from it"
+        if newest
+        else "no checkpoint was written before: a rerun starts afresh"
+    )
+    return CheckpointError(f"cannot write {what}{path}: {cause}; {fix}; {kept}")
+
+
+def _cause(e: BaseException) -> tuple[int | None, str]:
+    """(errno, its text) of the OS error behind `e`; TensorFlow's ops give only the text."""
+    seen: BaseException | None = e
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno:
+            return seen.errno, seen.strerror or os.strerror(seen.errno)
+        seen = seen.__cause__ or seen.__context__
+    for code in _FIXES:
+        if os.strerror(code) in str(e):  # TensorFlow: "...{tmp file}; No space left on device"
+            return code, os.strerror(code)
+    return None, _brief(e)
+
+
+def _brief(e: BaseException) -> str:
+    """`Type: message` on one line, at most 200 characters; for a TensorFlow op error its
+    last line (the rest is a traceback of where the op was defined)."""
+    text = str(e)
+    if isinstance(e, tf.errors.OpError):
+        lines = [ln.strip() for ln in e.message.splitlines() if ln.strip()]
+        text = lines[-1] if lines else text
+    text = " ".join(text.split())
+    return f"{type(e).__name__}: {text[:200]}" if text else type(e).__name__
+
+
+# --------------------------------------------------------------------------- the run folder
+
+# What a job killed mid-write leaves: CheckpointStore's temporary folders and `_atomic`'s files.
+_STRAY_CHECKPOINT = re.compile(r"^\.tmp-ckpt-\d{8}-\d+$")
+_STRAY_EXPORT = re.compile(r"^.+\.(tmp|old)-\d+(\.keras)?$")
+
+
+def remove_strays(run_dir: str) -> list[str]:
+    """Deletes the temporary files and folders of writes a killed job left unfinished in
+    run.dir and run.dir/checkpoints (rank 0, when a job starts: it owns run.dir then); returns
+    their paths."""
+    found = [os.path.join(run_dir, n) for n in _listdir(run_dir) if _STRAY_EXPORT.match(n)]
+    ckpts = os.path.join(run_dir, "checkpoints")
+    found += [os.path.join(ckpts, n) for n in _listdir(ckpts) if _STRAY_CHECKPOINT.match(n)]
+    for path in found:
+        if os.path.isdir(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            _remove(path)
+    return found
+
+
+def _listdir(path: str) -> list[str]:
+    try:
+        return sorted(os.listdir(path))
+    except FileNotFoundError:
+        return []
+
+
+def _remove(path: str) -> None:
+    try:
+        os.remove(path)
+    except FileNotFoundError:
+        pass
+
+
+def _write_json(path: str, data: dict[str, Any]) -> None:
+    with open(path, "w") as f:
+        json.dump(data, f, indent=2)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,170 @@
+"""Stopping together: signals and non-finite values, agreed by all workers at step boundaries.
+
+A worker that stops alone leaves the others waiting forever in the next all-reduce. So each
+worker only records what it saw (a SIGTERM or SIGINT, a NaN or infinite loss, non-finite
+weights before a checkpoint) and, at the same steps on every worker, one small all-reduce
+turns the local observations into one decision that every worker then acts on.
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+import time
+from collections.abc import Callable
+
+import numpy as np
+import tensorflow as tf
+
+from hvd_train.base.errors import TrainingError
+from hvd_train.record.stops import StopSignals
+from hvd_train.runtime import distributed
+from hvd_train.runtime.keras_stack import keras
+
+AUTO_EVERY_S = 1.0  # with `every` 0: agree about once a second
+AUTO_MAX_STEPS = 1000
+
+
+class RunControl(keras.callbacks.Callback):
+    """Agrees, every `every` steps and whenever `checkpoint_due(step)` holds, on going on.
+
+    `every` 0 agrees about once a second: each agreement also sums the workers' step times (in
+    whole microseconds, so the sum is exact in any order and every worker computes the same
+    next step to agree at). An agreement is a synchronous all-reduce outside the compiled step,
+    which costs a fraction of a short step; once a second it costs nothing visible.
+
+    A signal anywhere makes every worker stop after the same step: `stopped_at` records the
+    epoch and the steps done in it, or `(epoch + 1, 0)` when the epoch was complete. A
+    non-finite loss, or non-finite weights where a checkpoint is due, raise `TrainingError` on
+    every worker at the same step. It also agrees at every epoch's end.
+
+    Args:
+        signals: the process's StopSignals: what this worker saw.
+        every: agree every this many steps; 0: about once a second.
+        steps_per_epoch: the steps of a whole epoch.
+        checkpoint_due: whether a checkpoint is due after a position step (then the weights
+            are checked too).
+        first_step_in_epoch: the steps of the first epoch already done (a resume part-way).
+            Defaults to 0.
+        clock: seconds, for the step times. Defaults to `time.perf_counter`.
+    """
+
+    def __init__(
+        self,
+        signals: StopSignals,
+        every: int,
+        steps_per_epoch: int,
+        checkpoint_due: Callable[[int], bool],
+        first_step_in_epoch: int = 0,
+        clock: Callable[[], float] = time.perf_counter,
+    ):
+        super().__init__()
+        self.signals = signals
+        self._clock = clock
+        self.every = every
+        self.steps_per_epoch = steps_per_epoch
+        self.checkpoint_due = checkpoint_due
+        self.epoch = 0
+        self.step_in_epoch = 0  # steps of `epoch` done, counting those before a resume
+        self._offset = first_step_in_epoch
+        self.stop_signal = 0
+        self.stopped_at: tuple[int, int] | None = None
+        self._loss = 0.0
+        self._next = 1  # with `every` 0: the position step of the next agreement
+        self._restart_clock()
+
+    def _restart_clock(self) -> None:
+        self._since, self._steps = self._clock(), 0
+
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+        self.epoch, self.step_in_epoch = epoch, self._offset
+        self._offset = 0  # only the first epoch of a resumed run starts part-way
+        # Every rank starts the epoch when the last one arrives, so this clock and those of
+        # the callbacks after it (EpochStats, StepTimer) do not count an early rank's wait
+        # for rank 0's side effects of the last epoch (checkpoint, metrics.csv) as step time.
+        distributed.barrier("hvd_train.epoch_start")
+        self._restart_clock()  # validation and epoch-end work are not step time
+        # Auto interval: agree at the epoch's first step too. A signal that came during the
+        # epoch-end work (or between a resumed run's part-done epoch and the rest) is then
+        # acted on one step later, not a second later; launchers give ~5 s before SIGKILL.
+        self._next = min(self._next, self.position_step + 1)
+
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        self.signals.steps_run += 1
+        self.step_in_epoch += 1
+        self._steps += 1
+        self._loss = (logs or {}).get("loss", 0.0)
+        due = self.checkpoint_due(self.position_step)
+        if due or self._agreement_due():
+            self.sync(check_weights=due)
+
+    def _agreement_due(self) -> bool:
+        if self.every:
+            return self.position_step % self.every == 0
+        return self.position_step >= self._next
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        if self.stopped_at is None:
+            self._loss = (logs or {}).get("loss", self._loss)
+            self.sync(check_weights=True)
+
+    @property
+    def position_step(self) -> int:
+        """Steps since the run began, by position: the same on every worker, across resumes."""
+        return self.epoch * self.steps_per_epoch + self.step_in_epoch
+
+    @property
+    def stopping(self) -> bool:
+        return self.stopped_at is not None
+
+    def stopped_mid_epoch(self) -> bool:
+        return self.stopped_at is not None and self.stopped_at[1] > 0
+
+    def sync(self, check_weights: bool = False) -> None:
+        """One all-reduce of every worker's observations; acts on the agreed decision."""
+        weights_bad = check_weights and not _all_finite(self.model.weights)
+        step_us = round(1e6 * (self._clock() - self._since) / max(self._steps, 1))
+        local = [
+            float(self.signals.signum),
+            0.0 if _finite(self._loss) else 1.0,
+            1.0 if weights_bad else 0.0,
+            float(step_us),
+        ]
+        if distributed.size() > 1:
+            agreed = distributed.allreduce_sum(local, name="run_control")
+        else:
+            agreed = local
+        signals, bad_loss, bad_weights, step_us_sum = agreed
+        mean_step_s = step_us_sum / distributed.size() / 1e6
+        steps = AUTO_EVERY_S / mean_step_s if mean_step_s > 0 else 1
+        self._next = self.position_step + int(min(max(steps, 1), AUTO_MAX_STEPS))
+        self._restart_clock()
+        where = f"epoch {self.epoch + 1}, step {self.step_in_epoch}"
+        if bad_loss or bad_weights:
+            what = "loss" if bad_loss else "weights"
+            raise TrainingError(
+                f"the training {what} became NaN or infinite at {where}; stopped without "
+                "writing a checkpoint (the last good one is kept). Lower optimizer.learning_rate, "
+                "add optimizer.warmup_epochs, or check the data for invalid values"
+            )
+        if signals and self.stopped_at is None:
+            self.stop_signal = self.signals.signum or int(signal.SIGTERM)
+            # After an epoch's last step the epoch is complete: its end-of-epoch work
+            # (validation, metrics, checkpoint) runs, and training resumes at the next epoch.
+            if self.step_in_epoch >= self.steps_per_epoch:
+                self.stopped_at = (self.epoch + 1, 0)
+            else:
+                self.stopped_at = (self.epoch, self.step_in_epoch)
+            self.model.stop_training = True
+            distributed.log(f"{signal.Signals(self.stop_signal).name}: stopping after {where}")
+
+
+def _finite(value: object) -> bool:
+    try:
+        return math.isfinite(float(value))
+    except (TypeError, ValueError):
+        return True
+
+
+def _all_finite(variables: list[tf.Variable]) -> bool:
+    return all(bool(np.isfinite(v.numpy()).all()) for v in variables if v.dtype.is_floating)

@@ -1,0 +1,96 @@
+"""Horovod Elastic for Keras: training goes on when workers leave (or join).
+
+Launched by `horovodrun --host-discovery-script ... --min-np ... --max-np ...` (`hvd-train
+launch` builds that command when `elastic.enabled` is true). The model and optimizer state are
+committed in memory every `elastic.commit_every_steps` steps and at every epoch's end. When a
+worker fails, the survivors roll back to the last commit, Horovod re-forms the ring with the
+workers that are left, and training continues: batch sizes, the learning-rate scaling and the
+data shards are recomputed for the new worker count, and the epoch continues after the
+examples already used (rounded down to a whole global batch). Checkpoints to disk go on as
+usual, written by whichever worker is rank 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from hvd_train.config import Config, Derived, derive
+from hvd_train.data.pipeline import Source
+from hvd_train.runtime import distributed
+from hvd_train.runtime.keras_stack import hvd, keras
+from hvd_train.train.callbacks import RunCallbacks
+from hvd_train.train.fitting import fit_from
+from hvd_train.train.schedules import learning_rate_schedule, lr_multiplier
+
+
+class _TrackPosition(keras.callbacks.Callback):
+    """Keeps the elastic state's position (epoch, steps done, their global batch) current."""
+
+    def __init__(self, state: Any, d: Derived):
+        super().__init__()
+        self.state, self.d = state, d
+
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        self.state.batch += 1
+        self.state.global_batch = self.d.global_batch
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        self.state.epoch, self.state.batch = epoch + 1, 0
+
+
+def fit_elastic(
+    model: keras.Model,
+    source: Source,
+    cfg: Config,
+    start_epoch: int,
+    start_step: int,
+    make_callbacks: Callable[[Derived, int, int, tuple], RunCallbacks],
+) -> tuple[dict[str, list[float]], dict[str, Any]]:
+    """Trains to `train.epochs` under Horovod Elastic; returns the history and a report.
+
+    `make_callbacks(d, epoch, first_step, leading)` builds this membership's callbacks (they
+    depend on the worker count and on which worker is rank 0), with `leading` first.
+    """
+    history: dict[str, list[float]] = {}
+    report: dict[str, Any] = {"resets": 0, "world_sizes": []}
+    state = hvd.elastic.KerasState(model, epoch=start_epoch, batch=start_step, global_batch=0)
+
+    def on_reset() -> None:
+        report["resets"] += 1
+        distributed.log(f"elastic reset: now {hvd.size()} worker(s)")
+
+    state.register_reset_callbacks([on_reset])
+
+    @hvd.elastic.run
+    def run(state: Any) -> None:
+        d = derive(cfg, hvd.size(), source.num_train)
+        report["world_sizes"].append(d.world_size)
+        _rescale_learning_rate(model, cfg, d)
+        epoch, step = state.epoch, state.batch
+        if step and state.global_batch and state.global_batch != d.global_batch:
+            step = step * state.global_batch // d.global_batch  # same examples, new batch
+        if step >= d.steps_per_epoch:
+            epoch, step = epoch + 1, 0
+        state.epoch, state.batch = epoch, step
+        leading = (
+            # Horovod Elastic: commit (in memory) every N steps and at each epoch's end.
+            hvd.elastic.CommitStateCallback(state, cfg.elastic.commit_every_steps),
+            _TrackPosition(state, d),
+        )
+        callbacks = make_callbacks(d, epoch, step, leading)
+        fit_from(model, source, cfg, d, epoch, step, callbacks, history)
+
+    run(state)
+    return history, report
+
+
+def _rescale_learning_rate(model: keras.Model, cfg: Config, d: Derived) -> None:
+    """Gives the optimizer this worker count's schedule, with the rate multiplier it had, and
+    retraces the step (the traced step holds the old rates as constants)."""
+    schedule = learning_rate_schedule(cfg, d)
+    multiplier = lr_multiplier(model.optimizer)
+    if multiplier is not None:
+        schedule.multiplier.assign(multiplier)
+    model.optimizer.learning_rate = schedule  # Keras's setter takes a schedule, built or not
+    model.train_function = None

@@ -1,0 +1,99 @@
+"""Is training waiting for its input? `input_wait_fraction` per epoch, and `data-bench`.
+
+How the wait is measured: Keras fetches the next batch inside the compiled train step, so the
+wait cannot be timed from Python around `next()`. Instead the pipeline's last stage (`attach`)
+is a sequential map placed after the prefetch buffer; it runs in the step's own thread the
+moment the step's fetch returns, and stores `tf.timestamp()` in a variable. The wait of a step
+is that time minus the time Keras called `on_train_batch_begin` just before starting the step:
+near zero when the prefetch buffer already held a batch, the whole delay when the pipeline was
+behind. It includes the step's entry (tens of microseconds), so it is never exactly 0. The
+run's very first step (tracing, filling the buffer) is left out.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import tensorflow as tf
+
+from hvd_train.data.diagnostics import DECODED_ADVICE
+from hvd_train.runtime import distributed
+from hvd_train.runtime.keras_stack import keras
+
+
+class InputWait(keras.callbacks.Callback):
+    """Adds `input_wait_fraction` (time waiting for input / step time, the largest over the
+    workers) to each epoch's logs; rank 0 warns, once, when it passes `warn_above`, with
+    `advice` (not for the first epoch when more follow: like the rate, it is warm-up; never
+    without advice).
+
+    Put it first in the callback list (its epoch end is a collective, and later callbacks
+    write the logs to files); feed `fit` the dataset `attach` returns.
+
+    Args:
+        warn_above: the fraction above which rank 0 warns.
+        advice: what the warning tells the user to do; None: no warning (nothing to do).
+            Defaults to `DECODED_ADVICE`.
+        clock: seconds, read when a step begins and when it ends. Defaults to `time.time`.
+        stamp: the same clock as a TensorFlow op, read in the pipeline when the step's batch
+            arrives. Defaults to `tf.timestamp` (which reads the clock `time.time` reads).
+    """
+
+    def __init__(
+        self,
+        warn_above: float,
+        advice: str | None = DECODED_ADVICE,
+        clock: Callable[[], float] = time.time,
+        stamp: Callable[[], tf.Tensor] = tf.timestamp,
+    ):
+        super().__init__()
+        self.warn_above = warn_above
+        self.advice = advice
+        self._clock, self._stamp = clock, stamp
+        self._ready = tf.Variable(0.0, dtype=tf.float64, trainable=False)
+        self._first_step = True
+        self._warned = False
+        self._epochs_seen = 0  # the first, with tracing and filling buffers, warns only alone
+        self._begin = self._wait = self._busy = 0.0
+
+    def attach(self, ds: tf.data.Dataset) -> tf.data.Dataset:
+        """`ds` with the time-stamping last stage (sequential, after the prefetch)."""
+
+        def stamp(*batch):
+            now = tf.cast(self._stamp(), tf.float64)
+            with tf.control_dependencies([self._ready.assign(now)]):
+                return tuple(tf.identity(t) for t in batch)
+
+        options = tf.data.Options()
+        # No prefetch may be slipped in after the stamp, or it would time the wrong thread.
+        options.experimental_optimization.inject_prefetch = False
+        return ds.map(stamp).with_options(options)
+
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+        self._wait = self._busy = 0.0
+
+    def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
+        self._begin = self._clock()
+
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        end = self._clock()
+        if self._first_step:
+            self._first_step = False
+            return
+        self._wait += min(max(float(self._ready.numpy()) - self._begin, 0.0), end - self._begin)
+        self._busy += end - self._begin
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        mine = self._wait / self._busy if self._busy > 0 else 0.0
+        # Horovod: every rank takes part; the worst worker's input holds back all of them.
+        fraction = max(distributed.allgather_object(mine, name="input_wait_fraction"))
+        logs["input_wait_fraction"] = fraction
+        warm_up = not self._epochs_seen and epoch + 1 < self.params.get("epochs", 0)
+        self._epochs_seen += 1
+        if self.advice and fraction > self.warn_above and not self._warned and not warm_up:
+            self._warned = True
+            distributed.log(
+                f"warning: epoch {epoch + 1} spent {fraction:.0%} of its step time waiting for "
+                f"input (input_wait_fraction {fraction:.3f} > {self.warn_above:g}); {self.advice}"
+            )

@@ -1,0 +1,388 @@
+"""Built-in models by name, and users' own models through `model.factory: "module:function"`.
+
+Built in: `convnet` and `mlp` for small inputs; `mobilenet_v2`, `resnet50` and
+`efficientnet_b0`, Keras Applications bases (optionally with pretrained weights from a local
+file) under a configurable head. Any functional model can have its BatchNormalization layers
+swapped for Horovod's SyncBatchNormalization (`model.sync_batch_norm`), and swapped back for
+export (`plain_clone`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import os
+import sys
+from collections.abc import Callable
+
+import numpy as np
+import tensorflow as tf
+
+from hvd_train.base.errors import ConfigError, users_frame
+from hvd_train.config import Config
+from hvd_train.runtime.keras_stack import keras, version_tuple
+
+
+def build_model(cfg: Config, input_shape: tuple[int, ...], num_classes: int) -> keras.Model:
+    """The uncompiled model: `model.factory` if set, else the built-in `model.name`.
+
+    With `model.sync_batch_norm` its BatchNormalization layers become Horovod's
+    SyncBatchNormalization (call after `hvd.init()`).
+    """
+    model = _build(cfg, input_shape, num_classes)
+    return to_sync_batch_norm(model) if cfg.model.sync_batch_norm else model
+
+
+def weights_note(cfg: Config) -> str | None:
+    """The line that says which weights file `build_model` loaded, or None when it loaded none."""
+    m = cfg.model
+    if m.factory or m.name not in _BASES or m.weights == "none":
+        return None
+    return f"model.weights: loaded {os.path.abspath(m.weights)} into the {m.name} base"
+
+
+def _build(cfg: Config, input_shape: tuple[int, ...], num_classes: int) -> keras.Model:
+    m = cfg.model
+    if m.factory:
+        return _from_factory(cfg, input_shape, num_classes)
+    if m.name == "convnet":
+        return convnet(input_shape, num_classes, m.filters, m.dense_units, m.dropout, m.from_logits)
+    if m.name == "mlp":
+        return mlp(input_shape, num_classes, m.dense_units, m.dropout, m.from_logits)
+    return application(
+        m.name,
+        input_shape,
+        num_classes,
+        weights=m.weights,
+        trainable_base=m.trainable_base,
+        pooling=m.pooling,
+        dense_units=m.dense_units,
+        dropout=m.dropout,
+        from_logits=m.from_logits,
+    )
+
+
+def convnet(
+    input_shape: tuple[int, ...],
+    num_classes: int,
+    filters: tuple[int, ...] = (32, 32, 64, 64),
+    dense_units: tuple[int, ...] = (256,),
+    dropout: float = 0.25,
+    from_logits: bool = False,
+) -> keras.Model:
+    """A small convnet (Keras' classic CIFAR-10 example), for small images.
+
+    Layer by layer, with the default widths (`model.filters: [32, 32, 64, 64]`,
+    `model.dense_units: [256]`):
+
+    1. Conv2D 32 filters, 3x3, padding `same`, ReLU.
+    2. Conv2D 32, 3x3, `same`, ReLU; then MaxPooling2D 2x2 and Dropout(`dropout`).
+    3. Conv2D 64, 3x3, `same`, ReLU.
+    4. Conv2D 64, 3x3, `same`, ReLU; then MaxPooling2D 2x2 and Dropout.
+    5. Flatten.
+    6. Dense 256, ReLU; then Dropout.
+    7. Dense to the classes (softmax, or logits with `from_logits`), float32.
+
+    Its depth follows the config: one convolution per `filters` entry and one dense layer per
+    `dense_units` entry, then the classifier (six weighted layers with the defaults; seven with
+    two `dense_units` entries, as `convnet7`, its old name, promised). A pool follows every
+    second convolution. All convolutions pad `same`,
+    so it fits inputs as small as 4x4 (2-D inputs are taken as one-channel images). At 32x32x3
+    it has about 1.1 M weights; wide `dense_units` (for example [2816, 256]) make the 12 M-weight
+    gradient-heavy variant.
+    """
+    layers = keras.layers
+    x = inputs = keras.Input(shape=input_shape)
+    if len(input_shape) == 2:  # grey images given as height x width
+        x = layers.Reshape((*input_shape, 1))(x)
+    for i, width in enumerate(filters):
+        x = layers.Conv2D(width, 3, padding="same", activation="relu")(x)
+        if i % 2 == 1:
+            x = layers.MaxPooling2D(2)(x)
+            x = layers.Dropout(dropout)(x) if dropout else x
+    x = layers.Flatten()(x)
+    for units in dense_units:
+        x = layers.Dense(units, activation="relu")(x)
+        x = layers.Dropout(dropout)(x) if dropout else x
+    outputs = _head(x, num_classes, from_logits)
+    return keras.Model(inputs, outputs, name="convnet")
+
+
+def mlp(
+    input_shape: tuple[int, ...],
+    num_classes: int,
+    dense_units: tuple[int, ...] = (256,),
+    dropout: float = 0.0,
+    from_logits: bool = False,
+) -> keras.Model:
+    """A multilayer perceptron over the flattened input."""
+    layers = keras.layers
+    x = inputs = keras.Input(shape=input_shape)
+    x = layers.Flatten()(x)
+    for units in dense_units:
+        x = layers.Dense(units, activation="relu")(x)
+        x = layers.Dropout(dropout)(x) if dropout else x
+    return keras.Model(inputs, _head(x, num_classes, from_logits), name="mlp")
+
+
+def _head(x: tf.Tensor, num_classes: int, from_logits: bool) -> tf.Tensor:
+    # float32 output keeps the loss stable under mixed precision.
+    activation = None if from_logits else "softmax"
+    return keras.layers.Dense(num_classes, activation=activation, dtype="float32")(x)
+
+
+def _from_factory(cfg: Config, input_shape: tuple[int, ...], num_classes: int) -> keras.Model:
+    """Calls the user's `fn(cfg)`, or `fn(cfg, input_shape, num_classes)` if it takes them."""
+    spec = cfg.model.factory
+    module_name, _, fn_name = spec.rpartition(":")
+    module = import_user_module(module_name)
+    fn = getattr(module, fn_name, None)
+    if not callable(fn):
+        raise ConfigError(f"model.factory: {module_name!r} has no function {fn_name!r}")
+    params = inspect.signature(fn).parameters
+    wants_shape = "input_shape" in params and "num_classes" in params
+    model = fn(cfg, input_shape=input_shape, num_classes=num_classes) if wants_shape else fn(cfg)
+    if _is_keras_3(model):
+        raise ConfigError(
+            f"model.factory: {spec} returned a Keras 3 model (keras "
+            f"{sys.modules['keras'].__version__}), but Horovod's Keras API works with Keras 2 "
+            "only: build the model with tf.keras (`import tensorflow as tf`, then tf.keras.layers"
+            "...) or with `import tf_keras as keras`, not `import keras`"
+        )
+    if not isinstance(model, keras.Model):
+        raise ConfigError(
+            f"model.factory: {spec} returned {type(model).__name__}, expected a Keras model"
+        )
+    return model
+
+
+def _is_keras_3(model: object) -> bool:
+    """A model of the `keras` package at version 3+ (on TensorFlow 2.16+, `import keras`)."""
+    package = type(model).__module__.split(".")[0]
+    version = getattr(sys.modules.get(package), "__version__", "")
+    return package == "keras" and version_tuple(version) >= (3,)
+
+
+def import_user_module(name: str, key: str = "model.factory"):
+    """`package.module` from the working directory or PYTHONPATH, or a `path/to/file.py`: the
+    one way a config imports the user's code (`model.factory`, `callbacks[i].class`). Errors
+    name `key`."""
+    if name.endswith(".py"):
+        if not os.path.isfile(name):
+            raise ConfigError(
+                f"{key}: file {name!r} not found (paths are relative to the working "
+                f"directory, {os.getcwd()})"
+            )
+        spec = importlib.util.spec_from_file_location(
+            os.path.basename(name).removesuffix(".py"), name
+        )
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    if "" not in sys.path:  # the working directory, as `python -m` would have it
+        sys.path.insert(0, "")
+    try:
+        return importlib.import_module(name)
+    except ImportError as e:
+        where = users_frame(e)  # the user's module imports what is missing
+        at = f" at {where}" if where else ""
+        raise ConfigError(
+            f"{key}: cannot import module {name!r} ({e}{at}); it must be importable "
+            "from the working directory or PYTHONPATH, or be given as path/to/file.py"
+        ) from None
+
+
+# --------------------------------------------------------------------------- Keras Applications
+
+# How inputs in [0, 1] become what each base was trained on (Keras' `preprocess_input`):
+# (scale, offset per output channel, reverse RGB to BGR). MobileNetV2: [-1, 1]. ResNet50
+# ("caffe" style): BGR in [0, 255] minus the ImageNet mean. EfficientNetB0: [0, 255] (the
+# model rescales and normalises inside itself).
+_PREPROCESS = {
+    "mobilenet_v2": (2.0, (-1.0, -1.0, -1.0), False),
+    "resnet50": (255.0, (-103.939, -116.779, -123.68), True),
+    "efficientnet_b0": (255.0, (0.0, 0.0, 0.0), False),
+}
+_BASES = {
+    "mobilenet_v2": ("MobileNetV2", lambda **kw: keras.applications.MobileNetV2(**kw)),
+    "resnet50": ("ResNet50", lambda **kw: keras.applications.ResNet50(**kw)),
+    "efficientnet_b0": ("EfficientNetB0", lambda **kw: keras.applications.EfficientNetB0(**kw)),
+}
+_MIN_SIZE = 32  # Keras Applications refuse smaller inputs
+
+
+def application(
+    name: str,
+    input_shape: tuple[int, ...],
+    num_classes: int,
+    weights: str = "none",
+    trainable_base: bool = True,
+    pooling: str = "avg",
+    dense_units: tuple[int, ...] = (),
+    dropout: float = 0.0,
+    from_logits: bool = False,
+) -> keras.Model:
+    """A Keras Applications base (no ImageNet classifier) under a new head, for inputs in [0, 1].
+
+    Layers: a frozen 1x1 channel map that turns the [0, 1] input (1 or 3 channels) into what
+    the base expects (`_PREPROCESS`), the base (a nested model named after `name`), global
+    `pooling` (avg or max), a ReLU dense layer per `dense_units` entry, dropout, the classifier.
+
+    Args:
+        name: `mobilenet_v2`, `resnet50` or `efficientnet_b0`.
+        input_shape: `(height, width, channels)`, height and width at least 32, 1 or 3 channels.
+        weights: "none" (random initialisation) or the path of a weights file for the base
+            without its classifier (`.h5` from `save_weights`, or `.keras`). Never downloaded.
+        trainable_base: False freezes the base (its BatchNormalization then runs in inference
+            mode); only the head trains. Defaults to True (fine-tune the whole network).
+    """
+    _check_image_shape(name, input_shape)
+    if weights != "none":
+        _check_weights_file(name, weights)  # before the slow build
+    layers = keras.layers
+    inputs = keras.Input(shape=input_shape)
+    x = input_adapter(name, input_shape[-1])(inputs)
+    base = _BASES[name][1](
+        include_top=False, weights=None, input_shape=(*input_shape[:2], 3)
+    )  # weights=None: Keras never downloads; a local file is loaded below
+    base._name = name  # the nested model's name, e.g. "mobilenet_v2", not "mobilenetv2_1.00_32"
+    if weights != "none":
+        load_base_weights(base, name, weights)
+    base.trainable = trainable_base
+    x = base(x)
+    pool = layers.GlobalAveragePooling2D if pooling == "avg" else layers.GlobalMaxPooling2D
+    x = pool(name=f"{pooling}_pool")(x)
+    for units in dense_units:
+        x = layers.Dense(units, activation="relu")(x)
+    x = layers.Dropout(dropout)(x) if dropout else x
+    return keras.Model(inputs, _head(x, num_classes, from_logits), name=f"{name}_classifier")
+
+
+def _check_image_shape(name: str, shape: tuple[int, ...]) -> None:
+    if len(shape) != 3 or shape[-1] not in (1, 3):
+        raise ConfigError(
+            f"model.name: {name} takes images of height x width x 1 or 3 channels, got input "
+            f"shape {list(shape)}; use model.name: mlp or a model.factory for other inputs"
+        )
+    if min(shape[:2]) < _MIN_SIZE:
+        raise ConfigError(
+            f"model.name: {name} needs images of at least {_MIN_SIZE}x{_MIN_SIZE}, got "
+            f"{shape[0]}x{shape[1]}; use larger images (data.image_size) or model.name: convnet"
+        )
+
+
+def input_adapter(name: str, channels: int) -> keras.layers.Layer:
+    """A frozen Dense on the channel axis: output channel j = scale x input channel src(j) +
+    offset(j). It repeats a grey channel into three, reverses RGB to BGR where the base wants
+    it, and rescales; plain Keras, so the exported model loads anywhere."""
+    scale, offset, bgr = _PREPROCESS[name]
+    kernel = np.zeros((channels, 3), np.float32)
+    for j in range(3):
+        kernel[0 if channels == 1 else (2 - j if bgr else j), j] = scale
+    return keras.layers.Dense(
+        3,
+        kernel_initializer=keras.initializers.Constant(kernel.tolist()),
+        bias_initializer=keras.initializers.Constant(list(offset)),
+        trainable=False,
+        name="preprocess",
+    )
+
+
+def _check_weights_file(name: str, path: str) -> None:
+    keras_name = _BASES[name][0]
+    if not os.path.isfile(path):
+        raise ConfigError(
+            f"model.weights: {path!r} not found. Pretrained weights are never downloaded at run "
+            f"time: on a machine with internet, run tf.keras.applications.{keras_name}("
+            f"weights='imagenet', include_top=False).save_weights('{name}_notop.h5') (or copy "
+            "the *_notop.h5 file Keras caches in ~/.keras/models/), then point model.weights at it"
+        )
+
+
+def load_base_weights(base: keras.Model, name: str, path: str) -> None:
+    """Loads a local weights file into an Applications base; a clear ConfigError otherwise."""
+    _check_weights_file(name, path)
+    keras_name = _BASES[name][0]
+    try:
+        base.load_weights(path)
+    except (ValueError, OSError, KeyError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConfigError(
+            f"model.weights: {path!r} does not fit the {keras_name} base without its classifier "
+            f"(include_top=False): {first}"
+        ) from None
+    if name == "efficientnet_b0":
+        _fix_efficientnet_imagenet_variance(base)
+
+
+# ImageNet's per-channel standard deviation, which Keras' own EfficientNet weights store where
+# Normalization expects a variance (tensorflow/tensorflow#49930).
+_IMAGENET_STDDEV_RGB = (0.229, 0.224, 0.225)
+
+
+def _fix_efficientnet_imagenet_variance(base: keras.Model) -> None:
+    """Keras corrects its ImageNet EfficientNet weights (standard deviations stored as the
+    variance) with an extra Rescaling layer, but only when it downloads them itself. A local
+    copy of those weights gets the same correction here, by squaring the stored values."""
+    norm = next(x for x in base.layers if isinstance(x, keras.layers.Normalization))
+    if np.allclose(norm.adapt_variance.numpy(), _IMAGENET_STDDEV_RGB, atol=1e-6):
+        norm.adapt_variance.assign(tf.square(norm.adapt_variance))
+        norm.finalize_state()
+
+
+# --------------------------------------------------------------------------- batch norm swaps
+
+
+def to_sync_batch_norm(model: keras.Model) -> keras.Model:
+    """The same model, same weights, with Horovod's SyncBatchNormalization for every
+    BatchNormalization (nested models included): batch statistics over the global batch."""
+    # Horovod 0.28 keeps it in horovod.tensorflow (not .keras); imported here so the rest of
+    # this module works where Horovod is not installed.
+    from horovod.tensorflow import SyncBatchNormalization
+
+    def swap(layer: keras.layers.Layer) -> keras.layers.Layer:
+        if isinstance(layer, keras.layers.BatchNormalization):
+            return SyncBatchNormalization.from_config(layer.get_config())
+        return None
+
+    try:
+        return _clone_swapping(model, swap)
+    except ValueError as e:
+        raise ConfigError(
+            f"model.sync_batch_norm: needs a functional or sequential Keras model ({e})"
+        ) from None
+
+
+def plain_clone(model: keras.Model) -> keras.Model:
+    """A copy of `model` (same weights) with Horovod's SyncBatchNormalization layers turned
+    back into Keras' BatchNormalization, so it loads without Horovod. Raises ValueError for a
+    subclassed model, as `keras.models.clone_model` does."""
+
+    def swap(layer: keras.layers.Layer) -> keras.layers.Layer:
+        if _is_horovod_sync_batch_norm(layer):
+            return keras.layers.BatchNormalization.from_config(layer.get_config())
+        return None
+
+    return _clone_swapping(model, swap)
+
+
+def _is_horovod_sync_batch_norm(layer: keras.layers.Layer) -> bool:
+    cls = type(layer)
+    return cls.__name__ == "SyncBatchNormalization" and cls.__module__.startswith("horovod.")
+
+
+def _clone_swapping(
+    model: keras.Model, swap: Callable[[keras.layers.Layer], keras.layers.Layer | None]
+) -> keras.Model:
+    """`clone_model`, recursing into nested models, with `swap(layer)` replacing the layers it
+    returns a new layer for; then the original's weights (same order) into the copy."""
+
+    def clone(layer: keras.layers.Layer) -> keras.layers.Layer:
+        if isinstance(layer, keras.Model):
+            return keras.models.clone_model(layer, clone_function=clone)
+        return swap(layer) or layer.__class__.from_config(layer.get_config())
+
+    copy = keras.models.clone_model(model, clone_function=clone)
+    copy.set_weights(model.get_weights())
+    return copy

@@ -1,0 +1,213 @@
+"""Users' own Keras callbacks (`callbacks:` in the config): built, placed on ranks, and their
+stops agreed by every worker.
+
+A callback that decides (EarlyStopping, TerminateOnNaN, the user's own) runs on every rank, so
+each rank keeps its own state; one that writes files (ModelCheckpoint, CSVLogger, TensorBoard)
+runs on rank 0 only. A stop is a decision every worker must take together: a worker that
+leaves `fit` alone leaves the others waiting in the next all-reduce. So `AgreedStop`, after
+the users' callbacks, turns every rank's `model.stop_training` into one decision at each
+epoch's end, with one small all-reduce.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+from typing import Any
+
+from hvd_train.base.errors import ConfigError
+from hvd_train.config import REFUSED_CALLBACKS, CallbackConfig
+from hvd_train.runtime import distributed
+from hvd_train.runtime.keras_stack import keras
+from hvd_train.train.control import RunControl
+from hvd_train.train.models import import_user_module
+from hvd_train.train.schedules import lr_multiplier
+
+# Keras callbacks that write files: rank 0 only unless `ranks: all` says otherwise.
+_WRITERS = (
+    keras.callbacks.ModelCheckpoint,
+    keras.callbacks.CSVLogger,
+    keras.callbacks.TensorBoard,
+    keras.callbacks.RemoteMonitor,
+)
+
+
+@dataclass
+class UserCallbacks:
+    """This rank's user callbacks, in config order, each followed by what watches its stops;
+    `stop` last (every rank). `stop.stopped_early` says whether and why they ended the run."""
+
+    callbacks: list[keras.callbacks.Callback] = field(default_factory=list)
+    stop: AgreedStop | None = None
+
+
+def build_user_callbacks(specs: tuple[CallbackConfig, ...], control: RunControl) -> UserCallbacks:
+    """Imports and constructs every `callbacks:` item on every rank (so a bad one fails on
+    every rank alike), and keeps those that run on this rank.
+
+    Raises:
+        ConfigError: an item that cannot be imported or constructed (exit code 2).
+    """
+    if not specs:
+        return UserCallbacks()
+    stop = AgreedStop([_name(s) for s in specs], control)
+    kept: list[keras.callbacks.Callback] = []
+    for i, spec in enumerate(specs):
+        callback = construct(spec, i)
+        if isinstance(callback, ReduceLROnPlateau) and spec.ranks == "chief":
+            raise ConfigError(
+                f"callbacks[{i}].ranks: ReduceLROnPlateau changes every worker's learning rate, "
+                "so it runs on every rank; remove ranks: chief"
+            )
+        if runs_here(spec, callback):
+            kept += [callback, _Watch(stop, i, control)]
+    return UserCallbacks([*kept, stop], stop)
+
+
+def construct(spec: CallbackConfig, i: int) -> keras.callbacks.Callback:
+    """The Keras callback `callbacks[i]` names, built with its args."""
+    cls = _resolve(spec.cls, i)
+    try:
+        return cls(**spec.kwargs())
+    except (TypeError, ValueError) as e:
+        params = ", ".join(p for p in inspect.signature(cls).parameters if p != "self")
+        raise ConfigError(
+            f"callbacks[{i}].args: {cls.__name__} rejected {sorted(spec.kwargs())}: "
+            f"{' '.join(str(e).split())}; its arguments are: {params or 'none'}"
+        ) from None
+
+
+def runs_here(spec: CallbackConfig, callback: keras.callbacks.Callback) -> bool:
+    """`ranks`, else rank 0 only for the Keras callbacks that write files, else every rank."""
+    ranks = spec.ranks or ("chief" if isinstance(callback, _WRITERS) else "all")
+    return ranks == "all" or distributed.is_chief()
+
+
+def _resolve(spec: str, i: int) -> type:
+    where = f"callbacks[{i}].class"
+    module_name, _, name = spec.rpartition(":")
+    if module_name:
+        module = import_user_module(module_name, where)
+    else:  # the shorthand: a bare name from keras.callbacks
+        module, module_name = keras.callbacks, "tf.keras.callbacks"
+    cls = getattr(module, name, None)
+    if not (inspect.isclass(cls) and issubclass(cls, keras.callbacks.Callback)):
+        found = "has no" if cls is None else "has no Keras callback class"
+        raise ConfigError(
+            f"{where}: {module_name} {found} {name!r}; name a subclass of "
+            "tf.keras.callbacks.Callback as 'module:Name' (or a tf.keras.callbacks name)"
+        )
+    if cls is keras.callbacks.ReduceLROnPlateau:
+        return ReduceLROnPlateau  # ours: scales the schedule instead of setting optimizer.lr
+    if issubclass(cls, keras.callbacks.ReduceLROnPlateau):
+        raise ConfigError(
+            f"{where}: {cls.__name__} is a subclass of Keras' ReduceLROnPlateau, which sets "
+            "optimizer.lr, and our rate is a schedule; use ReduceLROnPlateau itself (hvd_train "
+            "runs its own version, which scales the schedule)"
+        )
+    for refused, why in REFUSED_CALLBACKS.items():
+        if issubclass(cls, getattr(keras.callbacks, refused)):
+            raise ConfigError(f"{where}: {cls.__name__} is a {refused}: {why}")
+    return cls
+
+
+def _name(spec: CallbackConfig) -> str:
+    return spec.cls.rpartition(":")[2]
+
+
+class _Watch(keras.callbacks.Callback):
+    """Right after user callback `index`: notes that it asked to stop. A stop asked within an
+    epoch is held until the epoch's end (see AgreedStop)."""
+
+    def __init__(self, stop: AgreedStop, index: int, control: RunControl):
+        super().__init__()
+        self.stop, self.index, self.control = stop, index, control
+
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        self._notice()
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        self._notice()
+
+    def _notice(self) -> None:
+        # RunControl's own stops (signals) set stop_training too; those are not the user's.
+        if self.model.stop_training and not self.control.stopping:
+            self.stop.asked.add(self.index)  # (or an earlier callback did: the lowest wins)
+
+
+class AgreedStop(keras.callbacks.Callback):
+    """Makes the users' stop requests one decision of all workers, at each epoch's end.
+
+    Within an epoch, a user's stop is held (`model.stop_training` put back to False): Keras
+    would leave the epoch at once on this rank alone. At the epoch's end every rank sends which
+    of the user callbacks asked to stop; if any did on any rank, every rank stops there.
+
+    Args:
+        names: the class name of each `callbacks:` item, in config order (the same on every
+            rank, whichever of them run here).
+        control: RunControl, whose stops (signals) are left alone.
+    """
+
+    def __init__(self, names: list[str], control: RunControl):
+        super().__init__()
+        self.names, self.control = names, control
+        self.asked: set[int] = set()  # indices of the user callbacks that asked to stop
+        self.stopped_early: dict[str, Any] | None = None  # {epoch: 1-based, by: class name}
+
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        if self.asked and not self.control.stopping:
+            self.model.stop_training = False  # held until the epoch's end, on every rank
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        local = [1.0 if i in self.asked else 0.0 for i in range(len(self.names))]
+        # Horovod: one small all-reduce on every rank at every epoch's end, asked or not.
+        agreed = (
+            distributed.allreduce_sum(local, name="user_stop") if distributed.size() > 1 else local
+        )
+        self.asked.clear()
+        if not any(agreed):
+            return
+        self.model.stop_training = True
+        if self.stopped_early is None and not self.control.stopping:
+            by = self.names[next(i for i, n in enumerate(agreed) if n)]
+            self.stopped_early = {"epoch": epoch + 1, "by": by}
+            distributed.log(f"{by} stopped the run after epoch {epoch + 1}")
+
+
+class ReduceLROnPlateau(keras.callbacks.ReduceLROnPlateau):
+    """Keras' ReduceLROnPlateau for a rate that is a schedule: what `ReduceLROnPlateau` in
+    `callbacks:` runs, with Keras' arguments and decisions.
+
+    Keras' version sets `optimizer.lr`, which a LearningRateSchedule does not allow. This one
+    multiplies the schedule's multiplier instead (schedules.WarmupScaled), so the warm-up and
+    the decay go on, times the factor; checkpoints keep the multiplier (state.json). It runs on
+    every rank: each worker's optimizer has its own rate, and all see the same averaged metrics.
+    """
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        current = (logs or {}).get(self.monitor)
+        if current is None:
+            distributed.log(f"ReduceLROnPlateau: no {self.monitor!r} in this epoch's metrics")
+            return
+        if self.in_cooldown():
+            self.cooldown_counter -= 1
+            self.wait = 0
+        if self.monitor_op(current, self.best):
+            self.best, self.wait = current, 0
+        elif not self.in_cooldown():
+            self.wait += 1
+            if self.wait >= self.patience:
+                self._reduce(epoch)
+
+    def _reduce(self, epoch: int) -> None:
+        multiplier = lr_multiplier(self.model.optimizer)
+        rate = float(self.model.optimizer.learning_rate)  # the rate the last step used
+        if multiplier is None or rate <= self.min_lr:
+            return
+        new = max(rate * self.factor, self.min_lr)
+        multiplier.assign(float(multiplier.numpy()) * new / rate)
+        self.cooldown_counter, self.wait = self.cooldown, 0
+        distributed.log(
+            f"ReduceLROnPlateau: learning rate {rate:g} -> {new:g} after epoch {epoch + 1} "
+            f"(the schedule x {float(multiplier.numpy()):g} from here on)"
+        )

@@ -1,0 +1,205 @@
+"""The layers of hvd_train, as its folders show them, held by tests.
+
+Each subpackage may import only the layers `LAYERS` puts under it; the launcher side, the
+record, the config and the commands import without TensorFlow, Horovod or either Keras; and no
+two modules import each other, through any path. Imports inside functions count too: a lazy
+import hides a dependency from Python, not from the design.
+"""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.stack
+PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "hvd_train"
+
+# Each layer, and the layers it may import (besides itself), from the floor up.
+LAYERS: dict[str, set[str]] = {
+    "base": set(),  # errors, logs, start-up marks, atomic files: the standard library only
+    "config": {"base"},  # the schema, its loader and rules, the derived plan
+    "record": {"base", "config"},  # run.dir, summary.json, the keeper, the stops
+    "launcher": {"base", "config", "record"},  # horovodrun, launch, supervise, Slurm, sweep, plan
+    "runtime": {"base", "config"},  # Horovod's state, the speed knobs, the Keras bindings
+    "data": {"base", "config", "runtime"},  # sources, each worker's slice, decoding
+    "train": {"base", "config", "record", "runtime", "data"},  # the run and its parts
+    "commands": {"base", "config", "record", "launcher", "runtime", "data", "train"},
+}
+# Layers that import without TensorFlow, Horovod or a Keras: the launchers read configs and
+# records and start jobs in a second; the commands' modules load TensorFlow only when they run.
+LIGHT = ("base", "config", "record", "launcher", "commands")
+HEAVY = ("tensorflow", "horovod", "keras", "tf_keras")
+
+
+def modules() -> dict[str, pathlib.Path]:
+    """Every module of hvd_train by dotted name; entry points (`__main__`) left out: nothing
+    imports them."""
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        if parts[-1] == "__main__":
+            continue
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        found[name] = path
+    return found
+
+
+def imports_of(path: pathlib.Path, known: set[str]) -> set[str]:
+    """The hvd_train modules `path` imports, anywhere in it (module level or in a function):
+    `from hvd_train.x import y` imports module hvd_train.x.y when there is one, else hvd_train.x."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [
+                f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in known else node.module
+                for a in node.names
+            ]
+        else:
+            continue
+        found.update(n for n in names if n == "hvd_train" or n.startswith("hvd_train."))
+    return found
+
+
+def layer_of(module: str) -> str | None:
+    """`hvd_train.train.trainer` -> "train"; the package's top modules (cli) -> None."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 or (len(parts) == 2 and parts[1] in LAYERS) else None
+
+
+def import_graph() -> dict[str, set[str]]:
+    found = modules()
+    known = set(found)
+    return {m: imports_of(p, known) & known - {m} for m, p in found.items()}
+
+
+def crossings(graph: dict[str, set[str]]) -> list[str]:
+    """Every import of a layer from one that may not import it, as `a -> b`."""
+    bad = []
+    for module, targets in sorted(graph.items()):
+        layer = layer_of(module)
+        if layer is None:
+            continue  # cli.py, __init__.py: the package's top may import every layer
+        for target in sorted(targets - {"hvd_train"}):  # the root: imported before any module
+            other = layer_of(target)
+            if other is None or (other != layer and other not in LAYERS[layer]):
+                bad.append(f"{module} -> {target}")
+    return bad
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each as a cycle
+    through them: the first module, a path back to it."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                components.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return [_cycle_through(graph, c) for c in components]
+
+
+def _cycle_through(graph: dict[str, set[str]], component: list[str]) -> list[str]:
+    """A shortest path from the component's first module back to it, inside the component."""
+    start, members = component[0], set(component)
+    paths = [[start]]
+    while paths:
+        path = paths.pop(0)
+        for w in sorted(graph[path[-1]] & members):
+            if w == start:
+                return [*path, start]
+            if w not in path:
+                paths.append([*path, w])
+    raise AssertionError(f"no cycle through {component}")  # a component always has one
+
+
+def test_the_layer_table_has_every_subpackage_and_no_loop() -> None:
+    folders = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists()}
+    assert folders == set(LAYERS), f"folders {sorted(folders)} vs LAYERS {sorted(LAYERS)}"
+    assert cycles(LAYERS) == [], "the layers import each other in a loop"
+
+
+def test_each_layer_imports_only_the_layers_under_it() -> None:
+    bad = crossings(import_graph())
+    assert not bad, "imports across the layer table (tests/test_layers.py LAYERS):\n" + "\n".join(
+        bad
+    )
+
+
+def test_the_crossing_finder_finds_a_crossing() -> None:
+    graph = {
+        "hvd_train.base.logs": {"hvd_train.train.trainer"},
+        "hvd_train.train.trainer": {"hvd_train.base.logs", "hvd_train.config"},
+        "hvd_train.cli": {"hvd_train.train.trainer"},
+    }
+    assert crossings(graph) == ["hvd_train.base.logs -> hvd_train.train.trainer"]
+
+
+def test_the_cycle_finder_finds_a_cycle() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert cycles(graph) == [["a", "b", "c", "a"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_lazy_imports_count(tmp_path) -> None:
+    module = tmp_path / "m.py"
+    module.write_text(
+        "def f():\n    from hvd_train.train.trainer import train\n    import hvd_train.data.pipeline\n"
+        "    from hvd_train.runtime import distributed\n"
+    )
+    known = {"hvd_train.train.trainer", "hvd_train.data.pipeline", "hvd_train.runtime.distributed"}
+    assert imports_of(module, known) == known
+
+
+def test_no_import_cycles_inside_hvd_train() -> None:
+    found = cycles(import_graph())
+    assert not found, "import cycles inside hvd_train: " + "; ".join(" -> ".join(c) for c in found)
+
+
+def test_the_light_layers_import_without_tensorflow_horovod_or_keras() -> None:
+    """Every module of `LIGHT` (and cli.py), imported one after another in one fresh process
+    in which importing TensorFlow, Horovod, Keras 3 or tf_keras fails."""
+    light = [m for m in modules() if layer_of(m) in LIGHT or m == "hvd_train.cli"]
+    script = (
+        "import importlib, sys\n"
+        f"for name in {HEAVY!r}:\n    sys.modules[name] = None\n"
+        "failed = []\n"
+        f"for module in {light!r}:\n"
+        "    try:\n        importlib.import_module(module)\n"
+        "    except ImportError as e:\n        failed.append(f'{module}: {e}')\n"
+        "print('\\n'.join(failed))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          cwd=PACKAGE.parent, timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "", "imported TensorFlow, Horovod or a Keras:\n" + proc.stdout
+    assert len(light) > 30, light  # the test saw the modules it is about
