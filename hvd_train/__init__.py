@@ -1,9 +1,8 @@
-"""hvd_train: distributed training of Keras models with Horovod, driven by one YAML config."""
+"""hvd_train: distributed training of Keras models with Horovod, driven by one YAML config.
 
-from hvd_train.runtime import keras_stack
-
-# Before anything imports TensorFlow: on TensorFlow 2.16+, tf.keras must be Keras 2 (tf_keras),
-# the only Keras Horovod's Keras API works with. Reads package metadata; imports no TensorFlow.
-keras_stack.select()
+Importing it imports no TensorFlow and chooses no Keras: the commands choose (runtime/binding.py)
+once they have read the config. Keras 3 users' own `model.fit` scripts take the distributed
+pieces from `hvd_train.keras3` (docs/models.md).
+"""
 
 __version__ = "0.1.0"

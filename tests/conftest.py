@@ -1,10 +1,7 @@
-"""Loaded by pytest before any test module: hvd_train first, as `python -m hvd_train` has it.
+"""Loaded by pytest before any test module.
 
-On TensorFlow 2.16+ `import hvd_train` sets TF_USE_LEGACY_KERAS=1, which TensorFlow reads when
-it is imported: tf.keras and the module path `tensorflow.keras.*` are then Keras 2 (tf_keras).
-A test module that imported TensorFlow first would leave `tensorflow.keras.*` as Keras 3 for
-the whole test process (the first `import tensorflow.keras.callbacks` even rebinds tf.keras),
-which no trainer process ever sees.
+In this process `tf.keras` is what TensorFlow makes it (Keras 3 on 2.16+, Keras 2 on 2.15), as
+in a worker under `model.keras: auto`; tests of one binding activate it (`each_keras`).
 
 Also the suite's cost report: at the end of a run, per test file, its time, the processes and
 the training jobs it started (start-up is what most of the suite's time pays for), and the CPU
@@ -24,7 +21,7 @@ import subprocess
 
 import pytest
 
-import hvd_train  # noqa: F401
+from hvd_train.runtime import binding
 
 QUICK = os.environ.get("HVD_TRAIN_TEST_TIER") == "quick"
 
@@ -161,3 +158,14 @@ def pytest_terminal_summary(terminalreporter) -> None:
     w.section("the 15 tests that used the most CPU (setup and teardown included)")
     for nodeid, seconds in _test_cpu.most_common(15):
         w.write_line(f"{seconds:8.1f} s  {nodeid}")
+
+
+# The bindings this stack has: Keras 3 and tf_keras on TensorFlow 2.16+, Keras 2 alone on 2.15.
+KERASES = [binding.KERAS3, binding.KERAS2] if binding.has_keras3() else [binding.KERAS2]
+
+
+@pytest.fixture(params=KERASES)
+def each_keras(request):
+    """The test once per Keras binding of this stack, with that binding active."""
+    with binding.activated(request.param) as active:
+        yield active

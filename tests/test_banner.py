@@ -10,8 +10,8 @@ import pytest
 from harness import PYTHON, QUICKSTART, check, run
 
 from hvd_train.config import derive, load_config
+from hvd_train.train.banner import lr_label
 from hvd_train.train.models import weights_note
-from hvd_train.train.trainer import _lr_label
 
 
 def test_lone_process_says_no_launcher_and_a_fixed_global_batch_is_not_scaled(tmp_path) -> None:
@@ -41,7 +41,7 @@ def test_lone_process_says_no_launcher_and_a_fixed_global_batch_is_not_scaled(tm
 )  # fmt: skip
 def test_learning_rate_label_says_what_derive_did(overrides, workers, label) -> None:
     cfg = load_config(None, ["train.batch_size=32", *overrides])
-    assert _lr_label(cfg, derive(cfg, workers, num_train=1000)) == label
+    assert lr_label(cfg, derive(cfg, workers, num_train=1000)) == label
 
 
 def test_weights_note_names_the_file_loaded_only_when_one_is(tmp_path: pathlib.Path) -> None:

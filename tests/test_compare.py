@@ -11,7 +11,7 @@ import pytest
 from harness import PYTHON, QUICKSTART, check, horovodrun, run
 
 from hvd_train.config import derive, load_config
-from hvd_train.train.schedules import learning_rate_schedule
+from hvd_train.runtime.schedules import learning_rate_schedule
 
 pytestmark = pytest.mark.multiworker
 

@@ -12,7 +12,7 @@ import pytest
 from harness import PYTHON, ROOT, run
 
 from hvd_train.commands.doctor import diagnose, version_tuple
-from hvd_train.runtime import keras_stack
+from hvd_train.runtime import binding
 
 pytestmark = pytest.mark.stack  # the doctor is the first check of a new stack
 
@@ -57,7 +57,8 @@ def test_doctor_prints_a_report_and_exits_0(tmp_path, here) -> None:
     code, out, _ = doctor(cwd=tmp_path)
     assert code == 0
     tf_version = here["facts"]["tensorflow"]["version"]
-    assert f"tensorflow   {tf_version} ({keras_stack.describe()}, built with CUDA: no)" in out
+    kerases = f"{binding.describe(binding.KERAS3)}, {binding.describe(binding.KERAS2)}"
+    assert f"tensorflow   {tf_version} ({kerases}, built with CUDA: no)" in out
     assert f"built against TensorFlow {tf_version}" in out
     assert "controllers  gloo, mpi" in out
     assert out.rstrip().endswith("ready to train")
@@ -108,34 +109,38 @@ def test_this_machines_facts_have_no_problem(facts) -> None:
     assert errors(facts) == [] and warnings_(facts) == []
 
 
-def on_tensorflow(facts: dict, version: str, keras: str | None) -> dict:
-    facts["tensorflow"].update(version=version, keras=keras)
+def on_tensorflow(facts: dict, version: str, keras: str | None, tf_keras: str | None) -> dict:
+    facts["tensorflow"].update(version=version, keras=keras, tf_keras=tf_keras)
     facts["horovod"]["built_against"]["tensorflow"] = version
     return facts
 
 
-def test_keras_3_is_an_error(facts) -> None:
-    on_tensorflow(facts, "2.18.1", "keras 3.13.1")
+# Each stack with its Kerases: 2.15's own Keras 2, then Keras 3 and tf_keras of TF's minor.
+STACK_KERASES = [
+    ("2.15.1", "keras 2.15.0", None), ("2.18.1", "keras 3.8.0", "tf_keras 2.18.0"),
+    ("2.19.1", "keras 3.10.0", "tf_keras 2.19.0"), ("2.20.0", "keras 3.11.3", "tf_keras 2.20.1"),
+    ("2.21.0", "keras 3.15.1", "tf_keras 2.21.0"),
+]  # fmt: skip
+
+
+def test_no_keras_3_on_a_newer_tensorflow_is_an_error(facts) -> None:
+    on_tensorflow(facts, "2.18.1", "keras 2.15.0", "tf_keras 2.18.0")
     assert errors(facts) == [
-        "Keras 3 is active (TensorFlow 2.18.1, keras 3.13.1): horovod.tensorflow.keras needs "
-        "Keras 2; install tf_keras 2.18 (HVD_TRAIN_TF=2.18 scripts/install.sh)"
+        "Keras 3 does not import (TensorFlow 2.18.1: keras 2.15.0): models of model.keras: auto "
+        "and keras cannot train; install Keras 3 (HVD_TRAIN_TF=2.18 scripts/install.sh)"
     ]
 
 
-@pytest.mark.parametrize(
-    ("tf_version", "keras"),
-    [("2.15.1", "keras 2.15.0"), ("2.18.1", "tf_keras 2.18.0"), ("2.19.1", "tf_keras 2.19.0"),
-     ("2.20.0", "tf_keras 2.20.1"), ("2.21.0", "tf_keras 2.21.0")],
-)  # fmt: skip
-def test_supported_stacks_have_no_problem(facts, tf_version, keras) -> None:
-    on_tensorflow(facts, tf_version, keras)
+@pytest.mark.parametrize(("tf_version", "keras", "tf_keras"), STACK_KERASES)
+def test_supported_stacks_have_no_problem(facts, tf_version, keras, tf_keras) -> None:
+    on_tensorflow(facts, tf_version, keras, tf_keras)
     assert errors(facts) == [] and warnings_(facts) == []
 
 
 @pytest.mark.parametrize("tf_version", ["2.16.1", "2.17.1", "2.22.0"])
-def test_another_tensorflow_with_legacy_keras_is_only_untested(facts, tf_version) -> None:
+def test_another_tensorflow_with_both_kerases_is_only_untested(facts, tf_version) -> None:
     minor = tf_version.rpartition(".")[0]
-    on_tensorflow(facts, tf_version, f"tf_keras {minor}.0")
+    on_tensorflow(facts, tf_version, "keras 3.15.1", f"tf_keras {minor}.0")
     assert errors(facts) == []
     assert warnings_(facts) == [
         f"TensorFlow {tf_version}: hvd_train is tested with 2.15.1, 2.18.1, 2.19.1, 2.20.0 or 2.21.0"
@@ -143,24 +148,25 @@ def test_another_tensorflow_with_legacy_keras_is_only_untested(facts, tf_version
 
 
 def test_tf_keras_of_another_minor_version_is_a_warning(facts) -> None:
-    on_tensorflow(facts, "2.18.1", "tf_keras 2.17.0")
+    on_tensorflow(facts, "2.18.1", "keras 3.8.0", "tf_keras 2.17.0")
     assert errors(facts) == []
     assert warnings_(facts) == ["tf_keras 2.17.0 with TensorFlow 2.18.1: tf_keras should match TensorFlow's minor version"]  # fmt: skip
 
 
-def test_tf_216_without_tf_keras_is_keras_3_only(facts) -> None:
-    # hvd_train sets TF_USE_LEGACY_KERAS=1: without tf_keras, tf.keras does not import at all.
-    on_tensorflow(facts, "2.21.0", None)
-    assert errors(facts) == [
-        "Keras 3 is active (TensorFlow 2.21.0, no tf_keras installed): horovod.tensorflow.keras "
-        "needs Keras 2; install tf_keras 2.21 (HVD_TRAIN_TF=2.21 scripts/install.sh)"
+def test_no_tf_keras_is_a_warning_for_model_keras_tf_keras(facts) -> None:
+    # Keras 3 trains the default; tf_keras only what asks for it.
+    on_tensorflow(facts, "2.21.0", "keras 3.15.1", None)
+    assert errors(facts) == []
+    assert warnings_(facts) == [
+        "no tf_keras (TensorFlow 2.21.0): model.keras: tf_keras (Keras 2) cannot train here; "
+        "install tf_keras 2.21 (HVD_TRAIN_TF=2.21 scripts/install.sh)"
     ]
-    on_tensorflow(facts, "2.17.1", None)  # no stack of its own: the newest is named
-    assert errors(facts) == [
-        "Keras 3 is active (TensorFlow 2.17.1, no tf_keras installed): horovod.tensorflow.keras "
-        "needs Keras 2; install tf_keras 2.17 (or HVD_TRAIN_TF=2.21 scripts/install.sh: "
-        "TensorFlow 2.21.0 with tf_keras)"
-    ]
+    on_tensorflow(facts, "2.17.1", "keras 3.15.1", None)  # no stack of its own: the newest named
+    assert warnings_(facts)[0] == (
+        "no tf_keras (TensorFlow 2.17.1): model.keras: tf_keras (Keras 2) cannot train here; "
+        "install tf_keras 2.17 (or HVD_TRAIN_TF=2.21 scripts/install.sh: TensorFlow 2.21.0 with "
+        "Keras 3 and tf_keras)"
+    )
 
 
 @pytest.mark.parametrize(
@@ -170,7 +176,8 @@ def test_tf_216_without_tf_keras_is_keras_3_only(facts) -> None:
 )  # fmt: skip
 def test_python_versions_follow_the_stacks_wheels(facts, python, tf_version, supported) -> None:
     facts["python"] = python
-    on_tensorflow(facts, tf_version, None if tf_version == "2.15.1" else f"tf_keras {tf_version}")
+    stack = {v: (k, t) for v, k, t in STACK_KERASES}[tf_version]
+    on_tensorflow(facts, tf_version, *stack)
     said = [w for w in warnings_(facts) if w.startswith("Python ")]
     assert said == ([] if supported else [
         f"Python {python}: hvd_train supports 3.10-3.11 with TensorFlow 2.15, 3.10-3.12 with "

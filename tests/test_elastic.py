@@ -9,8 +9,8 @@ import tensorflow as tf
 from harness import QUICKSTART
 
 from hvd_train.config import derive, load_config
+from hvd_train.runtime.schedules import lr_multiplier
 from hvd_train.train.elastic import _rescale_learning_rate
-from hvd_train.train.schedules import lr_multiplier
 from hvd_train.train.step import make_optimizer
 
 

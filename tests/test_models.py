@@ -158,14 +158,14 @@ def test_pretrained_weights_file_loads_and_predictions_match(tmp_path) -> None:
     trained = application("mobilenet_v2", (32, 32, 3), 5)
     base = trained.get_layer("mobilenet_v2")
     _randomise(base, seed=3)  # stands in for pretrained weights
-    base.save_weights(str(tmp_path / "base.h5"))
+    base.save_weights(str(tmp_path / "base.weights.h5"))  # Keras 3 names it so; 2 reads it
     base.save(str(tmp_path / "base.keras"))
     expected = trained.predict(x, verbose=0)
 
     tf.keras.utils.set_random_seed(7)  # same head as `trained`; only the base differs
     fresh = application("mobilenet_v2", (32, 32, 3), 5).predict(x, verbose=0)
     assert np.abs(fresh - expected).max() > 1e-3  # without the file the predictions differ
-    for name in ("base.h5", "base.keras"):
+    for name in ("base.weights.h5", "base.keras"):
         tf.keras.utils.set_random_seed(7)
         loaded = application("mobilenet_v2", (32, 32, 3), 5, weights=str(tmp_path / name))
         np.testing.assert_allclose(loaded.predict(x, verbose=0), expected, atol=1e-6, err_msg=name)
@@ -177,12 +177,12 @@ def test_missing_weights_file_says_where_weights_come_from(tmp_path) -> None:
     message = str(info.value)
     assert message.startswith(f"model.weights: '{tmp_path / 'nope.h5'}' not found.")
     assert "never downloaded" in message
-    assert "tf.keras.applications.ResNet50(weights='imagenet', include_top=False)" in message
+    assert "keras.applications.ResNet50(weights='imagenet', include_top=False)" in message
     assert "\n" not in message
 
 
 def test_weights_file_of_another_model_is_a_config_error(tmp_path) -> None:
-    path = str(tmp_path / "mobilenet.h5")
+    path = str(tmp_path / "mobilenet.weights.h5")
     application("mobilenet_v2", (32, 32, 3), 5).get_layer("mobilenet_v2").save_weights(path)
     with pytest.raises(ConfigError, match=r"does not fit the ResNet50 base without its classifier"):
         application("resnet50", (32, 32, 3), 5, weights=path)
@@ -196,7 +196,7 @@ def test_efficientnet_imagenet_weights_get_keras_variance_correction(tmp_path) -
                                                  input_shape=(32, 32, 3))  # fmt: skip
     norm = next(x for x in donor.layers if isinstance(x, tf.keras.layers.Normalization))
     norm.set_weights([mean, std, norm.get_weights()[2]])  # as in Keras' imagenet file
-    path = str(tmp_path / "efficientnet.h5")
+    path = str(tmp_path / "efficientnet.weights.h5")
     donor.save_weights(path)
     model = application("efficientnet_b0", (32, 32, 3), 5, weights=path)
     base = model.get_layer("efficientnet_b0")

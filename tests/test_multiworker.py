@@ -14,7 +14,7 @@ from harness import BIN, PYTHON, QUICKSTART, ROOT, WORKERS, check, horovodrun, r
 
 from hvd_train.config import load_config
 from hvd_train.data.pipeline import load_source
-from hvd_train.runtime import keras_stack
+from hvd_train.runtime import binding
 
 pytestmark = pytest.mark.multiworker
 
@@ -78,11 +78,12 @@ def test_summary_is_complete_and_consistent(quickstart) -> None:
     assert summary["train_examples_per_sec"] > 0
     assert summary["wall_time_s"] > 0
     assert set(summary["versions"]) == {"python", "tensorflow", "keras", "horovod"}
-    # Keras 2 of TensorFlow's own minor version: "keras 2.15.0" on 2.15, "tf_keras 2.18.0" on 2.18.
+    # The default Keras: Keras 3 on 2.16+ ("keras 3.15.1"), TensorFlow's own Keras 2 on 2.15.
     package, keras_version = summary["versions"]["keras"].split()
     tf_minor = summary["versions"]["tensorflow"].split(".")[:2]
-    assert package == ("keras" if tf_minor == ["2", "15"] else "tf_keras"), summary["versions"]
-    assert keras_version.split(".")[:2] == tf_minor, summary["versions"]
+    assert package == "keras", summary["versions"]
+    expected = ["3"] if binding.has_keras3() else tf_minor
+    assert keras_version.split(".")[: len(expected)] == expected, summary["versions"]
     assert summary["versions"]["horovod"] == "0.28.1"
     final = summary["final_metrics"]
     assert final["val_accuracy"] >= README_VAL_ACCURACY, final
@@ -115,20 +116,18 @@ def test_resolved_config_is_written(quickstart) -> None:
 
 @pytest.mark.stack
 def test_saved_model_loads_without_horovod(quickstart) -> None:
-    """The exported model loads and predicts with Horovod made unimportable, in a process that
-    never imported hvd_train, with the Keras 2 a user has: tf.keras on TensorFlow 2.15, tf_keras
-    on 2.16+ (where tf.keras is Keras 3 unless TF_USE_LEGACY_KERAS=1)."""
+    """The exported model loads and predicts with Horovod and hvd_train made unimportable, with
+    the Keras a user has: `import keras` (Keras 3 on TensorFlow 2.16+, Keras 2 on 2.15)."""
     run_dir = quickstart[0] / "rank0" / "out"
     summary = json.loads((run_dir / "summary.json").read_text())
     src = load_source(load_config(QUICKSTART))
     np.save(run_dir.parent / "x_val.npy", src.x_val)
-    keras_2 = "import tf_keras as keras" if keras_stack.uses_tf_keras() else "from tensorflow import keras"  # fmt: skip
     script = f"""
 import sys
 from importlib.metadata import version
-sys.modules["horovod"] = None  # any import of horovod now fails
+sys.modules["horovod"] = sys.modules["hvd_train"] = None  # any import of them now fails
 import numpy as np
-{keras_2}
+import keras
 model = keras.models.load_model({str(run_dir / "model.keras")!r})
 package = type(model).__module__.split(".")[0]
 print("loaded by", package, version(package))
@@ -138,7 +137,7 @@ np.save("predicted.npy", np.argmax(model.predict(np.load("x_val.npy"), verbose=0
     out = check(run([*env, PYTHON, "-c", script], cwd=run_dir.parent)).stdout
     assert (
         f"loaded by {summary['versions']['keras']}" in out
-    ), out  # "keras 2.15.0", "tf_keras 2.18.0"
+    ), out  # "keras 3.15.1" ("keras 2.15.0" on 2.15)
     acc = float(np.mean(np.load(run_dir.parent / "predicted.npy") == src.y_val))
     assert acc == pytest.approx(summary["final_metrics"]["val_accuracy"], abs=1e-6)
 

@@ -256,19 +256,20 @@ def test_a_run_the_plan_cannot_start_from_is_refused_in_one_line(fields, says, t
     ("compression", "dtype", "size"), [("none", "float32", 4), ("fp16", "float16", 2)]
 )
 def test_the_trainer_records_the_trainable_parameters_and_their_bytes(
-    compression, dtype, size
+    compression, dtype, size, each_keras
 ) -> None:
     """What rank 0 adds to summary.json for the planner: trainable weights only (a frozen layer
     is not all-reduced), and 2 bytes each with fp16 compression."""
     import types
 
-    from hvd_train.runtime.keras_stack import keras
-    from hvd_train.train.trainer import _gradient_size
+    from hvd_train.train.outcome import gradient_size
+
+    keras = each_keras.keras
 
     frozen = keras.layers.Dense(3)
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(5), frozen])
     frozen.trainable = False
     cfg = types.SimpleNamespace(horovod=types.SimpleNamespace(compression=compression))
-    got = _gradient_size(cfg, model)
+    got = gradient_size(cfg, model)
     assert got == {"trainable_parameters": 4 * 5 + 5, "gradient_dtype": dtype,
                    "gradient_bytes": (4 * 5 + 5) * size}  # fmt: skip

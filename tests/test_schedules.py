@@ -18,20 +18,20 @@ from harness import PYTHON, QUICKSTART, check, run
 from hvd_train.base.errors import ConfigError
 from hvd_train.config import check as check_config
 from hvd_train.config import derive, load_config
-from hvd_train.train.schedules import WarmupScaled, learning_rate_schedule, rates
+from hvd_train.runtime.schedules import WarmupScaledMath, learning_rate_schedule, rates
 
 COMMON = ["optimizer.learning_rate=0.1", "optimizer.lr_scaling=linear", "train.batch_size=10",
           "optimizer.warmup_epochs=1", "train.epochs=11"]  # fmt: skip
 
 
-def schedule(*overrides: str) -> WarmupScaled:
+def schedule(*overrides: str) -> WarmupScaledMath:
     cfg = load_config(None, [*COMMON, *overrides])
     plan = derive(cfg, world_size=4, num_train=400)
     assert (plan.scaled_lr, plan.steps_per_epoch, plan.warmup_steps) == (pytest.approx(0.4), 10, 10)
     return learning_rate_schedule(cfg, plan)
 
 
-def at(s: WarmupScaled, *steps: int) -> list[float]:
+def at(s: WarmupScaledMath, *steps: int) -> list[float]:
     return [float(s(tf.constant(step))) for step in steps]
 
 
@@ -96,16 +96,20 @@ def test_last_step_of_the_run_trains_at_min_lr_fraction(decay, workers, examples
     assert min(values) == pytest.approx(values[-1], rel=1e-6)  # never below the floor before
 
 
-def test_schedule_round_trips_through_a_saved_model_with_its_optimizer(tmp_path) -> None:
+def test_schedule_round_trips_through_a_saved_model_with_its_optimizer(
+    tmp_path, each_keras
+) -> None:
+    keras = each_keras.keras
     s = schedule("optimizer.schedule=warmup_decay", "optimizer.min_lr_fraction=0.1")
-    model = tf.keras.Sequential([tf.keras.Input((3,)), tf.keras.layers.Dense(2)])
-    model.compile(optimizer=tf.keras.optimizers.SGD(s), loss="mse")
+    assert isinstance(s, keras.optimizers.schedules.LearningRateSchedule)  # the active Keras'
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    model.compile(optimizer=keras.optimizers.SGD(s), loss="mse")
     model.fit(tf.ones((8, 3)), tf.ones((8, 2)), epochs=1, batch_size=4, verbose=0)  # 2 steps
     path = str(tmp_path / "m.keras")
     model.save(path)
-    loaded = tf.keras.models.load_model(path)
+    loaded = keras.models.load_model(path)
     restored = loaded.optimizer._learning_rate
-    assert isinstance(restored, WarmupScaled)
+    assert isinstance(restored, WarmupScaledMath)
     assert restored.get_config() == s.get_config()
     assert int(loaded.optimizer.iterations) == 2
     # the rate the next step will use: step 2 of the warm-up, 0.1 + 0.3 x 2/10

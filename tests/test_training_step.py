@@ -9,17 +9,17 @@ import pytest
 from hvd_train.runtime import (
     distributed,  # noqa: F401 - installs the autograph rule, as the trainer does
 )
-from hvd_train.runtime.keras_stack import hvd, keras
-from hvd_train.train.step import _build_loss_and_metrics
 
-pytestmark = pytest.mark.stack  # Keras 2's compile containers: built in on 2.15, tf_keras after
+pytestmark = pytest.mark.stack
 
 CLASSES = 10
 
 
-def _fit_one_step(build_first: bool) -> tuple[int, dict, list[np.ndarray]]:
-    """A small compiled model, as the trainer compiles it, fit one step from fixed weights and
-    data: how often its train step was traced, its history and its weights after the step."""
+def _fit_one_step(active, build_first: bool) -> tuple[int, dict, list[np.ndarray]]:
+    """A small compiled model of the active Keras, as the trainer compiles it, fit one step
+    from fixed weights and data: how often its train step was traced, its history and its
+    weights after the step."""
+    keras = active.keras
     keras.utils.set_random_seed(0)
     inputs = keras.Input((8, 8, 1))
     x = keras.layers.Conv2D(4, 3, activation="relu")(inputs)
@@ -29,10 +29,11 @@ def _fit_one_step(build_first: bool) -> tuple[int, dict, list[np.ndarray]]:
         optimizer=keras.optimizers.Adam(0.01),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         metrics=["accuracy"],
+        jit_compile=False,
     )
-    model.optimizer.build(model.trainable_variables)  # as the trainer's resume does
+    model.optimizer.build(model.trainable_variables)  # as build_for_training does too
     if build_first:
-        _build_loss_and_metrics(model, CLASSES)
+        active.build_for_training(model, (8, 8, 1), CLASSES)
     traced = []
     step = model.train_step
     model.train_step = lambda data: traced.append(1) or step(data)
@@ -43,12 +44,12 @@ def _fit_one_step(build_first: bool) -> tuple[int, dict, list[np.ndarray]]:
     return len(traced), history, model.get_weights()
 
 
-def test_built_loss_and_metrics_trace_the_step_once_with_the_same_results() -> None:
+def test_built_loss_and_metrics_trace_the_step_once_with_the_same_results(each_keras) -> None:
     """Keras creates the loss's and metrics' variables inside the first traced step, and a
-    tf.function that creates variables is traced twice; built before, once. The step's loss,
-    accuracy and new weights are the same either way."""
-    traces, history, weights = _fit_one_step(build_first=True)
-    before_traces, before_history, before_weights = _fit_one_step(build_first=False)
+    tf.function that creates variables is traced twice; built before, once (Keras 3 and 2).
+    The step's loss, accuracy and new weights are the same either way."""
+    traces, history, weights = _fit_one_step(each_keras, build_first=True)
+    before_traces, before_history, before_weights = _fit_one_step(each_keras, build_first=False)
     assert (traces, before_traces) == (1, 2)
     assert history == before_history
     for got, expected in zip(weights, before_weights, strict=True):
@@ -56,8 +57,9 @@ def test_built_loss_and_metrics_trace_the_step_once_with_the_same_results() -> N
 
 
 def test_autograph_does_not_convert_horovods_functions() -> None:
+    import horovod.tensorflow as hvd
     from tensorflow.python.autograph.impl import conversion
 
     assert conversion.is_allowlisted(hvd.allreduce)
-    assert conversion.is_allowlisted(hvd.DistributedOptimizer)
+    assert conversion.is_allowlisted(hvd.grouped_allreduce)
     assert not conversion.is_allowlisted(_fit_one_step)  # the rule names Horovod, not everyone

@@ -15,10 +15,11 @@ from harness import PYTHON, QUICKSTART, WORKERS, check, horovodrun, run
 from hvd_train import config as config_module
 from hvd_train.base.errors import ConfigError
 from hvd_train.config import CallbackConfig, dump_yaml, load_config
+from hvd_train.runtime import binding
+from hvd_train.runtime.schedules import rates, warmup_scaled
 from hvd_train.train.checkpoint import read_state
-from hvd_train.train.schedules import WarmupScaled, rates
-from hvd_train.train.trainer import _results
-from hvd_train.train.user_callbacks import ReduceLROnPlateau, construct
+from hvd_train.train.outcome import results
+from hvd_train.train.user_callbacks import construct
 
 PROBES = WORKERS / "probe_callbacks.py"
 
@@ -51,12 +52,16 @@ def test_callbacks_given_as_a_mapping_are_refused() -> None:
     )
 
 
+# How the default Keras is named in messages: Keras 3's `keras`, or TensorFlow 2.15's tf.keras.
+KERAS = "keras" if binding.has_keras3() else "tf.keras"
+
+
 @pytest.mark.parametrize(
     ("cls", "args", "message"),
     [
         ("no_such_module_xyz:Foo", {}, "callbacks[3].class: cannot import module 'no_such_module_xyz' (No module named 'no_such_module_xyz'); it must be importable from the working directory or PYTHONPATH, or be given as path/to/file.py"),
-        ("EarlyStoping", {}, "callbacks[3].class: tf.keras.callbacks has no 'EarlyStoping'; name a subclass of tf.keras.callbacks.Callback as 'module:Name' (or a tf.keras.callbacks name)"),
-        ("tensorflow.keras.layers:Dense", {}, "callbacks[3].class: tensorflow.keras.layers has no Keras callback class 'Dense'; name a subclass of tf.keras.callbacks.Callback as 'module:Name' (or a tf.keras.callbacks name)"),
+        ("EarlyStoping", {}, f"callbacks[3].class: {KERAS}.callbacks has no 'EarlyStoping'; name a subclass of {KERAS}.callbacks.Callback as 'module:Name' (or a {KERAS}.callbacks name)"),
+        ("tensorflow.keras.layers:Dense", {}, f"callbacks[3].class: tensorflow.keras.layers has no Keras callback class 'Dense'; name a subclass of {KERAS}.callbacks.Callback as 'module:Name' (or a {KERAS}.callbacks name)"),
         (f"{PROBES}:MyPlateau", {}, "callbacks[3].class: MyPlateau is a subclass of Keras' ReduceLROnPlateau, which sets optimizer.lr, and our rate is a schedule; use ReduceLROnPlateau itself (hvd_train runs its own version, which scales the schedule)"),
         (f"{PROBES}:MyBackup", {}, "callbacks[3].class: MyBackup is a BackupAndRestore: hvd_train already checkpoints and resumes exactly (checkpoint.*, train.resume); remove it"),
         ("EarlyStopping", {"patiense": 2}, "callbacks[3].args: EarlyStopping rejected ['patiense']: EarlyStopping.__init__() got an unexpected keyword argument 'patiense'; its arguments are: monitor, min_delta, patience, verbose, mode, baseline, restore_best_weights, start_from_epoch"),
@@ -80,11 +85,16 @@ def test_a_users_callback_is_built_with_its_args() -> None:
 )
 def test_keras_reduce_lr_on_plateau_becomes_ours_with_its_args(name) -> None:
     callback = construct(CallbackConfig(name, (("factor", 0.5), ("patience", 3))), 0)
-    assert (type(callback), callback.factor, callback.patience) == (ReduceLROnPlateau, 0.5, 3)
+    assert (type(callback).__mro__[1], callback.factor, callback.patience) == (
+        binding.keras().callbacks.ReduceLROnPlateau,
+        0.5,
+        3,
+    )
+    assert type(callback).__module__ == "hvd_train.train.user_callbacks"  # ours
 
 
 def test_the_schedule_multiplier_scales_warm_up_and_decay_alike() -> None:
-    s = WarmupScaled(0.1, 0.4, warmup_steps=10, decay="cosine", total_steps=110)
+    s = warmup_scaled(None, 0.1, 0.4, warmup_steps=10, decay="cosine", total_steps=110)
     before = rates(s, 110)
     s.multiplier.assign(0.25)
     assert rates(s, 110) == [r * np.float32(0.25) for r in before]
@@ -106,17 +116,17 @@ def test_record_of_an_early_stop_and_of_a_signal_at_the_same_epoch() -> None:
     cfg = load_config(None, ["train.epochs=10"])
     early = types.SimpleNamespace(stopped_early={"epoch": 3, "by": "EarlyStopping"})
     history = {"epoch_time_s": [1.0, 1.0, 1.0], "epoch_examples": [10, 10, 10]}
-    ended = _results(history, cfg, _control(), early)
+    ended = results(history, cfg, _control(), early)
     assert (ended["status"], ended["epochs_completed"], ended["stopped_early"]) == (
         "completed", 3, {"epoch": 3, "by": "EarlyStopping"}
     )  # fmt: skip
     for user in (None, types.SimpleNamespace(stopped_early={"epoch": 10, "by": "X"})):
-        full = _results(history, cfg, _control(), user)  # a stop at the last epoch is no early one
+        full = results(history, cfg, _control(), user)  # a stop at the last epoch is no early one
         assert (full["status"], full["epochs_completed"], "stopped_early" in full) == (
             "completed", 10, False
         )  # fmt: skip
     # SIGTERM (15) agreed at the same epoch end: the run was stopped, not finished.
-    stopped = _results(history, cfg, _control(stopped_at=(3, 0), signum=15), early)
+    stopped = results(history, cfg, _control(stopped_at=(3, 0), signum=15), early)
     assert (stopped["status"], stopped["stopped_by"], "stopped_early" in stopped) == (
         "interrupted", "SIGTERM", False
     )  # fmt: skip

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from hvd_train.commands.train import parser
+from hvd_train.config import load_config
+from hvd_train.runtime import binding
 
 
 def main(argv: list[str], prog: str) -> int:
@@ -13,9 +15,8 @@ def main(argv: list[str], prog: str) -> int:
     )
     p.add_argument("--batches", type=int, default=50, help="batches timed (default 50)")
     args = p.parse_args(argv)
-    from hvd_train.config import load_config
-
     cfg = load_config(args.config, args.overrides)
+    binding.prepare(cfg.model.keras)  # before TensorFlow loads: what tf.keras means
     from hvd_train.train.data_bench import data_bench
 
     data_bench(cfg, max(1, args.batches))

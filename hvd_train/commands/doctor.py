@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import glob
+import importlib
 import json
 import os
 import shutil
@@ -24,7 +25,7 @@ from typing import Any
 
 import hvd_train
 from hvd_train.launcher.horovodrun import count_gpus
-from hvd_train.runtime.keras_stack import version_tuple
+from hvd_train.runtime.binding import version_tuple
 
 # The stacks scripts/install.sh installs (scripts/stack.sh, HVD_TRAIN_TF).
 SUPPORTED_TENSORFLOW = ("2.15.1", "2.18.1", "2.19.1", "2.20.0", "2.21.0")
@@ -71,13 +72,14 @@ def _tensorflow_facts() -> dict[str, Any]:
         # Enumerates GPUs without creating a context on them (device_lib would).
         "gpus": [d.name for d in tf.config.list_physical_devices("GPU")],
     }
-    try:
-        # tf.keras is Keras 2 (`keras` <= 2.15 or `tf_keras`) or Keras 3 (`keras` >= 3): ask the
-        # package it resolves to, as tf.keras itself has no version.
-        package = tf.keras.__name__.split(".")[0]
-        out["keras"] = f"{package} {sys.modules[package].__version__}"
-    except Exception as e:  # noqa: BLE001
-        out["keras"], out["keras_error"] = None, _one_line(e)
+    # The two Kerases hvd_train can train with (model.keras): `keras` (Keras 3 on 2.16+, Keras 2
+    # itself on 2.15) and, on 2.16+, Keras 2 as the tf_keras package.
+    for package in ("keras", "tf_keras"):
+        try:
+            module = importlib.import_module(package)
+            out[package] = f"{package} {module.__version__}"
+        except Exception as e:  # noqa: BLE001 - any failure to import is the finding
+            out[package], out[f"{package}_error"] = None, _one_line(e)
     return out
 
 
@@ -198,21 +200,25 @@ def _tensorflow_problems(facts: dict[str, Any]) -> list[Problem]:
     tf = facts["tensorflow"]
     if tf.get("version") is None:
         return [Problem("error", f"TensorFlow does not import: {tf.get('error')}; run scripts/install.sh")]  # fmt: skip
-    v, keras = version_tuple(tf["version"]), tf.get("keras") or ""
-    # hvd_train sets TF_USE_LEGACY_KERAS=1 on 2.16+ (keras_stack.py): tf.keras is then tf_keras,
-    # or does not import at all when only Keras 3 is installed.
-    if version_tuple(keras.rpartition(" ")[2])[:1] >= (3,) or (v >= (2, 16) and not keras):
-        minor = ".".join(map(str, v[:2]))
-        how = (
-            f"HVD_TRAIN_TF={minor} scripts/install.sh"
-            if minor in STACKS
-            else f"or HVD_TRAIN_TF={STACKS[-1]} scripts/install.sh: TensorFlow "
-            f"{SUPPORTED_TENSORFLOW[-1]} with tf_keras"
-        )
-        return [Problem("error", f"Keras 3 is active (TensorFlow {tf['version']}, {keras or 'no tf_keras installed'}): horovod.tensorflow.keras needs Keras 2; install tf_keras {minor} ({how})")]  # fmt: skip
+    v, keras, tf_keras = (
+        version_tuple(tf["version"]),
+        tf.get("keras") or "",
+        tf.get("tf_keras") or "",
+    )
+    minor = ".".join(map(str, v[:2]))
+    how = (
+        f"HVD_TRAIN_TF={minor} scripts/install.sh"
+        if minor in STACKS
+        else f"or HVD_TRAIN_TF={STACKS[-1]} scripts/install.sh: TensorFlow "
+        f"{SUPPORTED_TENSORFLOW[-1]} with Keras 3 and tf_keras"
+    )
     out = []
-    if keras.startswith("tf_keras ") and version_tuple(keras[9:])[:2] != v[:2]:
-        out.append(Problem("warning", f"{keras} with TensorFlow {tf['version']}: tf_keras should match TensorFlow's minor version"))  # fmt: skip
+    if v >= (2, 16) and version_tuple(keras.rpartition(" ")[2])[:1] < (3,):
+        out.append(Problem("error", f"Keras 3 does not import (TensorFlow {tf['version']}: {keras or tf.get('keras_error')}): models of model.keras: auto and keras cannot train; install Keras 3 ({how})"))  # fmt: skip
+    if v >= (2, 16) and not tf_keras:
+        out.append(Problem("warning", f"no tf_keras (TensorFlow {tf['version']}): model.keras: tf_keras (Keras 2) cannot train here; install tf_keras {minor} ({how})"))  # fmt: skip
+    if tf_keras and version_tuple(tf_keras[9:])[:2] != v[:2]:
+        out.append(Problem("warning", f"{tf_keras} with TensorFlow {tf['version']}: tf_keras should match TensorFlow's minor version"))  # fmt: skip
     if not any(
         tf["version"] == ok or tf["version"].startswith(f"{ok}.") for ok in SUPPORTED_TENSORFLOW
     ):
@@ -294,7 +300,7 @@ def render(facts: dict[str, Any], problems: list[Problem]) -> str:
         f"python       {facts['python']} ({facts['python_executable']})",
         f"hvd_train    {facts['hvd_train']}",
         f"tensorflow   {tf.get('version') or 'missing'}"
-        + (f" ({tf.get('keras')}, built with CUDA: {_yes(tf.get('built_with_cuda'))})" if tf.get("version") else ""),
+        + (f" ({_kerases(tf)}, built with CUDA: {_yes(tf.get('built_with_cuda'))})" if tf.get("version") else ""),
         f"horovod      {hv.get('version') or 'missing'}"
         + (f", built against TensorFlow {built}" if hv.get("version") else ""),
         f"  frameworks   {_list(hv.get('frameworks'))}",
@@ -310,6 +316,11 @@ def render(facts: dict[str, Any], problems: list[Problem]) -> str:
         f"NOT READY: {errors} error(s): training cannot work here" if errors else "ready to train"
     )
     return "\n".join(lines)
+
+
+def _kerases(tf: dict[str, Any]) -> str:
+    """`keras 3.15.1, tf_keras 2.21.0`: the Kerases that import."""
+    return ", ".join(filter(None, (tf.get("keras"), tf.get("tf_keras")))) or "no Keras"
 
 
 def _yes(value: Any) -> str:

@@ -6,6 +6,7 @@ import argparse
 import os
 
 from hvd_train.config import add_config_arguments, load_config
+from hvd_train.runtime import binding
 
 # No TensorFlow at its top: it loads once a command runs.
 from hvd_train.train.inference import EVALUATION_FILE, MODEL_HINT
@@ -48,6 +49,7 @@ def main(argv: list[str], prog: str) -> int:
     from hvd_train.train import inference
 
     cfg = load_config(args.config, args.overrides)
+    binding.prepare(cfg.model.keras)  # before TensorFlow loads: what tf.keras means
     out = args.out or os.path.join(cfg.run.dir, EVALUATION_FILE)
     inference.refuse_foreign_json(out)  # before the slow start
     inference.evaluate(cfg, args.model, args.data, out, args.batch_size or cfg.train.batch_size)

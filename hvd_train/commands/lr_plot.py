@@ -5,6 +5,7 @@ from __future__ import annotations
 from hvd_train.base.errors import UserError
 from hvd_train.commands.train import parser
 from hvd_train.config import Config
+from hvd_train.runtime import binding
 
 
 def main(argv: list[str], prog: str) -> int:
@@ -20,10 +21,11 @@ def main(argv: list[str], prog: str) -> int:
     from hvd_train.config import derive, load_config
 
     cfg = load_config(args.config, args.overrides)
+    binding.prepare(cfg.model.keras)  # before TensorFlow loads: what tf.keras means
     if args.workers < 1:
         raise UserError(f"--workers: expected a count >= 1, got {args.workers}")
     d = derive(cfg, args.workers, _train_examples(cfg, args.train_examples))
-    from hvd_train.train import schedules
+    from hvd_train.runtime import schedules
 
     values = schedules.plot(cfg, d, args.out)
     peak = max(range(len(values)), key=values.__getitem__)

@@ -29,6 +29,9 @@ def main(argv: list[str], prog: str) -> int:
     cfg = load_config(args.config, args.overrides)  # before TensorFlow loads: fast to fail
     from hvd_train.base import logs, startup
     from hvd_train.record import stops
+    from hvd_train.runtime import binding
+
+    binding.prepare(cfg.model.keras)  # before TensorFlow loads: what tf.keras means
 
     startup.mark("config")
     # From here a stop, or horovodrun ending the job after another worker failed, is recorded

@@ -169,6 +169,11 @@ class ModelConfig:
     # uncompiled Keras model. Wins over name. Imports and runs your code in every worker
     # (docs/security.md).
     factory: str = ""
+    # Which Keras builds and trains the model: auto (a factory's model with the Keras it was
+    # built with; the built-in models with Keras 3 on TensorFlow 2.16+, Keras 2 on 2.15);
+    # keras (Keras 3, `import keras`); tf_keras (Keras 2: the tf_keras package on 2.16+,
+    # tf.keras on 2.15; a factory's tf.keras is then Keras 2 too). docs/models.md.
+    keras: Literal["auto", "keras", "tf_keras"] = "auto"
     from_logits: bool = False  # true when the model's last layer has no softmax
     # convnet: the convolutions' widths (a max-pool after every second).
     filters: tuple[int, ...] = (32, 32, 64, 64)

@@ -20,8 +20,7 @@ import tensorflow as tf
 from hvd_train.base import logs
 from hvd_train.base.errors import UserError
 from hvd_train.config import HorovodConfig
-from hvd_train.runtime import keras_stack
-from hvd_train.runtime.keras_stack import hvd
+from hvd_train.runtime import binding
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -82,8 +81,8 @@ def init(knobs: HorovodConfig, run_dir: str) -> None:
         # Unless somebody (mpirun --mca, the environment) chose the algorithm already.
         if one_host and not any(key in os.environ for key in ONE_HOST_RING):
             os.environ.update(ONE_HOST_RING)
-    hvd.init()
-    if _BOUND_CORES and _launcher_local_rank() != (hvd.local_rank(), hvd.local_size()):
+    hvd_tf.init()
+    if _BOUND_CORES and _launcher_local_rank() != (hvd_tf.local_rank(), hvd_tf.local_size()):
         raise UserError(
             "runtime.bind_cores: the launcher did not give this worker its local rank before "
             "start (HOROVOD_LOCAL_RANK or OMPI_COMM_WORLD_LOCAL_RANK); launch with horovodrun "
@@ -175,24 +174,24 @@ def _launcher_local_rank() -> tuple[int, int]:
 
 
 def rank() -> int:
-    return hvd.rank()
+    return hvd_tf.rank()
 
 
 def size() -> int:
-    return hvd.size()
+    return hvd_tf.size()
 
 
 def local_rank() -> int:
-    return hvd.local_rank()
+    return hvd_tf.local_rank()
 
 
 def local_size() -> int:
-    return hvd.local_size()
+    return hvd_tf.local_size()
 
 
 def is_chief() -> bool:
     """True on the one worker that writes files and prints progress (rank 0)."""
-    return hvd.rank() == 0
+    return hvd_tf.rank() == 0
 
 
 # Variables an MPI launcher (Open MPI's mpirun, horovodrun --mpi; MPICH/PMIx) sets in each worker.
@@ -203,7 +202,7 @@ def controller() -> str:
     """'gloo' or 'mpi': the controller this job runs on; 'none' for one process started
     without horovodrun or mpirun (Horovod then starts MPI for itself alone: no job to control).
     """
-    if hvd.gloo_enabled():
+    if hvd_tf.gloo_enabled():
         return "gloo"
     return "mpi" if any(k in os.environ for k in _MPI_LAUNCHER_ENV) else "none"
 
@@ -280,6 +279,14 @@ def barrier(name: str) -> None:
         allreduce_sum([0.0], name)
 
 
+def barrier_if_alive(name: str) -> None:
+    """A barrier that gives up quietly when another worker has already gone."""
+    try:
+        barrier(name)
+    except Exception:  # noqa: BLE001 - the caller's work is done; a gone peer changes nothing
+        pass
+
+
 def broadcast_object(obj: Any, name: str) -> Any:
     """Rank 0's `obj` on every rank."""
     return hvd_tf.broadcast_object(obj, root_rank=0, name=name)
@@ -292,7 +299,7 @@ def allgather_object(obj: Any, name: str) -> list[Any]:
 
 def stop_timeline() -> None:
     """Stops Horovod's timeline; rank 0's writer then flushes and closes timeline.json."""
-    hvd.stop_timeline()
+    hvd_tf.stop_timeline()
 
 
 def broadcast_variables(variables: list[tf.Variable]) -> None:
@@ -305,7 +312,7 @@ def versions() -> dict[str, str]:
     return {
         "python": sys.version.split()[0],
         "tensorflow": tf.__version__,
-        "keras": keras_stack.describe(),
+        "keras": binding.active().describe(),
         "horovod": horovod.__version__,
     }
 
@@ -318,7 +325,7 @@ def chief_computes(fn: Callable[[], Any], name: str) -> Any:
     broadcast; another error on rank 0 ends the other ranks with a RuntimeError. Without
     Horovod started (a tool run outside a job), it just calls `fn`.
     """
-    if not hvd.is_initialized() or size() == 1:
+    if not hvd_tf.is_initialized() or size() == 1:
         return fn()
     result: Any = None
     error: Exception | None = None

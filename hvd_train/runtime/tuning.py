@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import os
 import pathlib
+from typing import Any
 
 import tensorflow as tf
 
 from hvd_train.config import Config, Derived
-from hvd_train.runtime import distributed
-from hvd_train.runtime.keras_stack import hvd, keras
+from hvd_train.runtime import binding, distributed
 
 
 def before_init(cfg: Config) -> None:
@@ -67,40 +67,24 @@ def jit_compile(cfg: Config, device: str) -> bool:
     return cfg.runtime.jit_compile and whole_step_xla(device == "gpu", horovod_has_xla_ops())
 
 
-def apply_precision(cfg: Config) -> None:
-    """Sets the Keras precision policy; call after the devices are configured, before the model
-    is built (layers take the policy in force when they are created)."""
-    policy = "float32" if cfg.runtime.mixed_precision == "none" else cfg.runtime.mixed_precision
-    keras.mixed_precision.set_global_policy(policy)
+def precision_policy(cfg: Config) -> str:
+    """The Keras precision policy `runtime.mixed_precision` asks for."""
+    return "float32" if cfg.runtime.mixed_precision == "none" else cfg.runtime.mixed_precision
 
 
-def distributed_optimizer(
-    optimizer: keras.optimizers.Optimizer, cfg: Config
-) -> keras.optimizers.Optimizer:
-    """Wraps `optimizer` in Horovod's DistributedOptimizer with the configured knobs, and in a
-    LossScaleOptimizer under mixed_float16.
-
-    The order matters: the LossScaleOptimizer goes outside. It scales the loss, the Horovod
-    optimizer inside all-reduces the (scaled) gradients, then they are unscaled; so every rank
-    sees the same, all-reduced gradients when the loss scaler decides to skip a step on inf/NaN,
-    and the ranks stay identical. (Horovod cannot wrap a LossScaleOptimizer: it rebuilds the
-    optimizer from its class and config, which Keras' LossScaleOptimizer does not support.)
-    """
-    acc = cfg.train.gradient_accumulation_steps
-    wrapped = hvd.DistributedOptimizer(
+def distributed_optimizer(optimizer: Any, cfg: Config) -> Any:
+    """Wraps `optimizer` in the active Keras' distributed optimizer with the configured knobs,
+    and in a LossScaleOptimizer under mixed_float16, in the order that keeps every rank's
+    decision to skip a step on inf/NaN the same (see each binding's `distributed_optimizer`)."""
+    return binding.active().distributed_optimizer(
         optimizer,
         # Horovod: float16 on the wire halves the bytes; values are cast back after the sum.
-        compression=hvd.Compression.fp16
-        if cfg.horovod.compression == "fp16"
-        else hvd.Compression.none,
-        # Horovod: sum `acc` batches locally, all-reduce once, divide by `acc`: the update is
-        # the mean gradient over the effective batch, as one step of that batch would give.
-        backward_passes_per_step=acc,
-        average_aggregated_gradients=acc > 1,
+        fp16=cfg.horovod.compression == "fp16",
+        # Horovod: sum this many batches locally, all-reduce once, divide: the update is the
+        # mean gradient over the effective batch, as one step of that batch would give.
+        accumulation=cfg.train.gradient_accumulation_steps,
+        loss_scale=cfg.runtime.mixed_precision == "mixed_float16",
     )
-    if cfg.runtime.mixed_precision == "mixed_float16":
-        return keras.mixed_precision.LossScaleOptimizer(wrapped)
-    return wrapped
 
 
 def log_knobs(cfg: Config, plan: Derived) -> None:

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import csv
+import functools
+import inspect
 import math
 import os
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
 
 import tensorflow as tf
 
@@ -18,8 +22,8 @@ from hvd_train.data.diagnostics import advice_for
 from hvd_train.data.pipeline import Source
 from hvd_train.record.stops import StopSignals
 from hvd_train.record.summary import RunRecord
-from hvd_train.runtime import distributed
-from hvd_train.runtime.keras_stack import hvd, keras
+from hvd_train.runtime import binding, distributed
+from hvd_train.runtime.schedules import lr_multiplier
 from hvd_train.train import perf
 from hvd_train.train.checkpoint import (
     CheckpointStore,
@@ -30,8 +34,8 @@ from hvd_train.train.checkpoint import (
 )
 from hvd_train.train.control import RunControl
 from hvd_train.train.evaluation import Evaluator
+from hvd_train.train.hooks import Callback
 from hvd_train.train.input_wait import InputWait
-from hvd_train.train.schedules import lr_multiplier
 from hvd_train.train.user_callbacks import AgreedStop, build_user_callbacks
 
 METRICS_COLUMNS = [
@@ -61,7 +65,7 @@ def without_bookkeeping(logs: dict | None) -> dict:
     return {k: v for k, v in (logs or {}).items() if k not in BOOKKEEPING}
 
 
-class EpochStats(keras.callbacks.Callback):
+class EpochStats(Callback):
     """Adds `epoch_time_s` (training only), `examples_per_sec` (all workers) and
     `learning_rate` (the rate the epoch's last step used) to the epoch's logs."""
 
@@ -83,7 +87,7 @@ class EpochStats(keras.callbacks.Callback):
         logs["learning_rate"] = float(self.model.optimizer.learning_rate)
 
 
-class ExactValidation(keras.callbacks.Callback):
+class ExactValidation(Callback):
     """Puts exact `val_loss` and `val_accuracy` into the logs (a collective: every rank).
 
     Skipped, on every rank alike, for an epoch that a stop cut short.
@@ -99,7 +103,7 @@ class ExactValidation(keras.callbacks.Callback):
             logs.update(self.evaluator.evaluate())
 
 
-class MetricsCSV(keras.callbacks.Callback):
+class MetricsCSV(Callback):
     """Appends one row per completed epoch to metrics.csv, flushed at once (rank 0 only).
 
     A fresh run starts the file; a resumed run keeps the rows of the epochs it resumes after
@@ -133,7 +137,7 @@ class MetricsCSV(keras.callbacks.Callback):
             csv.writer(f).writerow([_fmt(row.get(c, "")) for c in METRICS_COLUMNS])
 
 
-class Checkpointer(keras.callbacks.Callback):
+class Checkpointer(Callback):
     """Writes resumable checkpoints where the workers agreed it is safe (rank 0 only).
 
     Every `checkpoint.every_epochs` epochs, the last epoch (`epochs`), every
@@ -217,6 +221,7 @@ class Checkpointer(keras.callbacks.Callback):
             "reason": reason,
             "metrics": metrics or {},
             "lr_multiplier": float(lr_multiplier(self.model.optimizer) or 1.0),  # ReduceLROnPlateau
+            "keras": binding.active().describe(),  # the other Keras cannot read it
             "time": time.time(),
         }
         self.last = self.store.save(self.model, state)  # CheckpointError ends the run
@@ -237,7 +242,7 @@ class Checkpointer(keras.callbacks.Callback):
             raise write_error(self.best_path, e, self.last) from e
 
 
-class EpochLines(keras.callbacks.Callback):
+class EpochLines(Callback):
     """Rank 0's console: one line per epoch and, inside a long epoch, a progress line every
     `every_s` seconds. Put it after the callbacks that fill the epoch's logs.
 
@@ -302,8 +307,12 @@ class EpochLines(keras.callbacks.Callback):
 
 
 def _metrics(logs: dict | None) -> str:
-    """`loss 0.4123, accuracy 0.8812, ...`: the model's metrics, in Keras' order."""
-    return ", ".join(f"{k} {float(v):.4f}" for k, v in without_bookkeeping(logs).items())
+    """`loss 0.4123, accuracy 0.8812, ...`: the model's metrics, the loss first, then in Keras'
+    order (Keras 3 puts the compiled metrics before the loss)."""
+    shown = without_bookkeeping(logs)
+    first = [k for k in ("loss", "val_loss") if k in shown and k.startswith("loss")]
+    order = first + [k for k in shown if k not in first]
+    return ", ".join(f"{k} {float(shown[k]):.4f}" for k in order)
 
 
 def wants_progress_bar(verbose: int) -> bool:
@@ -312,32 +321,48 @@ def wants_progress_bar(verbose: int) -> bool:
     return verbose == 2 and distributed.is_chief() and sys.stdout.isatty()
 
 
-class ProgressBar(keras.callbacks.ProgbarLogger):
+def ProgressBar() -> Any:  # noqa: N802 - a callback class to its callers
     """Keras' progress bar without the bookkeeping (see `wants_progress_bar`). In the callback
     list, Keras uses it instead of adding its own."""
-
-    def __init__(self) -> None:
-        super().__init__(count_mode="steps")
-
-    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
-        super().on_train_batch_end(batch, without_bookkeeping(logs))
-
-    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
-        super().on_epoch_end(epoch, without_bookkeeping(logs))
+    return _progress_bar_class(binding.keras())()
 
 
-class TensorBoard(keras.callbacks.TensorBoard):
+@functools.cache
+def _progress_bar_class(keras: ModuleType) -> type:
+    class ProgressBar(keras.callbacks.ProgbarLogger):
+        def __init__(self) -> None:
+            # Keras 2 counts steps when told (its default is samples); Keras 3 always does.
+            steps = "count_mode" in inspect.signature(keras.callbacks.ProgbarLogger).parameters
+            super().__init__(**({"count_mode": "steps"} if steps else {}))
+
+        def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+            super().on_train_batch_end(batch, without_bookkeeping(logs))
+
+        def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+            super().on_epoch_end(epoch, without_bookkeeping(logs))
+
+    return ProgressBar
+
+
+def TensorBoard(log_dir: str) -> Any:  # noqa: N802 - a callback class to its callers
     """Keras' TensorBoard callback, with the bookkeeping under `BOOKKEEPING_TAGS` (rank 0)."""
+    return _tensorboard_class(binding.keras())(log_dir, profile_batch=0)
 
-    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
-        logs = logs or {}
-        super().on_epoch_end(epoch, without_bookkeeping(logs))
-        # Keras' own "train" writer: one event file per run folder, which TensorBoard reads
-        # as it grows (a second writer's file there would stop the first from being re-read).
-        with tf.summary.record_if(True), self._train_writer.as_default():
-            for key, tag in BOOKKEEPING_TAGS.items():
-                if key in logs:
-                    tf.summary.scalar(tag, logs[key], step=epoch)
+
+@functools.cache
+def _tensorboard_class(keras: ModuleType) -> type:
+    class TensorBoard(keras.callbacks.TensorBoard):
+        def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+            logs = logs or {}
+            super().on_epoch_end(epoch, without_bookkeeping(logs))
+            # Keras' own "train" writer: one event file per run folder, which TensorBoard reads
+            # as it grows (a second writer's file there would stop the first being re-read).
+            with tf.summary.record_if(True), self._train_writer.as_default():
+                for key, tag in BOOKKEEPING_TAGS.items():
+                    if key in logs:
+                        tf.summary.scalar(tag, logs[key], step=epoch)
+
+    return TensorBoard
 
 
 def _is_number(v: object) -> bool:
@@ -364,7 +389,7 @@ def every_steps_due(every_steps: int | None, position_step: int) -> bool:
     return bool(every_steps) and position_step % every_steps == 0
 
 
-class RecordProgress(keras.callbacks.Callback):
+class RecordProgress(Callback):
     """Keeps summary.json's epochs_completed and last_checkpoint current (rank 0), so a record
     ended by the stop watcher or the keeper says how far the run got."""
 
@@ -390,7 +415,7 @@ class RunCallbacks:
     """The callbacks of one `fit` (of one membership, under Horovod Elastic): `all` in the
     order Keras runs them, and the ones the trainer talks to."""
 
-    all: tuple[keras.callbacks.Callback, ...]
+    all: tuple[Any, ...]
     plan: Derived  # the sizes they were built for
     control: RunControl  # the agreed stop: where and why the run stopped
     input_wait: InputWait  # `fit` takes the dataset its `attach` returns
@@ -402,13 +427,13 @@ class RunCallbacks:
 def build_callbacks(
     cfg: Config,
     plan: Derived,
-    model: keras.Model,
+    model: Any,
     source: Source,
     signals: StopSignals,
     epoch: int,
     first_step: int,
     record: RunRecord | None = None,
-    leading: tuple[keras.callbacks.Callback, ...] = (),
+    leading: tuple[Any, ...] = (),
 ) -> RunCallbacks:
     """Every callback of the run, built and placed in the one order that works (see below).
 
@@ -428,6 +453,7 @@ def build_callbacks(
     Raises:
         ConfigError: a `callbacks:` item that cannot be built (user_callbacks).
     """
+    active = binding.active()
     control = RunControl(
         signals,
         cfg.checkpoint.check_every_steps,
@@ -457,7 +483,7 @@ def build_callbacks(
         # Horovod: rank 0's weights and optimizer state to every rank (already broadcast once
         # before fit; this also covers anything created in the first step). Not under Horovod
         # Elastic, whose state sync does that job.
-        *([] if cfg.elastic.enabled else [hvd.callbacks.BroadcastGlobalVariablesCallback(0)]),
+        *([] if cfg.elastic.enabled else [active.broadcast_callback()]),
         # Stop decisions (signals, NaN) agreed by all ranks at the same step, before anything
         # acts on the step: a rank that stopped alone would hang the others. Each epoch starts
         # on all ranks together here (a barrier), before any clock below starts.
@@ -466,7 +492,7 @@ def build_callbacks(
         EpochStats(plan.global_batch),
         # Horovod: average the per-worker training metrics before anything reads them. All
         # workers run the same number of full batches, so the mean of means is exact here.
-        hvd.callbacks.MetricAverageCallback(),
+        active.metric_average_callback(),
         # Step times and per-worker rate (see perf.py), after the averaging: it reads the
         # workers' mean epoch_time_s, the one metrics.csv records.
         timer,
@@ -503,19 +529,19 @@ def require_tensorboard(cfg: Config) -> None:
 
 def _chief_callbacks(
     cfg: Config, plan: Derived, control: RunControl, epoch: int, checkpointer: Checkpointer
-) -> list[keras.callbacks.Callback]:
+) -> list[Any]:
     """Rank 0's: the console after everything that fills the logs (Keras' bar on a terminal
     when asked for, fit_from then turns it on; else one line per epoch), metrics.csv,
     TensorBoard, the checkpoints, the profiler."""
     run_dir = cfg.run.dir
-    callbacks: list[keras.callbacks.Callback] = []
+    callbacks: list[Any] = []
     if wants_progress_bar(cfg.train.verbose):
         callbacks.append(ProgressBar())
     elif cfg.train.verbose:
         callbacks.append(EpochLines(cfg.train.epochs, plan, control, cfg.train.log_every_s))
     callbacks.append(MetricsCSV(os.path.join(run_dir, "metrics.csv"), control, epoch))
     if cfg.logging.tensorboard:
-        callbacks.append(TensorBoard(os.path.join(run_dir, "tensorboard"), profile_batch=0))
+        callbacks.append(TensorBoard(os.path.join(run_dir, "tensorboard")))
     callbacks.append(checkpointer)
     if cfg.logging.profile_steps:
         first, last = cfg.logging.profile_steps

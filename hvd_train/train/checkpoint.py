@@ -18,29 +18,33 @@ import tensorflow as tf
 
 from hvd_train.base.errors import CheckpointError
 from hvd_train.config import CheckpointConfig
-from hvd_train.runtime.keras_stack import keras
+from hvd_train.runtime import binding
 from hvd_train.train.models import plain_clone
 
+Model = Any  # a Keras model of the active Keras
 
-def export_plain_model(model: keras.Model, path: str) -> str:
-    """Writes architecture and weights, without the (Horovod-wrapped) optimizer, atomically.
 
-    The file loads with the stack's Keras 2 (`tf.keras` on TensorFlow 2.15, `tf_keras` on 2.16+:
-    `load_model(path)`) where Horovod is not installed.
-    A functional or sequential model is cloned and saved as `.keras`; a subclassed model, which
-    cannot be cloned, is saved as a SavedModel folder (`path` without `.keras`). A crash during
-    the write leaves any previous file at `path` as it was. Returns the path written.
+def export_plain_model(model: Model, path: str) -> str:
+    """Writes architecture and weights, without the (distributed) optimizer, atomically.
+
+    The file loads with the Keras that trained the model (`keras.models.load_model(path)`: Keras
+    3, or the stack's Keras 2: `tf.keras` on TensorFlow 2.15, `tf_keras` on 2.16+) where neither
+    Horovod nor hvd_train is installed. A functional or sequential model is cloned and saved as
+    `.keras`; a subclassed model, which cannot be cloned, is saved by Keras 3 as `.keras` too,
+    by Keras 2 as a SavedModel folder (`path` without `.keras`). A crash during the write leaves
+    any previous file at `path` as it was. Returns the path written.
 
     Raises:
         OSError or tf.errors.OpError: the write failed (its temporary file is removed).
     """
+    active = binding.active()
     try:
-        plain = plain_clone(model)  # Horovod's SyncBatchNormalization back to plain Keras
+        plain = plain_clone(model)  # SyncBatchNormalization back to plain Keras
     except ValueError:  # subclassed model
-        target = path.removesuffix(".keras")
-        _atomic(target, lambda tmp: model.save(tmp, save_format="tf", include_optimizer=False))
+        target = path if active.SUBCLASSED_AS_KERAS else path.removesuffix(".keras")
+        _atomic(target, lambda tmp: active.save_subclassed(model, tmp))
         return target
-    _atomic(path, lambda tmp: plain.save(tmp))
+    _atomic(path, lambda tmp: active.save_plain(plain, tmp))
     return path
 
 
@@ -91,7 +95,7 @@ class CheckpointStore:
         self.dir = os.path.join(run_dir, "checkpoints")
         self.cfg = cfg
 
-    def save(self, model: keras.Model, state: dict[str, Any]) -> str:
+    def save(self, model: Model, state: dict[str, Any]) -> str:
         """Writes one checkpoint for `state["global_step"]`, then prunes; returns its folder.
 
         Raises:
@@ -106,15 +110,13 @@ class CheckpointStore:
         self.prune()
         return final
 
-    def _write(self, model: keras.Model, state: dict[str, Any], final: str) -> None:
+    def _write(self, model: Model, state: dict[str, Any], final: str) -> None:
         os.makedirs(self.dir, exist_ok=True)
         tmp = os.path.join(self.dir, f".tmp-ckpt-{state['global_step']:08d}-{os.getpid()}")
         shutil.rmtree(tmp, ignore_errors=True)
         try:
             os.makedirs(tmp)
-            tf.train.Checkpoint(model=model, optimizer=model.optimizer).write(
-                os.path.join(tmp, PREFIX)
-            )
+            binding.active().checkpoint(model).write(os.path.join(tmp, PREFIX))
             _write_json(os.path.join(tmp, STATE_FILE), state)
             _fsync_dir(tmp)
             if os.path.isdir(final):  # the same step written again (a rerun with resume: never)
@@ -207,7 +209,29 @@ class Unloadable(Exception):
         self.mismatch = mismatch
 
 
-def load(model: keras.Model, path: str) -> dict[str, Any]:
+class OtherKeras(Exception):
+    """A checkpoint written by the other Keras: Keras 3 cannot read Keras 2's variables, nor
+    the reverse (their names differ). Not a damaged file: it is never set aside."""
+
+
+def written_by(state: dict[str, Any]) -> str:
+    """The Keras that wrote a checkpoint: state.json's `keras` ("keras 3.15.1"); hvd_train's
+    checkpoints from before Keras 3 do not say, and are Keras 2's."""
+    version = str(state.get("keras", "tf_keras 2")).rpartition(" ")[2]
+    return binding.KERAS3 if binding.version_tuple(version) >= (3,) else binding.KERAS2
+
+
+def check_keras(state: dict[str, Any]) -> None:
+    """Raises OtherKeras when the checkpoint of `state` is not the active Keras'."""
+    active = binding.active()
+    if written_by(state) != active.NAME:
+        raise OtherKeras(
+            f"it was written by {state.get('keras', 'Keras 2 (tf_keras)')}, and this run trains "
+            f"with {active.describe()}: set model.keras: {written_by(state)} to resume it"
+        )
+
+
+def load(model: Model, path: str) -> dict[str, Any]:
     """Restores checkpoint `path` into `model` and its (already built) optimizer; returns its
     state.
 
@@ -219,6 +243,7 @@ def load(model: keras.Model, path: str) -> dict[str, Any]:
     Raises:
         Unloadable: state.json is unreadable, ckpt.index is missing, a file is truncated or
             corrupt, or the variables do not match.
+        OtherKeras: the other Keras wrote it.
     """
     try:
         state = read_state(path)
@@ -227,6 +252,7 @@ def load(model: keras.Model, path: str) -> dict[str, Any]:
         raise Unloadable(f"{STATE_FILE} is unreadable ({_brief(e)})") from e
     if missing:
         raise Unloadable(f"{STATE_FILE} lacks {', '.join(missing)}")
+    check_keras(state)
     if not os.path.exists(os.path.join(path, f"{PREFIX}.index")):
         raise Unloadable(f"{PREFIX}.index is missing")
     try:
@@ -243,11 +269,9 @@ def load(model: keras.Model, path: str) -> dict[str, Any]:
     return state
 
 
-def restore(model: keras.Model, path: str) -> None:
+def restore(model: Model, path: str) -> None:
     """Reads a checkpoint's variables into `model` and its (already built) optimizer."""
-    status = tf.train.Checkpoint(model=model, optimizer=model.optimizer).read(
-        os.path.join(path, PREFIX)
-    )
+    status = binding.active().checkpoint(model).read(os.path.join(path, PREFIX))
     status.assert_existing_objects_matched()
 
 

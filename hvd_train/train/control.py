@@ -19,13 +19,13 @@ import tensorflow as tf
 from hvd_train.base.errors import TrainingError
 from hvd_train.record.stops import StopSignals
 from hvd_train.runtime import distributed
-from hvd_train.runtime.keras_stack import keras
+from hvd_train.train.hooks import Callback
 
 AUTO_EVERY_S = 1.0  # with `every` 0: agree about once a second
 AUTO_MAX_STEPS = 1000
 
 
-class RunControl(keras.callbacks.Callback):
+class RunControl(Callback):
     """Agrees, every `every` steps and whenever `checkpoint_due(step)` holds, on going on.
 
     `every` 0 agrees about once a second: each agreement also sums the workers' step times (in
@@ -167,4 +167,7 @@ def _finite(value: object) -> bool:
 
 
 def _all_finite(variables: list[tf.Variable]) -> bool:
-    return all(bool(np.isfinite(v.numpy()).all()) for v in variables if v.dtype.is_floating)
+    # tf.as_dtype: Keras 3 names a variable's dtype as a string ("float32").
+    return all(
+        bool(np.isfinite(v.numpy()).all()) for v in variables if tf.as_dtype(v.dtype).is_floating
+    )

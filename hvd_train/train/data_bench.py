@@ -10,8 +10,8 @@ import tensorflow as tf
 
 from hvd_train.config import Config, Derived, derive
 from hvd_train.data.pipeline import Source, load_source, train_dataset
-from hvd_train.runtime import distributed, tuning
-from hvd_train.runtime.keras_stack import keras
+from hvd_train.runtime import distributed, worker
+from hvd_train.train.hooks import Callback
 from hvd_train.train.step import build_compiled_model
 
 
@@ -21,12 +21,7 @@ def data_bench(cfg: Config, batches: int) -> dict[str, float]:
 
     Prints one line on rank 0 and returns the slowest worker's rates.
     """
-    tuning.before_init(cfg)  # as the trainer: core binding and XLA set up before Horovod
-    distributed.init(cfg.horovod, cfg.run.dir)
-    device = distributed.configure_devices(
-        cfg.runtime.intra_op_threads, cfg.runtime.inter_op_threads
-    )
-    keras.utils.set_random_seed(cfg.runtime.seed)
+    device = worker.start(cfg)  # as the trainer's workers start
     source = load_source(cfg)
     plan = derive(cfg, distributed.size(), source.num_train)
     warm = 5
@@ -80,7 +75,7 @@ def _model_rate(
     return batches * plan.per_worker_batch / (clock.end - clock.start)
 
 
-class _StepClock(keras.callbacks.Callback):
+class _StepClock(Callback):
     def __init__(self, warm: int):
         super().__init__()
         self.warm, self.start, self.end = warm, 0.0, 0.0

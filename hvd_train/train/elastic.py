@@ -17,14 +17,14 @@ from typing import Any
 
 from hvd_train.config import Config, Derived, derive
 from hvd_train.data.pipeline import Source
-from hvd_train.runtime import distributed
-from hvd_train.runtime.keras_stack import hvd, keras
+from hvd_train.runtime import binding, distributed
+from hvd_train.runtime.schedules import learning_rate_schedule, lr_multiplier
 from hvd_train.train.callbacks import RunCallbacks
 from hvd_train.train.fitting import fit_from
-from hvd_train.train.schedules import learning_rate_schedule, lr_multiplier
+from hvd_train.train.hooks import Callback
 
 
-class _TrackPosition(keras.callbacks.Callback):
+class _TrackPosition(Callback):
     """Keeps the elastic state's position (epoch, steps done, their global batch) current."""
 
     def __init__(self, state: Any, d: Derived):
@@ -40,7 +40,7 @@ class _TrackPosition(keras.callbacks.Callback):
 
 
 def fit_elastic(
-    model: keras.Model,
+    model: Any,
     source: Source,
     cfg: Config,
     start_epoch: int,
@@ -54,17 +54,18 @@ def fit_elastic(
     """
     history: dict[str, list[float]] = {}
     report: dict[str, Any] = {"resets": 0, "world_sizes": []}
-    state = hvd.elastic.KerasState(model, epoch=start_epoch, batch=start_step, global_batch=0)
+    active = binding.active()
+    state = active.elastic_state(model, epoch=start_epoch, batch=start_step, global_batch=0)
 
     def on_reset() -> None:
         report["resets"] += 1
-        distributed.log(f"elastic reset: now {hvd.size()} worker(s)")
+        distributed.log(f"elastic reset: now {distributed.size()} worker(s)")
 
     state.register_reset_callbacks([on_reset])
 
-    @hvd.elastic.run
+    @active.elastic_run
     def run(state: Any) -> None:
-        d = derive(cfg, hvd.size(), source.num_train)
+        d = derive(cfg, distributed.size(), source.num_train)
         report["world_sizes"].append(d.world_size)
         _rescale_learning_rate(model, cfg, d)
         epoch, step = state.epoch, state.batch
@@ -75,7 +76,7 @@ def fit_elastic(
         state.epoch, state.batch = epoch, step
         leading = (
             # Horovod Elastic: commit (in memory) every N steps and at each epoch's end.
-            hvd.elastic.CommitStateCallback(state, cfg.elastic.commit_every_steps),
+            active.commit_callback(state, cfg.elastic.commit_every_steps),
             _TrackPosition(state, d),
         )
         callbacks = make_callbacks(d, epoch, step, leading)
@@ -85,7 +86,7 @@ def fit_elastic(
     return history, report
 
 
-def _rescale_learning_rate(model: keras.Model, cfg: Config, d: Derived) -> None:
+def _rescale_learning_rate(model: Any, cfg: Config, d: Derived) -> None:
     """Gives the optimizer this worker count's schedule, with the rate multiplier it had, and
     retraces the step (the traced step holds the old rates as constants)."""
     schedule = learning_rate_schedule(cfg, d)

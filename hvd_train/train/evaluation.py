@@ -10,18 +10,19 @@ at any worker count, from whole batches gathered and summed in one order.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import tensorflow as tf
 
 from hvd_train.data.pipeline import Source, batch_shard, val_shard
-from hvd_train.runtime import distributed
-from hvd_train.runtime.keras_stack import keras
+from hvd_train.runtime import binding, distributed
 
 
 class Evaluator:
     """Evaluates `model` on the validation set across all workers (call on every rank)."""
 
-    def __init__(self, model: keras.Model, source: Source, batch: int, from_logits: bool):
+    def __init__(self, model: Any, source: Source, batch: int, from_logits: bool):
         self.model = model
         self.num_examples = len(source.x_val)
         self.dataset, self.num_batches = val_shard(
@@ -38,11 +39,9 @@ class Evaluator:
         return _metrics(self.model, totals)
 
 
-def batch_sums(model: keras.Model, from_logits: bool):
+def batch_sums(model: Any, from_logits: bool):
     """A tf.function of `(x, y, weight)`: the batch's weighted [loss sum, hits, weight sum]."""
-    xent = keras.losses.SparseCategoricalCrossentropy(
-        from_logits=from_logits, reduction=keras.losses.Reduction.NONE
-    )
+    xent = binding.active().per_example_loss(from_logits)
 
     def sums(x: tf.Tensor, y: tf.Tensor, w: tf.Tensor) -> tf.Tensor:
         out = model(x, training=False)
@@ -55,7 +54,7 @@ def batch_sums(model: keras.Model, from_logits: bool):
     return tf.function(sums)
 
 
-def _metrics(model: keras.Model, totals) -> dict[str, float]:
+def _metrics(model: Any, totals) -> dict[str, float]:
     loss_sum, hits, count = (float(v) for v in totals)
     if count == 0:
         return {}
@@ -65,7 +64,7 @@ def _metrics(model: keras.Model, totals) -> dict[str, float]:
 
 
 def evaluate_in_order(
-    model: keras.Model, source: Source, batch: int, from_logits: bool
+    model: Any, source: Source, batch: int, from_logits: bool
 ) -> dict[str, float]:
     """Like `Evaluator.evaluate`, on `source`'s validation examples, but the same to the last
     bit at any worker count (call on every rank).

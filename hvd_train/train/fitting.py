@@ -9,13 +9,13 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterator
+from typing import Any
 
 import tensorflow as tf
 
 from hvd_train.config import Config, Derived
 from hvd_train.data.pipeline import Source, train_dataset
 from hvd_train.runtime import distributed
-from hvd_train.runtime.keras_stack import keras
 from hvd_train.train.callbacks import RunCallbacks, wants_progress_bar
 
 # Keras times the callbacks' batch hooks over a fit's first batches, the first included, and
@@ -28,7 +28,7 @@ SLOW_FIRST_BATCH = "Callback method `on_train_batch_end` is slow compared to the
 
 
 def fit_from(
-    model: keras.Model,
+    model: Any,
     source: Source,
     cfg: Config,
     plan: Derived,
@@ -54,7 +54,7 @@ def fit_from(
             h = model.fit(
                 callbacks.input_wait.attach(data.skip(step)), initial_epoch=epoch, epochs=last,
                 steps_per_epoch=plan.steps_per_epoch - step, callbacks=list(callbacks.all),
-                verbose=verbose,
+                verbose=verbose, shuffle=False,  # the data is in its epoch's order already
             )  # fmt: skip
         for key, values in h.history.items():
             history.setdefault(key, []).extend(values)

@@ -266,7 +266,7 @@ def _write_predictions(out: str, rows: list, files: list[str], classes: tuple[st
 
 def _start(cfg: Config, model_path: str, batch: int):
     """Horovod, devices and the model: (model, its path, training's class names)."""
-    from hvd_train.runtime import distributed, tuning
+    from hvd_train.runtime import distributed
 
     if batch < 1:
         raise UserError(f"--batch-size: expected a count >= 1, got {batch}")
@@ -276,7 +276,6 @@ def _start(cfg: Config, model_path: str, batch: int):
     # share a product, and the outputs must not depend on the worker count.
     threads = cfg.runtime.intra_op_threads or 1
     distributed.configure_devices(threads, cfg.runtime.inter_op_threads)
-    tuning.apply_precision(cfg)  # a checkpoint's model is built as training built it
     classes = distributed.chief_computes(lambda: training_classes(cfg), "training_classes")
     path = model_path or os.path.join(cfg.run.dir, "model.keras")
     model = load_model(cfg, path, len(classes))
@@ -295,17 +294,17 @@ def load_model(cfg: Config, path: str, num_classes: int):
     Raises:
         UserError: no such file, or it cannot be loaded as a model of this config.
     """
-    from hvd_train.runtime.keras_stack import (
-        keras,  # here: the CLI imports this module without TensorFlow
-    )
+    from hvd_train.runtime import binding  # here: the CLI imports this module without TensorFlow
     from hvd_train.train.checkpoint import PREFIX
 
     if not os.path.exists(path):
         raise UserError(f"--model: {path} does not exist; expected {MODEL_HINT}")
     if os.path.isdir(path) and os.path.exists(os.path.join(path, f"{PREFIX}.index")):
         return _from_checkpoint(cfg, path, num_classes)
+    # Read by the Keras that wrote it (Keras 3 cannot read Keras 2's .keras, nor the reverse).
+    active = binding.activate(binding.of_saved(path) or binding.resolve(cfg.model.keras))
     try:
-        return keras.models.load_model(path, compile=False)
+        return active.load_model(path)
     except Exception as e:  # noqa: BLE001 - Keras raises many kinds for a file it cannot read
         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
         raise UserError(f"--model: cannot load {path} ({first}); expected {MODEL_HINT}") from None
@@ -315,12 +314,17 @@ def _from_checkpoint(cfg: Config, path: str, num_classes: int):
     """The config's model with a training checkpoint's weights (its optimizer state unread)."""
     import tensorflow as tf
 
-    from hvd_train.train.checkpoint import PREFIX
+    from hvd_train.runtime import binding
+    from hvd_train.train.checkpoint import PREFIX, read_state, written_by
     from hvd_train.train.models import build_model
 
+    try:
+        binding.activate(written_by(read_state(path)))  # built by the Keras that trained it
+    except (OSError, ValueError) as e:
+        raise UserError(f"--model: {path}: its state.json is unreadable ({e})") from None
     model = build_model(cfg, config_input_shape(cfg), num_classes)
     try:
-        status = tf.train.Checkpoint(model=model).read(os.path.join(path, PREFIX))
+        status = tf.train.Checkpoint(model=model).read(os.path.join(path, PREFIX))  # no optimizer
         status.expect_partial().assert_existing_objects_matched()
     except (AssertionError, ValueError, tf.errors.OpError) as e:
         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]

@@ -19,10 +19,10 @@ import tensorflow as tf
 
 from hvd_train.data.diagnostics import DECODED_ADVICE
 from hvd_train.runtime import distributed
-from hvd_train.runtime.keras_stack import keras
+from hvd_train.train.hooks import Callback
 
 
-class InputWait(keras.callbacks.Callback):
+class InputWait(Callback):
     """Adds `input_wait_fraction` (time waiting for input / step time, the largest over the
     workers) to each epoch's logs; rank 0 warns, once, when it passes `warn_above`, with
     `advice` (not for the first epoch when more follow: like the rate, it is warm-up; never

@@ -2,9 +2,10 @@
 
 Built in: `convnet` and `mlp` for small inputs; `mobilenet_v2`, `resnet50` and
 `efficientnet_b0`, Keras Applications bases (optionally with pretrained weights from a local
-file) under a configurable head. Any functional model can have its BatchNormalization layers
-swapped for Horovod's SyncBatchNormalization (`model.sync_batch_norm`), and swapped back for
-export (`plain_clone`).
+file) under a configurable head, built with the active Keras (runtime/binding.py). A factory's
+model is trained with its own Keras. Any functional model can have its BatchNormalization layers
+swapped for the binding's SyncBatchNormalization (`model.sync_batch_norm`), and swapped back
+for export (`plain_clone`).
 """
 
 from __future__ import annotations
@@ -15,23 +16,59 @@ import inspect
 import os
 import sys
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
-import tensorflow as tf
 
 from hvd_train.base.errors import ConfigError, users_frame
 from hvd_train.config import Config
-from hvd_train.runtime.keras_stack import keras, version_tuple
+from hvd_train.runtime import binding, tuning
+
+Model = Any  # a Keras Model of the active Keras (3, or 2)
 
 
-def build_model(cfg: Config, input_shape: tuple[int, ...], num_classes: int) -> keras.Model:
-    """The uncompiled model: `model.factory` if set, else the built-in `model.name`.
+def build_model(cfg: Config, input_shape: tuple[int, ...], num_classes: int) -> Model:
+    """The uncompiled model: `model.factory` if set, else the built-in `model.name`, built
+    under the precision policy (`runtime.mixed_precision`) and the active binding's seed.
 
-    With `model.sync_batch_norm` its BatchNormalization layers become Horovod's
-    SyncBatchNormalization (call after `hvd.init()`).
+    A factory that returns a model of the other Keras (under `model.keras: auto`) makes that
+    Keras the active one; the model is then built again, seeded and under the policy as a run
+    that chose that Keras would have built it. With `model.sync_batch_norm` its
+    BatchNormalization layers become the binding's SyncBatchNormalization (after Horovod's
+    init).
+
+    Raises:
+        ConfigError: the factory returned no Keras model, or one of another Keras than
+            `model.keras` names.
     """
+    active = binding.active()
+    active.set_precision(tuning.precision_policy(cfg))  # layers take the policy in force
     model = _build(cfg, input_shape, num_classes)
+    found = binding.of_model(model)
+    if found != active.NAME:
+        _check_keras(cfg, model, found)
+        active = binding.activate(found)
+        active.seed(cfg.runtime.seed)
+        active.set_precision(tuning.precision_policy(cfg))
+        model = _build(cfg, input_shape, num_classes)
     return to_sync_batch_norm(model) if cfg.model.sync_batch_norm else model
+
+
+def _check_keras(cfg: Config, model: object, found: str | None) -> None:
+    """A factory's model: a Keras model, of the Keras `model.keras` names (any, for auto)."""
+    spec = cfg.model.factory or cfg.model.name
+    if found is None:
+        raise ConfigError(
+            f"model.factory: {spec} returned {type(model).__name__}, expected a Keras model "
+            "(Model, or tf_Model)"
+        )
+    if cfg.model.keras != "auto":
+        raise ConfigError(
+            f"model.keras is {cfg.model.keras}, but model.factory {spec} returned a {found} "
+            f"model ({binding.describe(found)}); build it with {cfg.model.keras} "
+            f"(`import {cfg.model.keras}`), or set model.keras: auto to train each model with "
+            "its own Keras"
+        )
 
 
 def weights_note(cfg: Config) -> str | None:
@@ -42,7 +79,7 @@ def weights_note(cfg: Config) -> str | None:
     return f"model.weights: loaded {os.path.abspath(m.weights)} into the {m.name} base"
 
 
-def _build(cfg: Config, input_shape: tuple[int, ...], num_classes: int) -> keras.Model:
+def _build(cfg: Config, input_shape: tuple[int, ...], num_classes: int) -> Model:
     m = cfg.model
     if m.factory:
         return _from_factory(cfg, input_shape, num_classes)
@@ -70,7 +107,7 @@ def convnet(
     dense_units: tuple[int, ...] = (256,),
     dropout: float = 0.25,
     from_logits: bool = False,
-) -> keras.Model:
+) -> Model:
     """A small convnet (Keras' classic CIFAR-10 example), for small images.
 
     Layer by layer, with the default widths (`model.filters: [32, 32, 64, 64]`,
@@ -92,6 +129,7 @@ def convnet(
     it has about 1.1 M weights; wide `dense_units` (for example [2816, 256]) make the 12 M-weight
     gradient-heavy variant.
     """
+    keras = binding.keras()
     layers = keras.layers
     x = inputs = keras.Input(shape=input_shape)
     if len(input_shape) == 2:  # grey images given as height x width
@@ -115,8 +153,9 @@ def mlp(
     dense_units: tuple[int, ...] = (256,),
     dropout: float = 0.0,
     from_logits: bool = False,
-) -> keras.Model:
+) -> Model:
     """A multilayer perceptron over the flattened input."""
+    keras = binding.keras()
     layers = keras.layers
     x = inputs = keras.Input(shape=input_shape)
     x = layers.Flatten()(x)
@@ -126,13 +165,13 @@ def mlp(
     return keras.Model(inputs, _head(x, num_classes, from_logits), name="mlp")
 
 
-def _head(x: tf.Tensor, num_classes: int, from_logits: bool) -> tf.Tensor:
+def _head(x: Any, num_classes: int, from_logits: bool) -> Any:
     # float32 output keeps the loss stable under mixed precision.
     activation = None if from_logits else "softmax"
-    return keras.layers.Dense(num_classes, activation=activation, dtype="float32")(x)
+    return binding.keras().layers.Dense(num_classes, activation=activation, dtype="float32")(x)
 
 
-def _from_factory(cfg: Config, input_shape: tuple[int, ...], num_classes: int) -> keras.Model:
+def _from_factory(cfg: Config, input_shape: tuple[int, ...], num_classes: int) -> Model:
     """Calls the user's `fn(cfg)`, or `fn(cfg, input_shape, num_classes)` if it takes them."""
     spec = cfg.model.factory
     module_name, _, fn_name = spec.rpartition(":")
@@ -143,25 +182,7 @@ def _from_factory(cfg: Config, input_shape: tuple[int, ...], num_classes: int) -
     params = inspect.signature(fn).parameters
     wants_shape = "input_shape" in params and "num_classes" in params
     model = fn(cfg, input_shape=input_shape, num_classes=num_classes) if wants_shape else fn(cfg)
-    if _is_keras_3(model):
-        raise ConfigError(
-            f"model.factory: {spec} returned a Keras 3 model (keras "
-            f"{sys.modules['keras'].__version__}), but Horovod's Keras API works with Keras 2 "
-            "only: build the model with tf.keras (`import tensorflow as tf`, then tf.keras.layers"
-            "...) or with `import tf_keras as keras`, not `import keras`"
-        )
-    if not isinstance(model, keras.Model):
-        raise ConfigError(
-            f"model.factory: {spec} returned {type(model).__name__}, expected a Keras model"
-        )
     return model
-
-
-def _is_keras_3(model: object) -> bool:
-    """A model of the `keras` package at version 3+ (on TensorFlow 2.16+, `import keras`)."""
-    package = type(model).__module__.split(".")[0]
-    version = getattr(sys.modules.get(package), "__version__", "")
-    return package == "keras" and version_tuple(version) >= (3,)
 
 
 def import_user_module(name: str, key: str = "model.factory"):
@@ -204,10 +225,10 @@ _PREPROCESS = {
     "resnet50": (255.0, (-103.939, -116.779, -123.68), True),
     "efficientnet_b0": (255.0, (0.0, 0.0, 0.0), False),
 }
-_BASES = {
-    "mobilenet_v2": ("MobileNetV2", lambda **kw: keras.applications.MobileNetV2(**kw)),
-    "resnet50": ("ResNet50", lambda **kw: keras.applications.ResNet50(**kw)),
-    "efficientnet_b0": ("EfficientNetB0", lambda **kw: keras.applications.EfficientNetB0(**kw)),
+_BASES = {  # name -> the class in keras.applications
+    "mobilenet_v2": "MobileNetV2",
+    "resnet50": "ResNet50",
+    "efficientnet_b0": "EfficientNetB0",
 }
 _MIN_SIZE = 32  # Keras Applications refuse smaller inputs
 
@@ -222,7 +243,7 @@ def application(
     dense_units: tuple[int, ...] = (),
     dropout: float = 0.0,
     from_logits: bool = False,
-) -> keras.Model:
+) -> Model:
     """A Keras Applications base (no ImageNet classifier) under a new head, for inputs in [0, 1].
 
     Layers: a frozen 1x1 channel map that turns the [0, 1] input (1 or 3 channels) into what
@@ -233,20 +254,22 @@ def application(
         name: `mobilenet_v2`, `resnet50` or `efficientnet_b0`.
         input_shape: `(height, width, channels)`, height and width at least 32, 1 or 3 channels.
         weights: "none" (random initialisation) or the path of a weights file for the base
-            without its classifier (`.h5` from `save_weights`, or `.keras`). Never downloaded.
+            without its classifier (`.weights.h5` from `save_weights`, a legacy `.h5`, or
+            `.keras`). Never downloaded.
         trainable_base: False freezes the base (its BatchNormalization then runs in inference
             mode); only the head trains. Defaults to True (fine-tune the whole network).
     """
     _check_image_shape(name, input_shape)
     if weights != "none":
         _check_weights_file(name, weights)  # before the slow build
+    keras = binding.keras()
     layers = keras.layers
     inputs = keras.Input(shape=input_shape)
     x = input_adapter(name, input_shape[-1])(inputs)
-    base = _BASES[name][1](
+    base = getattr(keras.applications, _BASES[name])(
         include_top=False, weights=None, input_shape=(*input_shape[:2], 3)
     )  # weights=None: Keras never downloads; a local file is loaded below
-    base._name = name  # the nested model's name, e.g. "mobilenet_v2", not "mobilenetv2_1.00_32"
+    _rename(base, name)  # the nested model's name, e.g. "mobilenet_v2", not "mobilenetv2_1.00_32"
     if weights != "none":
         load_base_weights(base, name, weights)
     base.trainable = trainable_base
@@ -272,10 +295,11 @@ def _check_image_shape(name: str, shape: tuple[int, ...]) -> None:
         )
 
 
-def input_adapter(name: str, channels: int) -> keras.layers.Layer:
+def input_adapter(name: str, channels: int) -> Any:
     """A frozen Dense on the channel axis: output channel j = scale x input channel src(j) +
     offset(j). It repeats a grey channel into three, reverses RGB to BGR where the base wants
     it, and rescales; plain Keras, so the exported model loads anywhere."""
+    keras = binding.keras()
     scale, offset, bgr = _PREPROCESS[name]
     kernel = np.zeros((channels, 3), np.float32)
     for j in range(3):
@@ -290,20 +314,21 @@ def input_adapter(name: str, channels: int) -> keras.layers.Layer:
 
 
 def _check_weights_file(name: str, path: str) -> None:
-    keras_name = _BASES[name][0]
+    keras_name = _BASES[name]
     if not os.path.isfile(path):
         raise ConfigError(
             f"model.weights: {path!r} not found. Pretrained weights are never downloaded at run "
-            f"time: on a machine with internet, run tf.keras.applications.{keras_name}("
-            f"weights='imagenet', include_top=False).save_weights('{name}_notop.h5') (or copy "
-            "the *_notop.h5 file Keras caches in ~/.keras/models/), then point model.weights at it"
+            f"time: on a machine with internet, run keras.applications.{keras_name}("
+            f"weights='imagenet', include_top=False).save_weights('{name}_notop.weights.h5') (or "
+            "copy the *_notop.h5 file Keras caches in ~/.keras/models/), then point model.weights "
+            "at it"
         )
 
 
-def load_base_weights(base: keras.Model, name: str, path: str) -> None:
+def load_base_weights(base: Model, name: str, path: str) -> None:
     """Loads a local weights file into an Applications base; a clear ConfigError otherwise."""
     _check_weights_file(name, path)
-    keras_name = _BASES[name][0]
+    keras_name = _BASES[name]
     try:
         base.load_weights(path)
     except (ValueError, OSError, KeyError) as e:
@@ -321,29 +346,30 @@ def load_base_weights(base: keras.Model, name: str, path: str) -> None:
 _IMAGENET_STDDEV_RGB = (0.229, 0.224, 0.225)
 
 
-def _fix_efficientnet_imagenet_variance(base: keras.Model) -> None:
+def _fix_efficientnet_imagenet_variance(base: Model) -> None:
     """Keras corrects its ImageNet EfficientNet weights (standard deviations stored as the
     variance) with an extra Rescaling layer, but only when it downloads them itself. A local
     copy of those weights gets the same correction here, by squaring the stored values."""
-    norm = next(x for x in base.layers if isinstance(x, keras.layers.Normalization))
-    if np.allclose(norm.adapt_variance.numpy(), _IMAGENET_STDDEV_RGB, atol=1e-6):
-        norm.adapt_variance.assign(tf.square(norm.adapt_variance))
+    normalization = binding.keras().layers.Normalization
+    norm = next(x for x in base.layers if isinstance(x, normalization))
+    variance = np.asarray(norm.adapt_variance.numpy())
+    if np.allclose(variance, _IMAGENET_STDDEV_RGB, atol=1e-6):
+        norm.adapt_variance.assign(np.square(variance))
         norm.finalize_state()
 
 
 # --------------------------------------------------------------------------- batch norm swaps
 
 
-def to_sync_batch_norm(model: keras.Model) -> keras.Model:
-    """The same model, same weights, with Horovod's SyncBatchNormalization for every
+def to_sync_batch_norm(model: Model) -> Model:
+    """The same model, same weights, with the binding's SyncBatchNormalization for every
     BatchNormalization (nested models included): batch statistics over the global batch."""
-    # Horovod 0.28 keeps it in horovod.tensorflow (not .keras); imported here so the rest of
-    # this module works where Horovod is not installed.
-    from horovod.tensorflow import SyncBatchNormalization
+    active = binding.active()
+    plain, sync = active.keras.layers.BatchNormalization, active.SyncBatchNormalization
 
-    def swap(layer: keras.layers.Layer) -> keras.layers.Layer:
-        if isinstance(layer, keras.layers.BatchNormalization):
-            return SyncBatchNormalization.from_config(layer.get_config())
+    def swap(layer: Any) -> Any:
+        if isinstance(layer, plain) and not isinstance(layer, sync):
+            return sync.from_config(layer.get_config())
         return None
 
     try:
@@ -354,31 +380,34 @@ def to_sync_batch_norm(model: keras.Model) -> keras.Model:
         ) from None
 
 
-def plain_clone(model: keras.Model) -> keras.Model:
-    """A copy of `model` (same weights) with Horovod's SyncBatchNormalization layers turned
-    back into Keras' BatchNormalization, so it loads without Horovod. Raises ValueError for a
-    subclassed model, as `keras.models.clone_model` does."""
+def plain_clone(model: Model) -> Model:
+    """A copy of `model` (same weights) with the binding's SyncBatchNormalization layers
+    turned back into Keras' BatchNormalization, so it loads without Horovod or hvd_train.
+    Raises ValueError for a subclassed model, as `keras.models.clone_model` does."""
+    active = binding.active()
+    plain, sync = active.keras.layers.BatchNormalization, active.SyncBatchNormalization
 
-    def swap(layer: keras.layers.Layer) -> keras.layers.Layer:
-        if _is_horovod_sync_batch_norm(layer):
-            return keras.layers.BatchNormalization.from_config(layer.get_config())
-        return None
+    def swap(layer: Any) -> Any:
+        return plain.from_config(layer.get_config()) if isinstance(layer, sync) else None
 
     return _clone_swapping(model, swap)
 
 
-def _is_horovod_sync_batch_norm(layer: keras.layers.Layer) -> bool:
-    cls = type(layer)
-    return cls.__name__ == "SyncBatchNormalization" and cls.__module__.startswith("horovod.")
+def _rename(layer: Any, name: str) -> None:
+    """Keras 3's `name` is an attribute, Keras 2's a read-only property over `_name`."""
+    try:
+        layer.name = name
+    except AttributeError:
+        layer._name = name
 
 
-def _clone_swapping(
-    model: keras.Model, swap: Callable[[keras.layers.Layer], keras.layers.Layer | None]
-) -> keras.Model:
+def _clone_swapping(model: Model, swap: Callable[[Any], Any | None]) -> Model:
     """`clone_model`, recursing into nested models, with `swap(layer)` replacing the layers it
     returns a new layer for; then the original's weights (same order) into the copy."""
 
-    def clone(layer: keras.layers.Layer) -> keras.layers.Layer:
+    keras = binding.keras()
+
+    def clone(layer: Any) -> Any:
         if isinstance(layer, keras.Model):
             return keras.models.clone_model(layer, clone_function=clone)
         return swap(layer) or layer.__class__.from_config(layer.get_config())

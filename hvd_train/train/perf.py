@@ -18,12 +18,12 @@ import tensorflow as tf
 from hvd_train.base import startup
 from hvd_train.config import Config, Derived
 from hvd_train.runtime import distributed
-from hvd_train.runtime.keras_stack import keras
+from hvd_train.train.hooks import Callback
 
 WARMUP_STEPS = 5  # left out of a one-epoch run's figures
 
 
-class StepTimer(keras.callbacks.Callback):
+class StepTimer(Callback):
     """Times every training step; adds `step_time_ms` (the epoch's median) and
     `examples_per_sec_per_worker` to the epoch's logs (callbacks.EpochLines prints them).
 
@@ -184,7 +184,7 @@ def covered_share(
     return covered / total
 
 
-class ProfileSteps(keras.callbacks.Callback):
+class ProfileSteps(Callback):
     """Traces training steps `first..last` (1-based, counted over the run) with TensorFlow's
     profiler into `logdir` (rank 0 only: add it to rank 0's callbacks alone)."""
 

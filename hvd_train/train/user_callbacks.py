@@ -11,25 +11,21 @@ epoch's end, with one small all-reduce.
 
 from __future__ import annotations
 
+import functools
 import inspect
 from dataclasses import dataclass, field
 from typing import Any
 
 from hvd_train.base.errors import ConfigError
 from hvd_train.config import REFUSED_CALLBACKS, CallbackConfig
-from hvd_train.runtime import distributed
-from hvd_train.runtime.keras_stack import keras
+from hvd_train.runtime import binding, distributed
+from hvd_train.runtime.schedules import lr_multiplier
 from hvd_train.train.control import RunControl
+from hvd_train.train.hooks import Callback
 from hvd_train.train.models import import_user_module
-from hvd_train.train.schedules import lr_multiplier
 
 # Keras callbacks that write files: rank 0 only unless `ranks: all` says otherwise.
-_WRITERS = (
-    keras.callbacks.ModelCheckpoint,
-    keras.callbacks.CSVLogger,
-    keras.callbacks.TensorBoard,
-    keras.callbacks.RemoteMonitor,
-)
+_WRITERS = ("ModelCheckpoint", "CSVLogger", "TensorBoard", "RemoteMonitor")
 
 
 @dataclass
@@ -37,7 +33,7 @@ class UserCallbacks:
     """This rank's user callbacks, in config order, each followed by what watches its stops;
     `stop` last (every rank). `stop.stopped_early` says whether and why they ended the run."""
 
-    callbacks: list[keras.callbacks.Callback] = field(default_factory=list)
+    callbacks: list[Any] = field(default_factory=list)
     stop: AgreedStop | None = None
 
 
@@ -51,10 +47,10 @@ def build_user_callbacks(specs: tuple[CallbackConfig, ...], control: RunControl)
     if not specs:
         return UserCallbacks()
     stop = AgreedStop([_name(s) for s in specs], control)
-    kept: list[keras.callbacks.Callback] = []
+    kept: list[Any] = []
     for i, spec in enumerate(specs):
         callback = construct(spec, i)
-        if isinstance(callback, ReduceLROnPlateau) and spec.ranks == "chief":
+        if isinstance(callback, _reduce_lr_class(binding.keras())) and spec.ranks == "chief":
             raise ConfigError(
                 f"callbacks[{i}].ranks: ReduceLROnPlateau changes every worker's learning rate, "
                 "so it runs on every rank; remove ranks: chief"
@@ -64,7 +60,7 @@ def build_user_callbacks(specs: tuple[CallbackConfig, ...], control: RunControl)
     return UserCallbacks([*kept, stop], stop)
 
 
-def construct(spec: CallbackConfig, i: int) -> keras.callbacks.Callback:
+def construct(spec: CallbackConfig, i: int) -> Any:
     """The Keras callback `callbacks[i]` names, built with its args."""
     cls = _resolve(spec.cls, i)
     try:
@@ -77,28 +73,31 @@ def construct(spec: CallbackConfig, i: int) -> keras.callbacks.Callback:
         ) from None
 
 
-def runs_here(spec: CallbackConfig, callback: keras.callbacks.Callback) -> bool:
+def runs_here(spec: CallbackConfig, callback: Any) -> bool:
     """`ranks`, else rank 0 only for the Keras callbacks that write files, else every rank."""
-    ranks = spec.ranks or ("chief" if isinstance(callback, _WRITERS) else "all")
+    writers = tuple(getattr(binding.keras().callbacks, name) for name in _WRITERS)
+    ranks = spec.ranks or ("chief" if isinstance(callback, writers) else "all")
     return ranks == "all" or distributed.is_chief()
 
 
 def _resolve(spec: str, i: int) -> type:
     where = f"callbacks[{i}].class"
+    keras = binding.keras()
+    callbacks = f"{_spelled(keras)}.callbacks"  # as users import it: keras, tf.keras
     module_name, _, name = spec.rpartition(":")
     if module_name:
         module = import_user_module(module_name, where)
     else:  # the shorthand: a bare name from keras.callbacks
-        module, module_name = keras.callbacks, "tf.keras.callbacks"
+        module, module_name = keras.callbacks, callbacks
     cls = getattr(module, name, None)
     if not (inspect.isclass(cls) and issubclass(cls, keras.callbacks.Callback)):
         found = "has no" if cls is None else "has no Keras callback class"
         raise ConfigError(
             f"{where}: {module_name} {found} {name!r}; name a subclass of "
-            "tf.keras.callbacks.Callback as 'module:Name' (or a tf.keras.callbacks name)"
+            f"{callbacks}.Callback as 'module:Name' (or a {callbacks} name)"
         )
     if cls is keras.callbacks.ReduceLROnPlateau:
-        return ReduceLROnPlateau  # ours: scales the schedule instead of setting optimizer.lr
+        return _reduce_lr_class(keras)  # ours: scales the schedule, not optimizer.lr
     if issubclass(cls, keras.callbacks.ReduceLROnPlateau):
         raise ConfigError(
             f"{where}: {cls.__name__} is a subclass of Keras' ReduceLROnPlateau, which sets "
@@ -111,11 +110,16 @@ def _resolve(spec: str, i: int) -> type:
     return cls
 
 
+def _spelled(keras: Any) -> str:
+    """How users name the active Keras: `keras` (3), `tf_keras`, or `tf.keras` (2.15)."""
+    return "tf.keras" if keras.__name__.startswith("tensorflow") else keras.__name__
+
+
 def _name(spec: CallbackConfig) -> str:
     return spec.cls.rpartition(":")[2]
 
 
-class _Watch(keras.callbacks.Callback):
+class _Watch(Callback):
     """Right after user callback `index`: notes that it asked to stop. A stop asked within an
     epoch is held until the epoch's end (see AgreedStop)."""
 
@@ -135,7 +139,7 @@ class _Watch(keras.callbacks.Callback):
             self.stop.asked.add(self.index)  # (or an earlier callback did: the lowest wins)
 
 
-class AgreedStop(keras.callbacks.Callback):
+class AgreedStop(Callback):
     """Makes the users' stop requests one decision of all workers, at each epoch's end.
 
     Within an epoch, a user's stop is held (`model.stop_training` put back to False): Keras
@@ -174,7 +178,13 @@ class AgreedStop(keras.callbacks.Callback):
             distributed.log(f"{by} stopped the run after epoch {epoch + 1}")
 
 
-class ReduceLROnPlateau(keras.callbacks.ReduceLROnPlateau):
+def ReduceLROnPlateau(**kwargs: Any) -> Any:  # noqa: N802 - a callback class to its callers
+    """Keras' ReduceLROnPlateau for a rate that is a schedule (see `_reduce_lr_class`)."""
+    return _reduce_lr_class(binding.keras())(**kwargs)
+
+
+@functools.cache
+def _reduce_lr_class(keras: Any) -> type:
     """Keras' ReduceLROnPlateau for a rate that is a schedule: what `ReduceLROnPlateau` in
     `callbacks:` runs, with Keras' arguments and decisions.
 
@@ -184,30 +194,33 @@ class ReduceLROnPlateau(keras.callbacks.ReduceLROnPlateau):
     every rank: each worker's optimizer has its own rate, and all see the same averaged metrics.
     """
 
-    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
-        current = (logs or {}).get(self.monitor)
-        if current is None:
-            distributed.log(f"ReduceLROnPlateau: no {self.monitor!r} in this epoch's metrics")
-            return
-        if self.in_cooldown():
-            self.cooldown_counter -= 1
-            self.wait = 0
-        if self.monitor_op(current, self.best):
-            self.best, self.wait = current, 0
-        elif not self.in_cooldown():
-            self.wait += 1
-            if self.wait >= self.patience:
-                self._reduce(epoch)
+    class ReduceLROnPlateau(keras.callbacks.ReduceLROnPlateau):
+        def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+            current = (logs or {}).get(self.monitor)
+            if current is None:
+                distributed.log(f"ReduceLROnPlateau: no {self.monitor!r} in this epoch's metrics")
+                return
+            if self.in_cooldown():
+                self.cooldown_counter -= 1
+                self.wait = 0
+            if self.monitor_op(current, self.best):
+                self.best, self.wait = current, 0
+            elif not self.in_cooldown():
+                self.wait += 1
+                if self.wait >= self.patience:
+                    self._reduce(epoch)
 
-    def _reduce(self, epoch: int) -> None:
-        multiplier = lr_multiplier(self.model.optimizer)
-        rate = float(self.model.optimizer.learning_rate)  # the rate the last step used
-        if multiplier is None or rate <= self.min_lr:
-            return
-        new = max(rate * self.factor, self.min_lr)
-        multiplier.assign(float(multiplier.numpy()) * new / rate)
-        self.cooldown_counter, self.wait = self.cooldown, 0
-        distributed.log(
-            f"ReduceLROnPlateau: learning rate {rate:g} -> {new:g} after epoch {epoch + 1} "
-            f"(the schedule x {float(multiplier.numpy()):g} from here on)"
-        )
+        def _reduce(self, epoch: int) -> None:
+            multiplier = lr_multiplier(self.model.optimizer)
+            rate = float(self.model.optimizer.learning_rate)  # the rate the last step used
+            if multiplier is None or rate <= self.min_lr:
+                return
+            new = max(rate * self.factor, self.min_lr)
+            multiplier.assign(float(multiplier.numpy()) * new / rate)
+            self.cooldown_counter, self.wait = self.cooldown, 0
+            distributed.log(
+                f"ReduceLROnPlateau: learning rate {rate:g} -> {new:g} after epoch {epoch + 1} "
+                f"(the schedule x {float(multiplier.numpy()):g} from here on)"
+            )
+
+    return ReduceLROnPlateau

@@ -19,22 +19,27 @@ the decay runs on `scaled_lr`:
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from collections.abc import Sequence
+from types import ModuleType
+from typing import Any
 
 import tensorflow as tf
 
 from hvd_train.config import Config, Derived, OptimizerConfig
 from hvd_train.config.typed_yaml import choices
-from hvd_train.runtime.keras_stack import keras
+from hvd_train.runtime import binding
 
 DECAYS = choices(OptimizerConfig, "schedule")  # constant, step, cosine, ...
 
 
-@keras.utils.register_keras_serializable(package="hvd_train")
-class WarmupScaled(keras.optimizers.schedules.LearningRateSchedule):
-    """Linear ramp from `base_lr` to `scaled_lr` over `warmup_steps`, then `decay` on
+class WarmupScaledMath:
+    """The schedule's rates, for either Keras: `warmup_scaled` makes it a LearningRateSchedule
+    of the Keras that trains.
+
+    Linear ramp from `base_lr` to `scaled_lr` over `warmup_steps`, then `decay` on
     `scaled_lr` (see the module docstring). With the defaults: the ramp, then `scaled_lr`.
 
     Goyal et al. (2017), "Accurate, Large Minibatch SGD": with k times the batch, use k times
@@ -123,18 +128,36 @@ class WarmupScaled(keras.optimizers.schedules.LearningRateSchedule):
         }
 
 
-def lr_multiplier(optimizer: keras.optimizers.Optimizer) -> tf.Variable | None:
+@functools.cache
+def _schedule_class(keras: ModuleType) -> type:
+    """WarmupScaled as `keras`'s LearningRateSchedule, registered for (de)serialization."""
+    cls = type(
+        "WarmupScaled",
+        (WarmupScaledMath, keras.optimizers.schedules.LearningRateSchedule),
+        {"__module__": __name__, "__doc__": WarmupScaledMath.__doc__},
+    )
+    return keras.utils.register_keras_serializable(package="hvd_train")(cls)
+
+
+def warmup_scaled(keras: ModuleType | None, *args: Any, **kwargs: Any) -> WarmupScaledMath:
+    """A WarmupScaled schedule (arguments: WarmupScaledMath) for `keras` (the active Keras when
+    None)."""
+    return _schedule_class(keras or binding.keras())(*args, **kwargs)
+
+
+def lr_multiplier(optimizer: Any) -> tf.Variable | None:
     """The multiplier of the optimizer's WarmupScaled schedule; None for another rate."""
     inner = getattr(optimizer, "inner_optimizer", optimizer)  # under mixed_float16's loss scale
     schedule = getattr(inner, "_learning_rate", None)
-    return schedule.multiplier if isinstance(schedule, WarmupScaled) else None
+    return schedule.multiplier if isinstance(schedule, WarmupScaledMath) else None
 
 
-def learning_rate_schedule(cfg: Config, plan: Derived) -> WarmupScaled:
+def learning_rate_schedule(cfg: Config, plan: Derived) -> WarmupScaledMath:
     """The schedule the run follows: `optimizer.schedule` after the warm-up, both on the rates
-    and steps `derive` computed for this worker count."""
+    and steps `derive` computed for this worker count, for the active Keras."""
     o, spe = cfg.optimizer, plan.steps_per_epoch
-    return WarmupScaled(
+    return warmup_scaled(
+        None,
         plan.base_lr,
         plan.scaled_lr,
         plan.warmup_steps,
@@ -148,7 +171,7 @@ def learning_rate_schedule(cfg: Config, plan: Derived) -> WarmupScaled:
     )
 
 
-def rates(schedule: WarmupScaled, total_steps: int) -> list[float]:
+def rates(schedule: WarmupScaledMath, total_steps: int) -> list[float]:
     """The rate at every step `0 .. total_steps - 1`."""
     return schedule(tf.range(total_steps)).numpy().tolist()
 

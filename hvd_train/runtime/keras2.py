@@ -1,0 +1,210 @@
+"""The Keras 2 binding: `tf.keras` on TensorFlow 2.15, the `tf_keras` package on 2.16+, with
+Horovod's Keras API (`horovod.tensorflow.keras`).
+
+Horovod's Keras API does `from tensorflow import keras` and `from keras import backend` when it
+is imported. On TensorFlow 2.16+ both name Keras 3 unless TF_USE_LEGACY_KERAS=1 was set before
+TensorFlow loaded, which a run that started on Keras 3 (a `model.factory` that returned a
+tf_keras model under `model.keras: auto`) did not do. So Horovod's Keras API is imported with
+`keras` and `tensorflow.keras` bound to tf_keras for the time of its import, then unbound: a
+user's own `import keras` still means what it means.
+
+Every function here has its twin in keras3.py (runtime/binding.py says which runs).
+"""
+
+from __future__ import annotations
+
+import sys
+from types import ModuleType
+from typing import Any
+
+import horovod.tensorflow as hvd_tf
+import tensorflow as tf
+
+from hvd_train.runtime import binding
+
+NAME = binding.KERAS2
+
+
+def _load_keras() -> ModuleType:
+    if not binding.has_keras3():
+        return tf.keras
+    import tf_keras
+
+    return tf_keras
+
+
+def _load_horovod_keras(keras: ModuleType) -> ModuleType:
+    """horovod.tensorflow.keras, imported with `keras` and `tensorflow.keras` bound to `keras`."""
+    if not binding.has_keras3():
+        import horovod.tensorflow.keras as hvd
+
+        return hvd
+    saved = {n: m for n, m in sys.modules.items() if n == "keras" or n.startswith("keras.")}
+    for name in saved:
+        del sys.modules[name]
+    sys.modules["keras"] = keras
+    tf_keras_attr = tf.__dict__.get("keras")
+    tf.keras = keras  # `from tensorflow import keras` in Horovod's Keras modules
+    try:
+        import horovod.tensorflow.keras as hvd
+    finally:
+        for name in [n for n in sys.modules if n == "keras" or n.startswith("keras.")]:
+            del sys.modules[name]
+        sys.modules.update(saved)
+        if tf_keras_attr is None:
+            del tf.keras
+        else:
+            tf.keras = tf_keras_attr
+    return hvd
+
+
+keras = _load_keras()
+hvd = _load_horovod_keras(keras)
+
+
+def describe() -> str:
+    """summary.json's `versions.keras`: `"tf_keras 2.21.0"`, or `"keras 2.15.0"` on 2.15."""
+    return binding.describe(NAME)
+
+
+def seed(value: int) -> None:
+    """Python's, NumPy's and TensorFlow's global seeds (Keras 2 draws from them)."""
+    keras.utils.set_random_seed(value)
+
+
+def set_precision(policy: str) -> None:
+    """The global precision policy the layers built from now on take."""
+    keras.mixed_precision.set_global_policy(policy)
+
+
+def distributed_optimizer(optimizer: Any, fp16: bool, accumulation: int, loss_scale: bool) -> Any:
+    """`optimizer` wrapped in Horovod's DistributedOptimizer, and in a LossScaleOptimizer when
+    `loss_scale` (mixed_float16).
+
+    The order matters: the LossScaleOptimizer goes outside. It scales the loss, the Horovod
+    optimizer inside all-reduces the (scaled) gradients, then they are unscaled; so every rank
+    sees the same, all-reduced gradients when the loss scaler decides to skip a step on inf/NaN,
+    and the ranks stay identical. (Horovod cannot wrap a LossScaleOptimizer: it rebuilds the
+    optimizer from its class and config, which Keras' LossScaleOptimizer does not support.)
+    """
+    wrapped = hvd.DistributedOptimizer(
+        optimizer,
+        # Horovod: float16 on the wire halves the bytes; values are cast back after the sum.
+        compression=hvd.Compression.fp16 if fp16 else hvd.Compression.none,
+        # Horovod: sum `accumulation` batches locally, all-reduce once, divide: the update is the
+        # mean gradient over the effective batch, as one step of that batch would give.
+        backward_passes_per_step=accumulation,
+        average_aggregated_gradients=accumulation > 1,
+    )
+    return keras.mixed_precision.LossScaleOptimizer(wrapped) if loss_scale else wrapped
+
+
+def inner_optimizer(optimizer: Any) -> Any:
+    """The optimizer under mixed_float16's LossScaleOptimizer (the optimizer itself otherwise)."""
+    return getattr(optimizer, "inner_optimizer", optimizer)
+
+
+def build_for_training(model: Any, input_shape: tuple[int, ...], num_classes: int) -> None:
+    """Creates the optimizer's, the loss's and the metrics' variables before the first step.
+
+    Keras would create them inside the first traced step, and a tf.function that creates
+    variables is traced twice (once to create them, once more without): with Horovod's
+    all-reduce in it, each trace costs seconds of every job's start-up (2.4 s of the
+    quickstart's first step here). Built from the shapes `compile` was given for: one output
+    of `num_classes` scores and sparse integer labels, as `fit` then sees them. The optimizer's
+    slots must also exist on every rank before a resume restores or broadcasts them.
+    """
+    model.optimizer.build(model.trainable_variables)
+    y_pred = tf.zeros((1, num_classes))
+    model.compiled_loss.build(y_pred)
+    model.compiled_metrics.build(y_pred, tf.zeros((1,), tf.int64))
+
+
+def broadcast_model(model: Any) -> None:
+    """Rank 0's weights and optimizer state on every rank (a collective)."""
+    hvd_tf.broadcast_variables(model.variables + model.optimizer.variables, root_rank=0)
+
+
+def broadcast_callback() -> Any:
+    """Horovod's callback that broadcasts rank 0's variables after the first batch: anything
+    the first step created (the model was broadcast before `fit`)."""
+    return hvd.callbacks.BroadcastGlobalVariablesCallback(0)
+
+
+def metric_average_callback() -> Any:
+    """Horovod's callback that averages the epoch's training metrics over the workers."""
+    return hvd.callbacks.MetricAverageCallback()
+
+
+def per_example_loss(from_logits: bool) -> Any:
+    """The sparse categorical cross-entropy of each example (no reduction)."""
+    return keras.losses.SparseCategoricalCrossentropy(
+        from_logits=from_logits, reduction=keras.losses.Reduction.NONE
+    )
+
+
+def checkpoint(model: Any) -> tf.train.Checkpoint:
+    """What a resumable checkpoint holds: the model's and the optimizer's variables (weights,
+    slots, the step counter that drives the learning-rate schedule)."""
+    return tf.train.Checkpoint(model=model, optimizer=model.optimizer)
+
+
+def save_plain(model: Any, path: str) -> None:
+    """Writes `model` (a plain clone: no optimizer) to `path` (.keras)."""
+    model.save(path)
+
+
+# A subclassed model (no clone): Keras 3 saves it as .keras; Keras 2 as a SavedModel folder.
+SUBCLASSED_AS_KERAS = False
+
+
+def save_subclassed(model: Any, path: str) -> None:
+    """A subclassed model, which cannot be cloned: a SavedModel folder without the optimizer."""
+    model.save(path, save_format="tf", include_optimizer=False)
+
+
+def load_model(path: str) -> Any:
+    """A saved model (model.keras, best.keras, a SavedModel folder), uncompiled."""
+    return keras.models.load_model(path, compile=False)
+
+
+class SyncBatchNormalization(keras.layers.BatchNormalization):
+    """BatchNormalization whose batch statistics are the global batch's: each worker's mean
+    and mean of squares are averaged over the workers with one all-reduce (every worker's batch
+    has the same size, so the average is the global batch's), inside the traced step."""
+
+    def __init__(self, fused: bool | None = False, **kwargs: Any):
+        super().__init__(fused=False, **kwargs)
+
+    def _moments(self, inputs: Any, reduction_axes: Any, keep_dims: bool, **kwargs: Any) -> Any:
+        mean, variance = super()._moments(inputs, reduction_axes, keep_dims=keep_dims, **kwargs)
+        return _global_moments(mean, variance)
+
+    def get_config(self) -> dict[str, Any]:
+        config = super().get_config()
+        config.pop("fused", None)
+        return config
+
+
+def _global_moments(mean: tf.Tensor, variance: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    """The global batch's moments from each worker's (Var[X] = E[X^2] - E[X]^2)."""
+    if hvd_tf.size() == 1:
+        return mean, variance
+    stacked = tf.stack([mean, variance + tf.square(mean)])
+    total = hvd_tf.allreduce(stacked, op=hvd_tf.Sum, name=None) / hvd_tf.size()
+    global_mean, mean_of_square = tf.unstack(total)
+    return global_mean, mean_of_square - tf.square(global_mean)
+
+
+def elastic_state(model: Any, **position: Any) -> Any:
+    """Horovod Elastic's state: the model and optimizer, and the run's position."""
+    return hvd.elastic.KerasState(model, **position)
+
+
+def elastic_run(fn: Any) -> Any:
+    return hvd.elastic.run(fn)
+
+
+def commit_callback(state: Any, every_steps: int) -> Any:
+    """Horovod Elastic: commit (in memory) every `every_steps` steps and at each epoch's end."""
+    return hvd.elastic.CommitStateCallback(state, every_steps)

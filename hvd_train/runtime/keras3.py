@@ -1,0 +1,395 @@
+"""The Keras 3 binding: `import keras` (TensorFlow 2.16+, its TensorFlow backend) trained with
+Horovod's TensorFlow ops.
+
+Horovod's own Keras API cannot train Keras 3: its callbacks and its DistributedGradientTape call
+`.ref()` on Keras 3 variables, which have none (horovod#4290), and its DistributedOptimizer
+wraps Keras 2's optimizer API. So the pieces are written here on `horovod.tensorflow`'s
+all-reduce and broadcast, and are public for users' own `model.fit` scripts (docs/models.md,
+examples/keras3_fit.py):
+
+- `DistributedOptimizer(optimizer)`: the same optimizer class (name, module, config), whose
+  `apply` averages the gradients over the workers first, so clipping, weight decay and the
+  loss scaler's finiteness check all see the averaged gradients;
+- `BroadcastInitialState()`: rank 0's weights and optimizer state on every rank, as training
+  begins;
+- `MetricAverage()`: each epoch's training metrics averaged over the workers;
+- `warmup(...)`: the learning rate scaled by the worker count, reached over a warm-up, inside
+  the optimizer's schedule;
+- `SyncBatchNormalization`: batch statistics of the global batch.
+
+Keras 3 notes this binding acts on: `model.variables` holds the dropout layers' seed generator
+states beside the weights, and a broadcast of them would give every rank the same dropout masks:
+`model.weights` is broadcast, and the seed states are each rank's own (`random_states`). A
+`jit_compile` left on "auto" compiles the whole step with XLA on a GPU, all-reduce included,
+which XLA cannot do with this Horovod: hvd_train always passes it explicitly.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import horovod.tensorflow as hvd_tf
+import keras
+import numpy as np
+import tensorflow as tf
+from horovod.common.elastic import ObjectState
+
+from hvd_train.runtime import binding
+from hvd_train.runtime.schedules import warmup_scaled
+
+NAME = binding.KERAS3
+keras = keras  # the binding's Keras, as keras2.keras
+
+
+def describe() -> str:
+    """summary.json's `versions.keras`: `"keras 3.15.1"`."""
+    return binding.describe(NAME)
+
+
+def seed(value: int) -> None:
+    """Python's, NumPy's, TensorFlow's and Keras' global seeds."""
+    keras.utils.set_random_seed(value)
+
+
+def set_precision(policy: str) -> None:
+    """The global dtype policy the layers built from now on take."""
+    keras.mixed_precision.set_global_policy(policy)
+
+
+# --------------------------------------------------------------------------- the optimizer
+
+
+class _Averaging:
+    """Mixed in before a Keras 3 optimizer class: `apply` averages the gradients over the
+    workers, then the optimizer's own `apply` runs on the averages. With `accumulation` A > 1,
+    A batches' gradients are summed locally and all-reduced once, as one update of the mean
+    gradient over the A batches (Horovod's `backward_passes_per_step`); the step counter still
+    counts every batch, so the learning-rate schedule runs per batch."""
+
+    _hvd_fp16 = False
+    _hvd_accumulation = 1
+
+    def build(self, variables: Any) -> None:
+        super().build(variables)
+        if self._hvd_accumulation > 1 and not getattr(self, "_hvd_sums", None):
+            self._hvd_sums = [
+                tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False, name="hvd_sum")
+                for v in variables
+            ]
+            self._hvd_count = tf.Variable(0, dtype=tf.int64, trainable=False, name="hvd_count")
+
+    def apply(self, grads: Any, trainable_variables: Any = None) -> Any:
+        if self._hvd_accumulation == 1:
+            return super().apply(self._hvd_average(list(grads)), trainable_variables)
+        if not self.built:
+            self.build(trainable_variables)
+        for total, g in zip(self._hvd_sums, grads, strict=True):
+            if g is not None:
+                total.assign_add(tf.convert_to_tensor(g))
+        self._hvd_count.assign_add(1)
+
+        def update() -> None:
+            means = [total / self._hvd_accumulation for total in self._hvd_sums]
+            super(_Averaging, self).apply(self._hvd_average(means), trainable_variables)
+            for total in self._hvd_sums:
+                total.assign(tf.zeros_like(total))
+
+        def count() -> None:
+            self.iterations.assign_add(1)
+
+        tf.cond(self._hvd_count % self._hvd_accumulation == 0, update, count)
+
+    def _hvd_average(self, grads: list[Any]) -> list[Any]:
+        """`grads` averaged over the workers (one grouped all-reduce); None stays None. At one
+        worker there is nothing to average, and no all-reduce is built."""
+        if hvd_tf.size() == 1:
+            return grads
+        present = [i for i, g in enumerate(grads) if g is not None]
+        if not present:
+            return grads
+        dense = [tf.convert_to_tensor(grads[i]) for i in present]  # IndexedSlices: dense
+        compression = hvd_tf.Compression.fp16 if self._hvd_fp16 else hvd_tf.Compression.none
+        averaged = hvd_tf.grouped_allreduce(dense, op=hvd_tf.Average, compression=compression)
+        out = list(grads)
+        for i, g in zip(present, averaged, strict=True):
+            out[i] = g
+        return out
+
+
+@functools.cache
+def _averaging_class(base: type) -> type:
+    """`base` with `_Averaging` mixed in, under `base`'s own name and module: saved with a
+    model, it loads as the plain optimizer, with neither Horovod nor hvd_train installed."""
+    cls = type(base.__name__, (_Averaging, base), {})
+    cls.__module__, cls.__qualname__ = base.__module__, base.__qualname__
+    return cls
+
+
+def DistributedOptimizer(  # noqa: N802 - a class to its caller, as Horovod's
+    optimizer: keras.optimizers.Optimizer, fp16: bool = False, accumulation: int = 1
+) -> keras.optimizers.Optimizer:
+    """A copy of `optimizer` (not built yet) whose updates use the gradients averaged over the
+    workers: the one thing every worker's optimizer needs under Horovod.
+
+    Args:
+        optimizer: a Keras 3 optimizer, or a `LossScaleOptimizer` around one (mixed_float16:
+            then the average comes before the loss scaler's finiteness check, so every rank
+            skips the same steps, and none waits alone in an all-reduce).
+        fp16: send the gradients as float16 (half the bytes). Defaults to False.
+        accumulation: batches whose gradients are summed locally per all-reduce and update.
+            Defaults to 1.
+    """
+    if optimizer.built:
+        raise ValueError(
+            "DistributedOptimizer: wrap the optimizer before it is built (before compile's "
+            "first step or optimizer.build)"
+        )
+    copy = _averaging_class(type(optimizer)).from_config(optimizer.get_config())
+    copy._hvd_fp16, copy._hvd_accumulation = fp16, int(accumulation)
+    return copy
+
+
+def distributed_optimizer(optimizer: Any, fp16: bool, accumulation: int, loss_scale: bool) -> Any:
+    """`optimizer`, in a LossScaleOptimizer when `loss_scale` (mixed_float16), made distributed
+    (see `DistributedOptimizer`). `compile` then keeps it: it is a LossScaleOptimizer already."""
+    if loss_scale:
+        optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+    return DistributedOptimizer(optimizer, fp16=fp16, accumulation=accumulation)
+
+
+def inner_optimizer(optimizer: Any) -> Any:
+    """The optimizer under mixed_float16's LossScaleOptimizer (the optimizer itself otherwise)."""
+    return getattr(optimizer, "inner_optimizer", optimizer)
+
+
+# --------------------------------------------------------------------------- the first broadcast
+
+
+def build_for_training(model: Any, input_shape: tuple[int, ...], num_classes: int) -> None:
+    """Creates the optimizer's, the loss's and the metrics' variables before the first step.
+
+    A resume restores and broadcasts the optimizer's, so its slots must exist on every rank;
+    and a tf.function that creates variables is traced twice (once to create them, once more
+    without), which costs seconds of every job's first step with Horovod's all-reduce in it.
+    Keras' own symbolic build creates the loss's and metrics' from one example's shape and a
+    sparse label, as `fit` then sees them, without tracing the step."""
+    model.optimizer.build(model.trainable_variables)
+    example = (tf.zeros((1, *input_shape)), tf.zeros((1,), tf.int64))
+    model._symbolic_build(data_batch=example)
+
+
+def state_variables(model: Any) -> list[tf.Variable]:
+    """The variables every rank must hold alike: the model's weights and the optimizer's
+    variables, as TensorFlow variables (Horovod's broadcast assigns to those). Not the seed
+    generators' states: each rank draws its own dropout masks."""
+    optimizer = model.optimizer
+    found = [*model.weights, *(optimizer.variables if optimizer is not None else [])]
+    return [v.value if hasattr(v, "value") and isinstance(v.value, tf.Variable) else v
+            for v in found]  # fmt: skip
+
+
+def broadcast_model(model: Any) -> None:
+    """Rank 0's weights and optimizer state on every rank (a collective)."""
+    if hvd_tf.size() > 1:
+        hvd_tf.broadcast_variables(state_variables(model), root_rank=0)
+
+
+class BroadcastInitialState(keras.callbacks.Callback):
+    """Rank 0's weights and optimizer state to every rank when training begins, so that every
+    replica starts from the same point (put it first in the callbacks of `fit`).
+
+    The optimizer is built first, on the model's trainable variables, so that its slots exist
+    on every rank before they are broadcast.
+    """
+
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        if not self.model.optimizer.built:
+            self.model.optimizer.build(self.model.trainable_variables)
+        broadcast_model(self.model)
+
+
+def broadcast_callback() -> Any:
+    return BroadcastInitialState()
+
+
+class MetricAverage(keras.callbacks.Callback):
+    """Averages every number in the epoch's logs over the workers (one all-reduce, float64),
+    so each worker's EarlyStopping, checkpoint and console see the same values. All workers
+    run the same number of equal batches, so the mean of the workers' means is exact."""
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        if logs is None or hvd_tf.size() == 1:
+            return
+        keys = sorted(k for k, v in logs.items() if _is_number(v))
+        values = tf.constant([float(logs[k]) for k in keys], tf.float64)
+        summed = hvd_tf.allreduce(values, op=hvd_tf.Sum, name="hvd_train.metric_average")
+        for key, value in zip(keys, (summed / hvd_tf.size()).numpy(), strict=True):
+            logs[key] = float(value)
+
+
+def _is_number(v: object) -> bool:
+    return isinstance(v, (int, float, np.floating, np.integer)) and not isinstance(v, bool)
+
+
+def metric_average_callback() -> Any:
+    return MetricAverage()
+
+
+# --------------------------------------------------------------------------- the learning rate
+
+
+def warmup(
+    base_lr: float, workers: int | None = None, warmup_steps: int = 0, decay: str = "constant",
+    total_steps: int = 0,
+) -> Any:  # fmt: skip
+    """A learning-rate schedule for your optimizer: `base_lr` (the rate for one worker's batch)
+    scaled linearly by the worker count, reached by a linear warm-up over `warmup_steps`, then
+    `decay` ("constant", "cosine", "warmup_decay" to 0 at `total_steps`). Stepped per batch by
+    the optimizer itself, so a resumed optimizer continues it.
+
+    Args:
+        base_lr: the rate for one worker.
+        workers: the worker count; defaults to Horovod's size.
+        warmup_steps: batches over which the rate ramps from `base_lr` to the scaled rate.
+        decay: what follows the warm-up. Defaults to "constant".
+        total_steps: the run's batches (for the decays that end at the run's end).
+    """
+    n = hvd_tf.size() if workers is None else workers
+    return warmup_scaled(keras, base_lr, base_lr * n, warmup_steps, decay, total_steps)
+
+
+# --------------------------------------------------------------------------- the rest
+
+
+def per_example_loss(from_logits: bool) -> Any:
+    """The sparse categorical cross-entropy of each example (no reduction)."""
+    return keras.losses.SparseCategoricalCrossentropy(from_logits=from_logits, reduction=None)
+
+
+def checkpoint(model: Any) -> tf.train.Checkpoint:
+    """What a resumable checkpoint holds: the model's and the optimizer's variables (weights,
+    slots, the step counter that drives the learning-rate schedule). Each rank's seed states are
+    kept beside it (`random_states`)."""
+    return tf.train.Checkpoint(model=model, optimizer=model.optimizer)
+
+
+def random_states(model: Any) -> list[Any]:
+    """The model's variables that are not weights: its layers' seed generator states, which
+    advance at every draw (dropout). Each rank keeps its own."""
+    weights = {id(v) for v in model.weights}
+    return [v for v in model.variables if id(v) not in weights]
+
+
+def save_plain(model: Any, path: str) -> None:
+    """Writes `model` (a plain clone: no optimizer) to `path` (.keras)."""
+    model.save(path)
+
+
+# A subclassed model (no clone): Keras 3 saves it as .keras; Keras 2 as a SavedModel folder.
+SUBCLASSED_AS_KERAS = True
+
+
+def save_subclassed(model: Any, path: str) -> None:
+    """A subclassed model: Keras 3 saves it as .keras too (its class must be importable where
+    it is loaded, as for any subclassed Keras 3 model)."""
+    model.save(path if path.endswith(".keras") else f"{path}.keras")
+
+
+def load_model(path: str) -> Any:
+    """A saved model (model.keras, best.keras), uncompiled."""
+    return keras.models.load_model(path, compile=False)
+
+
+@keras.saving.register_keras_serializable(package="hvd_train")
+class SyncBatchNormalization(keras.layers.BatchNormalization):
+    """BatchNormalization whose batch statistics are the global batch's under Horovod: each
+    worker's mean and mean of squares are averaged over the workers with one all-reduce (every
+    worker's batch has the same size, so the average is the global batch's), inside the traced
+    step. Keras' own `synchronized=True` synchronises only under tf.distribute: under Horovod it
+    would be silently local.
+
+    Exported models get plain BatchNormalization back (`plain_layer`).
+    """
+
+    def _moments(self, inputs: Any, mask: Any) -> Any:
+        mean, variance = super()._moments(inputs, mask)
+        if hvd_tf.size() == 1:
+            return mean, variance
+        # The moments in float32 at least (mixed precision computes BN in float32 too).
+        dtype = mean.dtype
+        stacked = tf.stack(
+            [tf.cast(mean, tf.float32), tf.cast(variance + tf.square(mean), tf.float32)]
+        )
+        total = hvd_tf.allreduce(stacked, op=hvd_tf.Sum) / hvd_tf.size()
+        global_mean, mean_of_square = tf.unstack(total)
+        return (tf.cast(global_mean, dtype),
+                tf.cast(mean_of_square - tf.square(global_mean), dtype))  # fmt: skip
+
+
+# --------------------------------------------------------------------------- Horovod Elastic
+
+
+class ElasticState(ObjectState):
+    """Horovod Elastic's state of a Keras 3 model and its optimizer, and the run's position
+    (`epoch`, `batch`, ... as keyword arguments, exposed as attributes).
+
+    Horovod's own KerasState reads `optimizer.variables()`, Keras 2's method; Keras 3's is a
+    list. Committed in memory; a reset rolls back to the last commit, then rank 0's copy goes
+    to every worker (new ones included).
+    """
+
+    def __init__(self, model: Any, **position: Any):
+        self.model = model
+        self._saved: list[tf.Tensor] = []
+        self._save_model()
+        super().__init__(bcast_object=hvd_tf.broadcast_object, get_rank=hvd_tf.rank, **position)
+
+    def save(self) -> None:
+        self._save_model()
+        super().save()
+
+    def restore(self) -> None:
+        for v, saved in zip(state_variables(self.model), self._saved, strict=True):
+            v.assign(saved)
+        super().restore()
+
+    def sync(self) -> None:
+        if hvd_tf.size() > 1:
+            hvd_tf.broadcast_variables(state_variables(self.model), root_rank=0)
+        self._save_model()
+        super().sync()
+
+    def _save_model(self) -> None:
+        self._saved = [tf.identity(v) for v in state_variables(self.model)]
+
+
+class CommitState(keras.callbacks.Callback):
+    """Horovod Elastic: commits the state every `every_steps` batches and at each epoch's end."""
+
+    def __init__(self, state: ElasticState, every_steps: int):
+        super().__init__()
+        self.state, self.every_steps = state, every_steps
+        self._batches = 0
+
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        self._batches += 1
+        if self.every_steps and self._batches % self.every_steps == 0:
+            self.state.commit()
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        self.state.commit()
+
+
+def elastic_state(model: Any, **position: Any) -> ElasticState:
+    return ElasticState(model, **position)
+
+
+def elastic_run(fn: Any) -> Any:
+    from horovod.tensorflow.elastic import run
+
+    return run(fn)
+
+
+def commit_callback(state: Any, every_steps: int) -> Any:
+    return CommitState(state, every_steps)
