@@ -1,4 +1,4 @@
-"""Seven changes to Horovod 0.28.1, made by install.sh after Horovod is installed; each is
+"""Eight changes to Horovod 0.28.1, made by install.sh after Horovod is installed; each is
 made once, and a second run changes nothing.
 
     python scripts/patch_horovod.py
@@ -51,6 +51,21 @@ traceback was printed as the job ended (`Exception in thread Thread-1 (fn): Trac
 under the one-line ending of 5: seen once in 700 tests, and in the second of the jobs
 tests/test_horovod_patch.py runs, repeated beside 3 busy loops. The stopping thread now
 returns when the shell is gone: there is nothing to stop.
+
+8. horovodrun's rendezvous server (Gloo, Elastic included), an HTTP key-value store without
+authentication where the workers publish their addresses, listened on all interfaces for the
+job's life (`find_port` binds `('', port)`): whoever reached it could read and overwrite the
+workers' addresses, on a one-host job too (docs/security.md). It now listens on the one address
+its workers are given (HOROVOD_GLOO_RENDEZVOUS_ADDR, the address of the job's interface):
+127.0.0.1 when every host is this machine, else the address of `--network-interfaces` or of
+the interface horovodrun found. The workers only ever reach it there. Under Elastic, horovodrun
+started it before it knew the hosts; it now starts once that address is known (nothing reaches
+it before the workers start). And each Elastic worker's notification service, which listened
+on all interfaces too, listens on the one address of its interface (HOROVOD_GLOO_IFACE), the
+only one it tells horovodrun. Left on all interfaces: the services with which horovodrun
+searches for a common interface when hosts on other machines name none (their purpose is to
+find which interfaces reach each other; `hvd-train launch` says so in one line), and mpirun's
+out-of-band listener (Open MPI's, not Horovod's).
 
 Exit code 0: patched (now or before); 1: a file is neither Horovod 0.28.1's nor patched.
 
@@ -418,6 +433,139 @@ RENDEZVOUS_NEW = """\
     run_command = get_run_command(command, server_ip, nics, global_rendezv_port)
 """
 
+# Change 8: what horovodrun and its workers listen on.
+RENDEZVOUS_ADDRESS_OLD = """\
+class RendezvousServer:
+    def __init__(self, verbose=0):
+        self._httpd = None
+        self._listen_thread = None
+        self._verbose = verbose
+
+    # Rendezvous function finds a available port, create http socket,
+    # and start listening loop to handle request
+    # self.httpd.init needs to be called after server start
+    def start(self, handler_cls=RendezvousHandler):
+        self._httpd, port = find_port(
+            lambda addr: RendezvousHTTPServer(
+                addr, handler_cls, self._verbose))
+"""
+
+RENDEZVOUS_ADDRESS_NEW = """\
+class RendezvousServer:
+    def __init__(self, verbose=0, address=''):
+        self._httpd = None
+        self._listen_thread = None
+        self._verbose = verbose
+        # hvd_train's change (scripts/patch_horovod.py): the address it listens on, which
+        # horovodrun sets to the one its workers are given (HOROVOD_GLOO_RENDEZVOUS_ADDR);
+        # '' is every interface, as before, for any other caller.
+        self.address = address
+
+    # Rendezvous function finds a available port, create http socket,
+    # and start listening loop to handle request
+    # self.httpd.init needs to be called after server start
+    def start(self, handler_cls=RendezvousHandler):
+        self._httpd, port = find_port(
+            lambda addr: RendezvousHTTPServer(
+                (self.address, addr[1]), handler_cls, self._verbose))
+"""
+
+STATIC_RENDEZVOUS_OLD = """\
+    # start global rendezvous server and get port that it is listening on
+    rendezvous = RendezvousServer(settings.verbose)
+
+    # allocate processes into slots
+"""
+
+STATIC_RENDEZVOUS_NEW = """\
+    # start global rendezvous server and get port that it is listening on
+    # (hvd_train's change, scripts/patch_horovod.py: on server_ip alone, the address the workers
+    # are given; it listened on every interface)
+    rendezvous = RendezvousServer(settings.verbose, address=server_ip)
+
+    # allocate processes into slots
+"""
+
+ELASTIC_RENDEZVOUS_OLD = """\
+    handler = create_rendezvous_handler(driver)
+    global_rendezv_port = rendezvous.start(handler)
+    driver.wait_for_available_slots(settings.num_proc)
+
+    nics = get_common_interfaces(driver)
+    server_ip = network.get_driver_ip(nics)
+"""
+
+ELASTIC_RENDEZVOUS_NEW = """\
+    handler = create_rendezvous_handler(driver)
+    driver.wait_for_available_slots(settings.num_proc)
+
+    nics = get_common_interfaces(driver)
+    server_ip = network.get_driver_ip(nics)
+    # hvd_train's change (scripts/patch_horovod.py): the rendezvous server starts once the
+    # address the workers are given is known, and listens there alone (it started before the
+    # hosts were known, on every interface). Nothing reaches it before the workers start.
+    rendezvous.address = server_ip
+    global_rendezv_port = rendezvous.start(handler)
+"""
+
+SERVICE_ADDRESS_OLD = """\
+        self._nics = nics
+        self._server, _ = find_port(
+            lambda addr: socketserver.ThreadingTCPServer(
+                addr, self._make_handler()))
+        self._server._block_on_close = True
+        self._port = self._server.socket.getsockname()[1]
+        self._addresses = self._get_local_addresses()
+        self._thread = in_thread(target=self._server.serve_forever)
+"""
+
+SERVICE_ADDRESS_NEW = """\
+        self._nics = nics
+        host = self._listen_address()
+        self._server, _ = find_port(
+            lambda addr: socketserver.ThreadingTCPServer(
+                (host, addr[1]), self._make_handler()))
+        self._server._block_on_close = True
+        self._port = self._server.socket.getsockname()[1]
+        self._addresses = self._get_local_addresses()
+        self._thread = in_thread(target=self._server.serve_forever)
+
+    def _listen_address(self):
+        \"\"\"Where the service listens: '' is every interface, as before. hvd_train's change
+        (scripts/patch_horovod.py): a service may narrow it to _only_address().\"\"\"
+        return ''
+
+    def _only_address(self):
+        \"\"\"The IPv4 address of the interfaces `nics` when they have exactly one (then the
+        only address addresses() gives clients), else ''.\"\"\"
+        found = {addr.address for intf, addrs in psutil.net_if_addrs().items()
+                 if self._nics and intf in self._nics
+                 for addr in addrs if addr.family == socket.AF_INET}
+        return found.pop() if len(found) == 1 else ''
+"""
+
+WORKER_SERVICE_OLD = """\
+    def __init__(self, key, nic, manager):
+        super(WorkerNotificationService, self).__init__(WorkerNotificationService.NAME,
+                                                        key,
+                                                        nic)
+        self._manager = manager
+"""
+
+WORKER_SERVICE_NEW = """\
+    def __init__(self, key, nic, manager):
+        super(WorkerNotificationService, self).__init__(WorkerNotificationService.NAME,
+                                                        key,
+                                                        nic)
+        self._manager = manager
+
+    def _listen_address(self):
+        # hvd_train's change (scripts/patch_horovod.py): the one address of this worker's
+        # interface (HOROVOD_GLOO_IFACE), the one horovodrun is told to reach it at; it
+        # listened on every interface.
+        return self._only_address()
+"""
+
 PATCHES = [
     Patch(
         "horovod.runner.common.util.safe_shell_exec",
@@ -466,6 +614,36 @@ PATCHES = [
         RENDEZVOUS_OLD,
         RENDEZVOUS_NEW,
         "horovodrun (Gloo) keeps its rendezvous server for that note",
+    ),
+    Patch(
+        "horovod.runner.http.http_server",
+        RENDEZVOUS_ADDRESS_OLD,
+        RENDEZVOUS_ADDRESS_NEW,
+        "horovodrun's rendezvous server can listen on one address",
+    ),
+    Patch(
+        "horovod.runner.gloo_run",
+        STATIC_RENDEZVOUS_OLD,
+        STATIC_RENDEZVOUS_NEW,
+        "horovodrun (Gloo) listens on the address its workers are given, not on all",
+    ),
+    Patch(
+        "horovod.runner.gloo_run",
+        ELASTIC_RENDEZVOUS_OLD,
+        ELASTIC_RENDEZVOUS_NEW,
+        "horovodrun (Elastic) listens on the address its workers are given, not on all",
+    ),
+    Patch(
+        "horovod.runner.common.util.network",
+        SERVICE_ADDRESS_OLD,
+        SERVICE_ADDRESS_NEW,
+        "Horovod's services can listen on one address",
+    ),
+    Patch(
+        "horovod.runner.elastic.worker",
+        WORKER_SERVICE_OLD,
+        WORKER_SERVICE_NEW,
+        "an Elastic worker listens on its interface's address, not on all",
     ),
 ]
 

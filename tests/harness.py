@@ -5,11 +5,16 @@ On failure or timeout the assertion carries every rank's output, as horovodrun p
 
 from __future__ import annotations
 
+import concurrent.futures
+import ipaddress
 import os
 import pathlib
 import signal
+import socket
 import subprocess
 import sys
+import time
+from typing import NamedTuple
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 BIN = pathlib.Path(sys.executable).parent
@@ -81,3 +86,85 @@ def workers(marker: str) -> dict[int, int]:
             if item.startswith((b"HOROVOD_RANK=", b"OMPI_COMM_WORLD_RANK=")):
                 found[int(item.split(b"=", 1)[1])] = int(entry.name)
     return found
+
+
+class Listener(NamedTuple):
+    """A TCP socket in the LISTEN state, and the process that holds it."""
+
+    process: str  # its command name (/proc/PID/comm): horovodrun, python, mpirun, ...
+    address: str
+    port: int
+
+    def on_loopback(self) -> bool:
+        ip = ipaddress.ip_address(self.address)
+        return (getattr(ip, "ipv4_mapped", None) or ip).is_loopback
+
+
+def listening(root: int) -> set[Listener]:
+    """The TCP sockets that `root` and its descendants listen on, read from /proc/PID/net/tcp and
+    tcp6: each process's own network namespace (a job started by `ip netns exec` included)."""
+    found = set()
+    for pid in _tree(root):
+        try:
+            name = pathlib.Path(f"/proc/{pid}/comm").read_text().strip()
+            inodes = {_link(fd) for fd in pathlib.Path(f"/proc/{pid}/fd").iterdir()}
+            tables = [pathlib.Path(f"/proc/{pid}/net/{t}").read_text() for t in ("tcp", "tcp6")]
+        except OSError:  # the process ended meanwhile
+            continue
+        for table in tables:
+            for fields in (line.split() for line in table.splitlines()[1:]):
+                if fields[3] == "0A" and f"socket:[{fields[9]}]" in inodes:  # 0A: LISTEN
+                    found.add(Listener(name, *_address(fields[1])))
+    return found
+
+
+def finish_listening(proc: subprocess.Popen, timeout: float):
+    """`finish` a `start`ed job, reading what its processes listen on every 0.2 s meanwhile.
+
+    Returns (the CompletedProcess, every Listener seen while the job ran): a socket that
+    listens for less than the interval between two readings may be missed (Gloo's, while the
+    ranks connect), one that listens while the job runs is not (a rendezvous server)."""
+    seen: set[Listener] = set()
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        done = pool.submit(finish, proc, timeout)  # reads the output: no pipe fills up
+        while not done.done():
+            seen |= listening(proc.pid)
+            time.sleep(0.2)
+        return done.result(), seen
+
+
+def _link(fd: pathlib.Path) -> str:
+    """What a file descriptor is (`socket:[INODE]` for a socket); "" when it closed meanwhile."""
+    try:
+        return os.readlink(fd)
+    except OSError:
+        return ""
+
+
+def _tree(root: int) -> list[int]:
+    """`root` and its live descendants."""
+    children: dict[int, list[int]] = {}
+    for entry in pathlib.Path("/proc").iterdir():
+        try:
+            stat = (entry / "stat").read_text() if entry.name.isdigit() else ""
+        except OSError:
+            continue
+        if stat:  # "PID (comm) STATE PPID ...": the name may hold spaces and parentheses
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            children.setdefault(ppid, []).append(int(entry.name))
+    tree, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        tree.append(pid)
+        todo += children.get(pid, [])
+    return tree
+
+
+def _address(hex_address: str) -> tuple[str, int]:
+    """/proc/net/tcp's `0100007F:1F90` as ("127.0.0.1", 8080): the address in the kernel's
+    byte order, 32-bit words of it in the host's (little-endian on x86)."""
+    ip, port = hex_address.split(":")
+    raw = bytes.fromhex(ip)
+    words = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
+    family = socket.AF_INET if len(raw) == 4 else socket.AF_INET6
+    return socket.inet_ntop(family, words), int(port, 16)

@@ -114,3 +114,33 @@ def test_a_failed_worker_ends_horovodrun_in_one_line(tmp_path) -> None:
         "horovodrun: process 1 exited first, with code 137 (killed by SIGKILL), and ended the "
         "job; its output is above, and in <run.dir>/logs/rank-1.log for hvd_train"
     ), proc.stderr
+
+
+def _patches():
+    """scripts/patch_horovod.py's changes to the installed Horovod, imported as a module."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "patch_horovod", ROOT / "scripts" / "patch_horovod.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+PATCHER = _patches()
+
+
+@pytest.mark.parametrize("patch", PATCHER.PATCHES, ids=lambda p: p.module.rsplit(".", 1)[1])
+def test_each_change_applies_once_and_a_foreign_file_is_refused(tmp_path, patch) -> None:
+    """On a copy of the installed file with that one change taken back out (0.28.1's text
+    there): the change is made, once; a file without 0.28.1's text is refused, untouched."""
+    installed = PATCHER._module_file(patch.module).read_text()
+    assert installed.count(patch.new) == 1, "the install made this change"
+    copy = tmp_path / "module.py"
+    copy.write_text(installed.replace(patch.new, patch.old))
+    assert PATCHER.apply(patch, copy) == 0 and copy.read_text() == installed
+    assert PATCHER.apply(patch, copy) == 0 and copy.read_text() == installed
+    foreign = installed.replace(patch.new, "")
+    copy.write_text(foreign)
+    assert PATCHER.apply(patch, copy) == 1 and copy.read_text() == foreign

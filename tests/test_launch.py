@@ -20,7 +20,7 @@ import uuid
 
 import pytest
 import sshd
-from harness import QUICKSTART, ROOT, run
+from harness import QUICKSTART, ROOT, finish_listening, run, start
 
 import hvd_train
 
@@ -376,13 +376,15 @@ def two_hosts(ssh_setup):
 
 
 def launch_from_first_host(names: list[str], cmd: list[str], tmp_path: pathlib.Path):
-    """Runs `cmd` in the first namespace, with a private ~/.ssh for horovodrun's known_hosts."""
+    """Runs `cmd` in the first namespace, with a private ~/.ssh for horovodrun's known_hosts.
+
+    Returns (the CompletedProcess, every socket its processes there listened on meanwhile)."""
     dot_ssh = tmp_path / "dot_ssh"
     dot_ssh.mkdir(exist_ok=True)
     pathlib.Path("/root/.ssh").mkdir(mode=0o700, exist_ok=True)
     wrapped = ["ip", "netns", "exec", names[0], "unshare", "--mount", "--propagation", "private",
                "sh", "-c", f'mount --bind {dot_ssh} /root/.ssh && exec "$@"', "sh", *cmd]  # fmt: skip
-    return run(wrapped, tmp_path, timeout=400)
+    return finish_listening(start(wrapped, tmp_path), 400)
 
 
 @pytest.mark.multiworker
@@ -393,14 +395,41 @@ def test_multi_node_trains_across_two_hosts_in_network_namespaces(tmp_path, two_
     # Launched from the first host, as on a cluster: horovodrun reaches the second over ssh.
     cmd = [str(MULTI), "--hostfile", str(hostfile), str(QUICKSTART), *ONE_EPOCH,
            "--ssh-port", str(port), "--ssh-identity-file", str(key), "--network-interface", "hvd0"]  # fmt: skip
-    proc = expect(launch_from_first_host(names, cmd, tmp_path), 0)
+    proc, listening = launch_from_first_host(names, cmd, tmp_path)
+    expect(proc, 0)
     assert "pre-flight: all 2 host(s) answer" in proc.stdout
     assert printed_command(proc.stdout)[1:5] == ["-np", "2", "-H", "10.213.7.1:1,10.213.7.2:1"]
     s = summary(tmp_path / "out")
     assert (s["status"], s["world_size"], s["epochs_completed"]) == ("completed", 2, 1)
+    # On the first host, horovodrun's rendezvous server (and anything else its processes
+    # there open: rank 0's Gloo listener) listens on that host's address on the named
+    # interface, not on all (docs/security.md).
+    assert {x.address for x in listening} == {"10.213.7.1"}, listening
+    assert any(x.process == "horovodrun" for x in listening), listening
     # Rank 1 ran on the second host: its sshd let the launcher in (pre-flight, then the worker).
     second_sshd_log = (ssh_folder(key) / names[1] / "sshd.log").read_text()
     assert second_sshd_log.count("Accepted publickey for root from 10.213.7.1") >= 2
+
+
+@pytest.mark.multiworker
+def test_multi_node_without_an_interface_says_horovodrun_searches_then_trains(
+    tmp_path, two_hosts
+) -> None:
+    """No --network-interface: one line says horovodrun searches for the hosts' common
+    interface (its services listen on all interfaces meanwhile); its rendezvous server then
+    listens on the first host's address on the interface found."""
+    names, key, port, _ = two_hosts
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("10.213.7.1 slots=1\n10.213.7.2 slots=1\n")
+    cmd = [str(MULTI), "--hostfile", str(hostfile), str(QUICKSTART), *ONE_EPOCH,
+           "--ssh-port", str(port), "--ssh-identity-file", str(key)]  # fmt: skip
+    proc, listening = launch_from_first_host(names, cmd, tmp_path)
+    expect(proc, 0)
+    assert proc.stderr.count("no --network-interface: unless these hosts are all this") == 1
+    assert summary(tmp_path / "out")["status"] == "completed"
+    # The search's own services, when seen, on all interfaces (0.0.0.0); nothing else.
+    assert "10.213.7.1" in {x.address for x in listening if x.process == "horovodrun"}, listening
+    assert {x.address for x in listening} <= {"10.213.7.1", "0.0.0.0"}, listening
 
 
 def test_preflight_catches_a_host_name_that_resolves_to_loopback(tmp_path, two_hosts) -> None:
@@ -414,10 +443,11 @@ def test_preflight_catches_a_host_name_that_resolves_to_loopback(tmp_path, two_h
         hostfile.write_text("10.213.7.1 slots=1\n10.213.7.2 slots=1\n")
         cmd = [str(MULTI), "--hostfile", str(hostfile), str(QUICKSTART),
                "--ssh-port", str(port), "--ssh-identity-file", str(key)]  # fmt: skip
-        proc = expect(launch_from_first_host(names, cmd, tmp_path), 3)
+        proc = expect(launch_from_first_host(names, cmd, tmp_path)[0], 3)
     finally:
         hosts_files[1].write_text(saved)
-    assert proc.stderr.splitlines()[0] == (
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("multi_node.sh:")]
+    assert errors[0] == (
         f"multi_node.sh: error: host 10.213.7.2: its name '{socket.gethostname()}' resolves to "
         "127.0.1.1, not to its address on the job's network: Horovod's Gloo controller needs "
         "that (map the name in /etc/hosts, or use --mpi)"

@@ -70,8 +70,9 @@ def main(argv: list[str], prog: str) -> int:
         args.np = args.np or sum(slots for _, slots in allocation)
     gpus = horovodrun.count_gpus()
     np_ = args.np or horovodrun.workers(cfg, gpus)
-    note = horovodrun.shared_cpu_note(cfg, np_, args.hosts, gpus, args.controller)
-    if note:
+    notes = [horovodrun.shared_cpu_note(cfg, np_, args.hosts, gpus, args.controller),
+             horovodrun.probe_note(cfg, args.hosts, args.nics or "")]  # fmt: skip
+    for note in filter(None, notes):
         launch.say(note)
     if args.print_command:
         print(shlex.join(launch.command(cfg, args, np_, args.overrides)[0]))

@@ -69,7 +69,7 @@ def command(
         hosts: horovodrun's `-H host:slots,...`. Defaults to `localhost:NP`.
         controller: "mpi" or "gloo". Defaults to `horovod.controller`.
         nics: interfaces the job talks on (`--network-interfaces`). Defaults to `lo` when all
-            hosts are loopback, else to Horovod's own choice.
+            hosts are loopback, else (and for an elastic job) to Horovod's own choice.
         ssh: horovodrun's ssh flags (`--ssh-port P`, `--ssh-identity-file F`). Defaults to none.
 
     Returns:
@@ -84,6 +84,7 @@ def command(
         cmd += ["--host-discovery-script", discovery_command(e.discovery_script)]
         cmd += ["--max-np", str(e.max_workers)] if e.max_workers else []
         cmd += ["--gloo", *(ssh or [])]
+        cmd += ["--network-interfaces", nics] if nics else []  # named: no search (probe_note)
     else:
         hosts = hosts or f"localhost:{np}"
         mpi = (controller or cfg.horovod.controller) == "mpi"
@@ -125,6 +126,27 @@ def shared_cpu_note(
         + ("" if mpi else "--mpi spends less of them on the all-reduce; ")
         + "a model with large gradients against its compute trains faster in one process "
         "(--np 1; docs/performance.md#one-cpu-host)"
+    )
+
+
+def probe_note(cfg: Config, hosts: str | None, nics: str) -> str | None:
+    """One line before a job that may leave horovodrun to find its network interface, else None.
+
+    With hosts on other machines and no interface named, horovodrun finds the one they have in
+    common through a service of its own and one on every host, which listen on all interfaces
+    while it starts (an interface they reach each other on is what they are looking for); its
+    rendezvous server then listens on the address of the interface found
+    (scripts/patch_horovod.py). An elastic job's hosts come from its discovery script, unknown
+    here.
+    """
+    if nics or not (cfg.elastic.enabled or (hosts and not on_loopback(hosts))):
+        return None
+    which = "the discovery script's hosts" if cfg.elastic.enabled else "these hosts"
+    return (
+        f"no --network-interface: unless {which} are all this machine, horovodrun finds "
+        "their common interface through services listening on all interfaces of every host "
+        "while it starts (docs/security.md#what-listens-where); --network-interface IF "
+        "skips that"
     )
 
 
@@ -176,8 +198,11 @@ def network_flags(
     Named interfaces (`nics`) win: Horovod sets Gloo's interface, btl_tcp_if_include and
     NCCL_SOCKET_IFNAME from them, and mpirun's own traffic follows oob_tcp_if_include. Else,
     when every host is this machine's loopback: `--network-interfaces lo` and, under MPI,
-    LOOPBACK_MPI_ARGS. What stays on all interfaces, whatever the flags: horovodrun's
-    rendezvous server (Gloo) and mpirun's out-of-band listener (docs/security.md).
+    LOOPBACK_MPI_ARGS. horovodrun's rendezvous server (Gloo) listens on the address the
+    workers are given (scripts/patch_horovod.py): 127.0.0.1 here, that interface's address
+    across hosts. What stays on all interfaces, whatever the flags: mpirun's out-of-band
+    listener, and the services horovodrun searches for an interface with (`probe_note`):
+    docs/security.md.
     """
     args = list(mpi_args or [])
     if nics:
