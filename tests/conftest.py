@@ -20,6 +20,7 @@ import resource
 import subprocess
 
 import pytest
+from harness import KERASES
 
 from hvd_train.runtime import binding
 
@@ -158,10 +159,6 @@ def pytest_terminal_summary(terminalreporter) -> None:
     w.section("the 15 tests that used the most CPU (setup and teardown included)")
     for nodeid, seconds in _test_cpu.most_common(15):
         w.write_line(f"{seconds:8.1f} s  {nodeid}")
-
-
-# The bindings this stack has: Keras 3 and tf_keras on TensorFlow 2.16+, Keras 2 alone on 2.15.
-KERASES = [binding.KERAS3, binding.KERAS2] if binding.has_keras3() else [binding.KERAS2]
 
 
 @pytest.fixture(params=KERASES)

@@ -16,11 +16,16 @@ import sys
 import time
 from typing import NamedTuple
 
+from hvd_train.runtime.binding import has_keras3
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 BIN = pathlib.Path(sys.executable).parent
 PYTHON = sys.executable
 WORKERS = ROOT / "tests" / "workers"
 QUICKSTART = ROOT / "configs" / "quickstart.yaml"
+# The Kerases this stack trains with (model.keras): Keras 3 and tf_keras on TensorFlow 2.16+,
+# TensorFlow's own Keras 2 alone on 2.15.
+KERASES = ["keras", "tf_keras"] if has_keras3() else ["tf_keras"]
 
 
 def run(cmd: list[str], cwd: pathlib.Path, timeout: float = 300) -> subprocess.CompletedProcess:

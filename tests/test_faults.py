@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from harness import (
+    KERASES,
     PYTHON,
     QUICKSTART,
     WORKERS,
@@ -27,6 +28,7 @@ from harness import (
     workers,
 )
 
+from hvd_train.runtime import binding
 from hvd_train.train.checkpoint import is_checkpoint, read_state
 
 pytestmark = pytest.mark.multiworker
@@ -77,25 +79,35 @@ def checkpoints(run_dir: pathlib.Path) -> list[pathlib.Path]:
 
 
 @pytest.mark.stack
-def test_resume_from_mid_epoch_checkpoint_repeats_the_uninterrupted_run(tmp_path) -> None:
-    """Run A trains 4 epochs with a checkpoint every 5 steps. Run B starts from A's checkpoint
-    in the middle of epoch 2 and must end with A's final metrics. Tolerance 1e-5 relative:
-    the same float operations in the same order on the same machine, so the observed
-    difference is 0; the margin covers summation order inside multi-threaded kernels."""
+@pytest.mark.parametrize("keras", KERASES)
+def test_resume_from_mid_epoch_checkpoint_repeats_the_uninterrupted_run(tmp_path, keras) -> None:
+    """Run A trains 3 epochs with dropout (the quickstart's 0.25) and a checkpoint every 5
+    steps. Run B starts from A's checkpoint in the middle of epoch 2 and must end with A's final
+    metrics: each rank's dropout generators are in the checkpoint (random_states.py), on Keras 3
+    and Keras 2 alike. Tolerance 1e-5 relative: the same float operations in the same order on
+    the same machine, so the observed difference is 0; the margin covers summation order inside
+    multi-threaded kernels (a dropout mask drawn differently moves the loss by percents)."""
     a, b = tmp_path / "a", tmp_path / "b"
-    common = ["train.epochs=4", "checkpoint.every_steps=5", "checkpoint.keep_last=100"]
-    check(horovodrun(2, train_cmd(*common, f"run.dir={a}"), tmp_path))
+    common = ["train.epochs=3", "checkpoint.every_steps=5", "checkpoint.keep_last=100",
+              f"model.keras={keras}"]  # fmt: skip
+    dropout = [x for x in BASE if x not in ("--set", "model.dropout=0")]
+    dropout = ["--config", str(QUICKSTART), *(y for x in dropout[2:] for y in ("--set", x))]
+    assert "model.dropout=0" not in dropout
+    check(horovodrun(2, train_cmd(*common, f"run.dir={a}", base=dropout), tmp_path))
     mid = [p for p in checkpoints(a) if read_state(p)["epoch"] == 1 and read_state(p)["step"]]
     assert mid, [read_state(p) for p in checkpoints(a)]
     state = read_state(mid[0])
     assert state["global_step"] == state["epoch"] * state["steps_per_epoch"] + state["step"]
-    proc = check(
-        horovodrun(2, train_cmd(*common, f"run.dir={b}", f"train.resume={mid[0]}"), tmp_path)
+    assert (
+        len(state["random_states"]) == 2 and state["random_states"][0] != state["random_states"][1]
     )
+    resumed = train_cmd(*common, f"run.dir={b}", f"train.resume={mid[0]}", base=dropout)
+    proc = check(horovodrun(2, resumed, tmp_path))
     assert f"resuming from {mid[0]}: epoch 2, step {state['step']}" in proc.stdout
     sa, sb = summary(a), summary(b)
     assert sb["status"] == "completed" and sb["resumed_from"] == str(mid[0])
-    assert sb["epochs_completed"] == sa["epochs_completed"] == 4
+    assert sa["versions"]["keras"] == sb["versions"]["keras"] == binding.describe(keras)
+    assert sb["epochs_completed"] == sa["epochs_completed"] == 3
     for key in ("loss", "accuracy", "val_loss", "val_accuracy"):
         assert sb["final_metrics"][key] == pytest.approx(sa["final_metrics"][key], rel=1e-5), key
     # Every checkpoint is complete (renamed into place whole) and nothing temporary is left.

@@ -14,7 +14,7 @@ import pytest
 from harness import BIN, PYTHON, QUICKSTART, check, finish_listening, start
 
 from hvd_train.config import load_config
-from hvd_train.horovodrun import command, probe_note
+from hvd_train.launcher.horovodrun import command, probe_note
 
 # The quickstart cut to one epoch of 4 steps: what listens is under test, not the training.
 SETS = ["train.epochs=1", "train.steps_per_epoch=4", "train.verbose=false",

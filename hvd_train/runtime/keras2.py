@@ -68,7 +68,11 @@ def describe() -> str:
 
 
 def seed(value: int) -> None:
-    """Python's, NumPy's and TensorFlow's global seeds (Keras 2 draws from them)."""
+    """Python's, NumPy's and TensorFlow's global seeds (Keras 2 draws from them). Dropout and
+    the other random layers built from now on draw from a tf.random.Generator each, whose
+    state a checkpoint can keep (`random_states`): Keras 2's default, TensorFlow's stateful
+    random ops, keeps its position where nothing can read it."""
+    keras.backend.experimental.enable_tf_random_generator()
     keras.utils.set_random_seed(value)
 
 
@@ -147,6 +151,25 @@ def checkpoint(model: Any) -> tf.train.Checkpoint:
     """What a resumable checkpoint holds: the model's and the optimizer's variables (weights,
     slots, the step counter that drives the learning-rate schedule)."""
     return tf.train.Checkpoint(model=model, optimizer=model.optimizer)
+
+
+def random_states(model: Any) -> list[Any]:
+    """The states of the random layers' generators (dropout), which advance at every draw;
+    not among the model's variables. Each rank keeps its own."""
+    found = []
+    for layer in model._flatten_layers(include_self=False, recursive=True):
+        generator = getattr(getattr(layer, "_random_generator", None), "_generator", None)
+        if generator is not None:
+            found.append(generator.state)
+    return found
+
+
+def rank_random_state(state: Any, rank: int) -> Any:
+    """A Philox generator's state [counter, counter, key] moved to `rank`'s own stream (rank
+    0's kept): another key."""
+    moved = state.copy()
+    moved[-1] = (int(state[-1]) + rank * 0x9E3779B9) % 2**62
+    return moved
 
 
 def save_plain(model: Any, path: str) -> None:

@@ -281,6 +281,17 @@ def random_states(model: Any) -> list[Any]:
     return [v for v in model.variables if id(v) not in weights]
 
 
+def rank_random_state(state: np.ndarray, rank: int) -> np.ndarray:
+    """A seed generator's state [seed, counter] moved to `rank`'s own stream (rank 0's kept)."""
+    moved = state.copy()
+    moved[0] = (int(state[0]) + rank * _STREAM_STRIDE) % 2**32
+    return moved
+
+
+# Far apart seeds for the ranks' streams (the golden ratio's 32 bits, as hash mixers use).
+_STREAM_STRIDE = 0x9E3779B9
+
+
 def save_plain(model: Any, path: str) -> None:
     """Writes `model` (a plain clone: no optimizer) to `path` (.keras)."""
     model.save(path)

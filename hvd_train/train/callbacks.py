@@ -27,6 +27,7 @@ from hvd_train.runtime.schedules import lr_multiplier
 from hvd_train.train import perf
 from hvd_train.train.checkpoint import (
     CheckpointStore,
+    every_steps_due,
     export_plain_model,
     monitor_mode,
     read_state,
@@ -36,6 +37,7 @@ from hvd_train.train.control import RunControl
 from hvd_train.train.evaluation import Evaluator
 from hvd_train.train.hooks import Callback
 from hvd_train.train.input_wait import InputWait
+from hvd_train.train.random_states import RandomStates
 from hvd_train.train.user_callbacks import AgreedStop, build_user_callbacks
 
 METRICS_COLUMNS = [
@@ -157,6 +159,8 @@ class Checkpointer(Callback):
         epochs: the run's epochs (`train.epochs`).
         seed: `runtime.seed`, recorded in every checkpoint's state.
         best_path: where the best epoch's plain model goes (run.dir/best.keras).
+        random: every rank's random states, gathered where a checkpoint may be written
+            (earlier in the list); kept in each checkpoint's state. Defaults to None (none).
     """
 
     def __init__(
@@ -168,10 +172,11 @@ class Checkpointer(Callback):
         epochs: int,
         seed: int,
         best_path: str,
+        random: RandomStates | None = None,
     ):
         super().__init__()
         self.store, self.control, self.plan, self.k = store, control, plan, checkpoint
-        self.epochs, self.seed, self.best_path = epochs, seed, best_path
+        self.epochs, self.seed, self.best_path, self.random = epochs, seed, best_path, random
         self.last: str | None = store.newest()
         best = store.best()
         self.best_value = read_state(best)["metrics"][checkpoint.monitor] if best else None
@@ -222,6 +227,9 @@ class Checkpointer(Callback):
             "metrics": metrics or {},
             "lr_multiplier": float(lr_multiplier(self.model.optimizer) or 1.0),  # ReduceLROnPlateau
             "keras": binding.active().describe(),  # the other Keras cannot read it
+            # Every rank's dropout generators: a resume at this worker count draws on as the
+            # uninterrupted run (random_states.py).
+            "random_states": self.random.gathered if self.random else None,
             "time": time.time(),
         }
         self.last = self.store.save(self.model, state)  # CheckpointError ends the run
@@ -384,11 +392,6 @@ def _fmt(v: object) -> object:
     return f"{v:.6g}" if isinstance(v, float) else v
 
 
-def every_steps_due(every_steps: int | None, position_step: int) -> bool:
-    """Whether `checkpoint.every_steps` (`every_steps`) asks for a checkpoint after this step."""
-    return bool(every_steps) and position_step % every_steps == 0
-
-
 class RecordProgress(Callback):
     """Keeps summary.json's epochs_completed and last_checkpoint current (rank 0), so a record
     ended by the stop watcher or the keeper says how far the run got."""
@@ -465,13 +468,15 @@ def build_callbacks(
     input_wait = InputWait(cfg.data.input_wait_warning, advice_for(cfg.data.source))
     timer = perf.StepTimer(plan)
     evaluator = Evaluator(model, source, plan.per_worker_batch, cfg.model.from_logits)
+    random = RandomStates(control, cfg.checkpoint.every_steps)
     checkpointer = None
     if distributed.is_chief():
         store = CheckpointStore(cfg.run.dir, cfg.checkpoint)
         best_path = os.path.join(cfg.run.dir, "best.keras")
         checkpointer = Checkpointer(
-            store, control, plan, cfg.checkpoint, cfg.train.epochs, cfg.runtime.seed, best_path
-        )
+            store, control, plan, cfg.checkpoint, cfg.train.epochs, cfg.runtime.seed, best_path,
+            random,
+        )  # fmt: skip
     # Keras runs callbacks in list order at each event, all on the same `logs` dict, so later
     # callbacks see what earlier ones wrote. The order, and why:
     callbacks = [
@@ -502,6 +507,9 @@ def build_callbacks(
         # EarlyStopping sees the same numbers. They end with AgreedStop (one all-reduce), so
         # their stops are every rank's, before the checkpoint below sees `stop_training`.
         *user.callbacks,
+        # Every rank's random states to rank 0 where a checkpoint may be written (a
+        # collective): after the users' stops, before the checkpoint that keeps them.
+        random,
         # The learning-rate warm-up is not a callback: it lives in the optimizer's schedule
         # (schedules.WarmupScaled), scaled by the worker count and stepped per batch.
         # Side effects on rank 0 only (none is a collective): console, files, TensorBoard,

@@ -11,6 +11,7 @@ from hvd_train.base.errors import CheckpointError, DataError, UserError
 from hvd_train.config import Config, Derived
 from hvd_train.runtime import binding, distributed
 from hvd_train.runtime.schedules import lr_multiplier
+from hvd_train.train import random_states
 from hvd_train.train.checkpoint import (
     PREFIX,
     STATE_FILE,
@@ -51,6 +52,9 @@ def resume(cfg: Config, model: Model, plan: Derived) -> Start:
         raise error
     # Horovod: every rank starts from rank 0's weights and optimizer state (restored or not).
     binding.active().broadcast_model(model)
+    # Then each rank its own dropout stream: the checkpoint's, or a fresh one.
+    saved = found["state"].get("random_states") if found else None
+    random_states.start(model, saved, plan.world_size)
     if not found:
         return Start()
     state = found["state"]

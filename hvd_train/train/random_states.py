@@ -1,0 +1,74 @@
+"""Each rank's random state: the dropout layers' generators, which advance at every draw.
+
+Every rank builds the model from the same seed, so its generators start alike; each rank then
+moves its own to a stream of its own (`start`), so that the workers' dropout masks differ, as
+one worker's masks differ across a large batch. A checkpoint keeps every rank's states
+(gathered on rank 0 wherever a checkpoint may be written, `RandomStates`), and a resumed run at
+the same worker count gives each rank its own back: it then draws the masks the uninterrupted
+run drew, and ends with the same metrics, dropout included (as accelerate's `save_state` keeps
+each process's random states).
+
+Which variables are random states is the binding's to say (`random_states`): Keras 3's seed
+generators, Keras 2's tf.random.Generator states (its dropout draws from one: keras2.seed).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from hvd_train.runtime import binding, distributed
+from hvd_train.train.checkpoint import every_steps_due
+from hvd_train.train.control import RunControl
+from hvd_train.train.hooks import Callback
+
+State = list[list[int]]  # one rank's: each generator's state, as JSON keeps it
+
+
+def read(model: Any) -> State:
+    """This rank's random states."""
+    return [np.asarray(v.numpy()).tolist() for v in binding.active().random_states(model)]
+
+
+def start(model: Any, saved: list[State] | None, world_size: int) -> str:
+    """Gives this rank its random states: its own from a checkpoint written at this worker
+    count (`saved`, one per rank), else its own stream (rank 0's unchanged, so one worker trains
+    as before). Call after the model's weights were broadcast. Returns what it did, for the log.
+    """
+    variables = binding.active().random_states(model)
+    rank = distributed.rank()
+    if not variables:
+        return "no random state"
+    if saved and len(saved) == world_size and len(saved[rank]) == len(variables):
+        for v, value in zip(variables, saved[rank], strict=True):
+            v.assign(np.asarray(value, dtype=np.asarray(v.numpy()).dtype))
+        return "each rank's random state restored"
+    for v in variables:
+        v.assign(binding.active().rank_random_state(np.asarray(v.numpy()), rank))
+    return "each rank's random state its own"
+
+
+class RandomStates(Callback):
+    """Gathers every rank's random states on rank 0 wherever the Checkpointer may write a
+    checkpoint: at every epoch's end, and after every `checkpoint.every_steps` steps (a
+    collective, on every rank alike). `gathered` is the latest: one State per rank."""
+
+    def __init__(self, control: RunControl, every_steps: int | None):
+        super().__init__()
+        self.control, self.every_steps = control, every_steps
+        self.gathered: list[State] | None = None
+
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        if every_steps_due(self.every_steps, self.control.position_step):
+            self._gather()
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        self._gather()
+
+    def _gather(self) -> None:
+        mine = read(self.model)
+        if distributed.size() == 1:
+            self.gathered = [mine]
+        else:
+            self.gathered = distributed.allgather_object(mine, name="hvd_train.random_states")
