@@ -47,7 +47,9 @@ def _cmd_train(argv: list[str], prog: str) -> int:
     # (rank 0 writes summary.json), also during TensorFlow's import: Python's default would
     # end the process without a word.
     signals = stops.installed(cfg)
-    logs.hold()  # a launcher's worker: its output waits for its log in run.dir (logs.py)
+    # A launcher's worker: its output waits for its log in run.dir, which the trainer starts
+    # once run.dir is this job's; alone, TensorFlow's start-up lines are kept for that log.
+    logs.quiet_tensorflow()
     from hvd_train.trainer import train
 
     startup.mark("imports")  # TensorFlow, Horovod and the trainer
@@ -96,6 +98,9 @@ def _cmd_convert_tfrecord(argv: list[str], prog: str) -> int:
     args = p.parse_args(argv)
     if args.shards < 1:
         p.error(f"--shards: expected a value >= 1, got {args.shards}")
+    from hvd_train import logs
+
+    logs.quiet_tensorflow()
     from hvd_train.tfrecords import convert
 
     convert(args.src, args.dst, args.shards, args.val_dir, args.on_corrupt)
@@ -113,6 +118,9 @@ def _cmd_data_bench(argv: list[str], prog: str) -> int:
     from hvd_train.config import load_config
 
     cfg = load_config(args.config, args.overrides)
+    from hvd_train import logs
+
+    logs.quiet_tensorflow(cfg.run.dir, "hvd-train data-bench")
     from hvd_train.input_diagnostics import data_bench
 
     data_bench(cfg, max(1, args.batches))
@@ -134,6 +142,9 @@ def _cmd_lr_plot(argv: list[str], prog: str) -> int:
     cfg = load_config(args.config, args.overrides)
     if args.workers < 1:
         raise UserError(f"--workers: expected a count >= 1, got {args.workers}")
+    from hvd_train import logs
+
+    logs.quiet_tensorflow()
     d = derive(cfg, args.workers, _train_examples(cfg, args.train_examples))
     from hvd_train import schedules
 

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from hvd_train import logs
 from hvd_train.config import Config, add_config_arguments, load_config
 from hvd_train.errors import DataError, UserError
 
@@ -72,6 +73,7 @@ def evaluate_main(argv: list[str], prog: str) -> int:
     cfg = load_config(args.config, args.overrides)
     out = args.out or os.path.join(cfg.run.dir, EVALUATION_FILE)
     _refuse_foreign_json(out)  # before the slow start
+    logs.quiet_tensorflow(cfg.run.dir, "hvd-train evaluate")
     evaluate(cfg, args.model, args.data, out, args.batch_size or cfg.train.batch_size)
     return 0
 
@@ -94,6 +96,7 @@ def predict_main(argv: list[str], prog: str) -> int:
     args = p.parse_args(argv)
     cfg = load_config(args.config, args.overrides)
     _refuse_foreign_csv(args.out)
+    logs.quiet_tensorflow(cfg.run.dir, "hvd-train predict")
     predict(cfg, args.model, args.images, args.out, args.batch_size or cfg.train.batch_size)
     return 0
 
