@@ -1,5 +1,6 @@
 """Eight changes to Horovod 0.28.1, made by install.sh after Horovod is installed; each is
-made once, and a second run changes nothing.
+made once, and a second run changes nothing (a file an earlier version of a change patched is
+brought up to date).
 
     python scripts/patch_horovod.py
 
@@ -36,8 +37,12 @@ of Horovod's code alone: hvd_train/runtime/distributed.py.)
 
 5. A job whose worker failed ended with 15 lines of horovodrun's own Python traceback, after the
 workers' own one-line errors. horovodrun now ends such a job in one line, with the same facts
-(`horovodrun: process 1 exited first, with code 137 (killed by SIGKILL), and ended the job; ...`)
-and exit code 1, as before; `--verbose` keeps the traceback, and any other error keeps it.
+(`horovodrun: process 1 exited first, with code 137 (killed by SIGKILL), and ended the job; ...`);
+`--verbose` keeps the traceback, and any other error keeps it. It exits with that worker's exit
+code, as horovodrun --mpi (mpirun) does: 2 for bad input, 128 + N for a worker ended by signal N
+(143 after a Ctrl-C horovodrun passed on). Horovod exited 1 for any failed worker, so a script
+could not tell bad input from a crash or a stop. (The first version of this change kept that 1;
+a Horovod it patched is brought up to date.)
 
 6. When a worker failed, horovodrun (Gloo) sent the others SIGTERM, just as after a Ctrl-C: rank 0
 could not tell the two apart, and recorded a worker killed in the first epoch as a user's stop.
@@ -94,6 +99,7 @@ class Patch(NamedTuple):
     old: str
     new: str
     what: str  # what the patched file now does, for install.sh's line
+    earlier: tuple[str, ...] = ()  # what earlier versions of this change left: brought up to date
 
 
 SHELL_GONE_OLD = """\
@@ -341,6 +347,64 @@ def run_commandline():
 """
 
 ENDING_NEW = """\
+def run_commandline():
+    args = parse_args()
+
+    if args.log_level:
+        logging.addLevelName(logging.NOTSET, 'TRACE')
+        logging.basicConfig(level=logging.getLevelName(args.log_level))
+
+    try:
+        _run(args)
+    except RuntimeError as e:
+        # hvd_train's change (scripts/patch_horovod.py): a failed worker ends the job in one
+        # line, not in a traceback of horovodrun's own code (--verbose keeps it), and with that
+        # worker's exit code, as mpirun ends a job (2: bad input; 128 + N: ended by signal N).
+        failed = _failed_job(str(e))
+        if failed is None:
+            raise
+        line, code = failed
+        if args.verbose:
+            import traceback
+            traceback.print_exc()
+        else:
+            print(line, file=sys.stderr, flush=True)
+        sys.exit(code)
+
+
+def _failed_job(message):
+    \"\"\"(one line, exit code) for the RuntimeError that ends a job whose worker failed; None for
+    another.\"\"\"
+    import re
+    import signal
+    m = re.search(r'Process name: (\\S+)\\s+Exit code: (-?\\d+)', message)
+    if m:
+        code = int(m.group(2))
+        signum = code - 128 if code > 128 else -code
+        how = ''
+        if signum > 0:
+            try:
+                how = ' (killed by %s)' % signal.Signals(signum).name
+            except ValueError:
+                pass
+        return ('horovodrun: process %s exited first, with code %d%s, and ended the job; its '
+                'output is above, and in <run.dir>/logs/rank-%s.log for hvd_train'
+                % (m.group(1), code, how, m.group(1))), _exit_status(code)
+    m = re.match(r'mpirun failed with exit code (-?\\d+)$', message)
+    if m:
+        return ('horovodrun: mpirun failed with exit code %s; its report and the output of '
+                'the workers are above' % m.group(1)), _exit_status(int(m.group(1)))
+    return None
+
+
+def _exit_status(code):
+    \"\"\"A worker's exit code as horovodrun's own: a signal's -N as 128 + N, as a shell reports
+    it; 1 for a code no exit status holds.\"\"\"
+    code = 128 - code if code < 0 else code
+    return code if 0 < code < 256 else 1
+"""
+
+ENDING_V1 = """\
 def run_commandline():
     args = parse_args()
 
@@ -601,7 +665,9 @@ PATCHES = [
         "horovod.runner.launch",
         ENDING_OLD,
         ENDING_NEW,
-        "horovodrun ends a job whose worker failed in one line, not a traceback",
+        "horovodrun ends a job whose worker failed in one line, not a traceback, and with that "
+        "worker's exit code",
+        (ENDING_V1,),
     ),
     Patch(
         "horovod.runner.gloo_run",
@@ -667,7 +733,8 @@ WITHOUT_XLA_OPS = Patch(
 
 def apply(patch: Patch, path: pathlib.Path | None = None) -> int:
     """Patches one file (Horovod's `patch.module`, or `path`): 0 when it is patched (now or
-    before), 1 when it is not 0.28.1's."""
+    before; a file an earlier version of the change patched is brought up to date), 1 when it
+    is not 0.28.1's."""
     path = path or _module_file(patch.module)
     if path is None or not path.is_file():
         print(f"patch_horovod: {path or patch.module} is not there", file=sys.stderr)
@@ -675,11 +742,12 @@ def apply(patch: Patch, path: pathlib.Path | None = None) -> int:
     text = path.read_text()
     if patch.new in text:
         return 0
-    if text.count(patch.old) != 1:
+    found = [old for old in (patch.old, *patch.earlier) if text.count(old) == 1]
+    if not found:
         print(f"patch_horovod: {path} is not Horovod 0.28.1's: not patched", file=sys.stderr)
         return 1
     tmp = path.with_name(path.name + ".hvd_train")
-    tmp.write_text(text.replace(patch.old, patch.new))
+    tmp.write_text(text.replace(found[0], patch.new))
     tmp.replace(path)  # whole or not at all
     print(f"patched {path}: {patch.what}")
     return 0

@@ -9,7 +9,7 @@ import os
 import pathlib
 
 import pytest
-from harness import PYTHON, ROOT, run
+from harness import PYTHON, ROOT, run, start_up_lines
 
 from hvd_train.commands.doctor import diagnose, version_tuple
 from hvd_train.runtime import binding
@@ -54,8 +54,9 @@ def test_doctor_reports_this_machine_ready(here) -> None:
 
 
 def test_doctor_prints_a_report_and_exits_0(tmp_path, here) -> None:
-    code, out, _ = doctor(cwd=tmp_path)
+    code, out, err = doctor(cwd=tmp_path)
     assert code == 0
+    assert start_up_lines(out + err) == [], err  # TensorFlow's own, as the doctor imports it
     tf_version = here["facts"]["tensorflow"]["version"]
     kerases = f"{binding.describe(binding.KERAS3)}, {binding.describe(binding.KERAS2)}"
     assert f"tensorflow   {tf_version} ({kerases}, built with CUDA: no)" in out

@@ -9,10 +9,11 @@ from __future__ import annotations
 import csv
 import json
 import pathlib
+import re
 
 import numpy as np
 import pytest
-from harness import PYTHON, QUICKSTART, check, horovodrun, run
+from harness import PYTHON, QUICKSTART, check, horovodrun, run, start_up_lines
 from PIL import Image
 
 from hvd_train.record import rundir
@@ -34,6 +35,14 @@ def trained(tmp_path_factory) -> pathlib.Path:
     return root / "run"
 
 
+def assert_clean_console(proc) -> None:
+    """Rank 0's lines only (horovodrun marks a worker's `[N]<stdout>:`), and no TensorFlow
+    start-up line: under horovodrun they are in run.dir's logs, alone they are dropped."""
+    out = proc.stdout + proc.stderr
+    assert start_up_lines(out) == [], out[-3000:]
+    assert not re.search(r"(?m)^\[[1-9]\d*\]<", out), out[-3000:]
+
+
 def error_lines(stderr: str) -> list[str]:
     assert "Traceback" not in stderr, stderr[-3000:]
     return [line for line in stderr.splitlines() if line.startswith("hvd_train: error:")]
@@ -46,6 +55,7 @@ def evaluate(np_: int, run_dir: pathlib.Path, *args: str) -> dict:
     proc = run(command, run_dir.parent) if np_ == 1 else horovodrun(np_, command, run_dir.parent)
     check(proc)
     assert proc.stdout.count("evaluated ") == 1, proc.stdout  # one line, from rank 0
+    assert_clean_console(proc)
     return json.loads(pathlib.Path(out).read_text())
 
 
@@ -125,8 +135,8 @@ def test_a_folder_and_its_tfrecords_evaluate_alike(trained) -> None:
     names = [f"{c}/{i}.{'png' if i else 'jpg'}" for c in range(10) for i in range(1 + (c < 3))]
     folder = write_images(trained.parent / "eval_images", names, seed=1)
     records = trained.parent / "eval_records"
-    check(run([*HVD, "convert-tfrecord", str(folder), str(records), "--shards", "3"],
-              trained.parent))  # fmt: skip
+    assert_clean_console(check(run([*HVD, "convert-tfrecord", str(folder), str(records),
+                                    "--shards", "3"], trained.parent)))  # fmt: skip
     from_images = evaluate(1, trained, "--data", str(folder), "--out", str(folder) + ".json")
     from_records = evaluate(2, trained, "--data", str(records / "train"), "--out",
                             str(records) + ".json")  # fmt: skip
@@ -158,7 +168,9 @@ def test_predict_writes_each_image_once_the_same_at_1_2_and_3_workers(
     # Batches of 2: 4 batches for 2 and 3 workers, so every worker predicts some images.
     outputs = {}
     for n in (1, 2, 3):
-        check(predict(n, trained, predict_folder, f"pred{n}.csv", "--batch-size", "2"))
+        assert_clean_console(
+            check(predict(n, trained, predict_folder, f"pred{n}.csv", "--batch-size", "2"))
+        )
         outputs[n] = read_rows(trained.parent / f"pred{n}.csv")
     header, *rows = outputs[1]
     assert header == ["path", "class", "class_index", "probability"]

@@ -138,7 +138,7 @@ KILLED = "rank 1 failed first (exit code 137, killed by SIGKILL)"
 CASES = {
     "gloo-killed": (1, 137, None, 1, KILLED),
     "gloo-killed-with-knock-on": (1, 137, None, 1, KILLED),
-    "gloo-killed-patched": (1, 137, None, 1, KILLED),
+    "gloo-killed-patched": (1, 137, None, 137, KILLED),
     "gloo-user-error": (1, 2, FEW, 1, f"rank 1 failed first: {FEW}"),
     "gloo-cause-exits-last": (1, 1, NAN, 1, f"rank 1 failed first: {NAN}"),
     "gloo-no-such-program": (1, 127, None, 1, "rank 1 failed first (exit code 127)"),

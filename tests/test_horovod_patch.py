@@ -1,10 +1,12 @@
 """scripts/patch_horovod.py, which install.sh applies to Horovod 0.28.1: horovodrun keeps a
 stopped worker's exit code (unpatched, 34 of 100 stops here came back as exit code 0, so 20
 stops that all keep their 143 would happen by chance about once in 4,000 runs), and it starts a
-job without importing TensorFlow to check how Horovod was built."""
+job without importing TensorFlow to check how Horovod was built; a job whose worker failed ends
+in one line, with that worker's exit code."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import pathlib
@@ -104,11 +106,11 @@ def _installed(metadata, name: str) -> bool:
 
 def test_a_failed_worker_ends_horovodrun_in_one_line(tmp_path) -> None:
     """Rank 1 killed: horovodrun's last line names it, its code and its signal, and no
-    traceback of horovodrun's own code follows; the exit code stays 1."""
+    traceback of horovodrun's own code follows; horovodrun exits with that code."""
     die = 'if [ "$HOROVOD_RANK" = 1 ]; then kill -9 $$; fi; sleep 5'
     job = [str(BIN / "horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo", "sh", "-c", die]
     proc = run(job, tmp_path)
-    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert proc.returncode == 137, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr + proc.stdout
     assert proc.stderr.splitlines()[-1] == (
         "horovodrun: process 1 exited first, with code 137 (killed by SIGKILL), and ended the "
@@ -116,19 +118,16 @@ def test_a_failed_worker_ends_horovodrun_in_one_line(tmp_path) -> None:
     ), proc.stderr
 
 
-def _patches():
+def _patch_script():
     """scripts/patch_horovod.py's changes to the installed Horovod, imported as a module."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(
-        "patch_horovod", ROOT / "scripts" / "patch_horovod.py"
-    )
+    path = ROOT / "scripts" / "patch_horovod.py"
+    spec = importlib.util.spec_from_file_location("patch_horovod", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-PATCHER = _patches()
+PATCHER = _patch_script()
 
 
 @pytest.mark.parametrize("patch", PATCHER.PATCHES, ids=lambda p: p.module.rsplit(".", 1)[1])
@@ -144,3 +143,43 @@ def test_each_change_applies_once_and_a_foreign_file_is_refused(tmp_path, patch)
     foreign = installed.replace(patch.new, "")
     copy.write_text(foreign)
     assert PATCHER.apply(patch, copy) == 1 and copy.read_text() == foreign
+
+
+def test_a_horovod_patched_by_the_first_ending_is_brought_up_to_date(tmp_path, capsys) -> None:
+    """Change 5 first kept horovodrun's exit code 1; a launch.py it patched then (or Horovod's
+    own) gets the ending with the worker's exit code, once; a third text is refused."""
+    patch = _patch_script()
+    [ending] = [p for p in patch.PATCHES if p.module == "horovod.runner.launch"]
+    path = tmp_path / "launch.py"
+    for before in (ending.old, patch.ENDING_V1):
+        path.write_text(f"import sys\n\n\n{before}\n\nif __name__ == '__main__':\n    pass\n")
+        assert patch.apply(ending, path) == 0
+        text = path.read_text()
+        assert text.count(ending.new) == 1 and "sys.exit(1)" not in text
+        assert patch.apply(ending, path) == 0 and path.read_text() == text
+    path.write_text("def run_commandline():\n    pass\n")
+    assert patch.apply(ending, path) == 1 and "not Horovod 0.28.1's" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("message", "line_starts", "code"),
+    [
+        ("The first process to do so was:\nProcess name: 1\nExit code: 2\n",
+         "horovodrun: process 1 exited first, with code 2, and ended", 2),
+        ("The first process to do so was:\nProcess name: 0\nExit code: 143\n",
+         "horovodrun: process 0 exited first, with code 143 (killed by SIGTERM), and", 143),
+        ("The first process to do so was:\nProcess name: 1\nExit code: -9\n",
+         "horovodrun: process 1 exited first, with code -9 (killed by SIGKILL), and", 137),
+        ("mpirun failed with exit code 2", "horovodrun: mpirun failed with exit code 2;", 2),
+        ("mpirun failed with exit code 300", "horovodrun: mpirun failed with exit code 300;", 1),
+    ],
+    ids=["bad input", "stopped", "signal as -N", "mpirun", "no exit status"],
+)  # fmt: skip
+def test_the_ending_exits_with_the_first_failed_workers_code(message, line_starts, code) -> None:
+    """The patched run_commandline's helper, run on the messages Horovod raises: a signal's
+    negative code becomes 128 + N, as a shell reports it; a code no exit status holds, 1."""
+    scope: dict = {}
+    exec(_patch_script().ENDING_NEW, scope)  # defines run_commandline and its helpers
+    line, got = scope["_failed_job"](message)
+    assert line.startswith(line_starts) and got == code, (line, got)
+    assert scope["_failed_job"]("some other RuntimeError") is None

@@ -13,7 +13,7 @@ import re
 
 import pytest
 import tensorflow as tf
-from harness import PYTHON, QUICKSTART, check, run
+from harness import PYTHON, QUICKSTART, check, run, start_up_lines
 
 from hvd_train.base.errors import ConfigError
 from hvd_train.config import check as check_config
@@ -143,6 +143,7 @@ def test_lr_plot_draws_the_schedule_without_horovod(tmp_path: pathlib.Path) -> N
                       "--set", "optimizer.min_lr_fraction=0.05", "--out", str(out)],
                      cwd=tmp_path, timeout=120))  # fmt: skip
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert start_up_lines(proc.stdout + proc.stderr) == [], proc.stderr  # TensorFlow's own
     assert "2 worker(s), global batch 64, 22 steps/epoch x 12 epochs = 264 steps" in proc.stdout
     assert "first step 0.001, highest 0.002 (step 44), last step " in proc.stdout
     last = float(re.search(r"last step (\S+)", proc.stdout).group(1))

@@ -13,6 +13,11 @@ A rank's one-line failure goes to the stderr it was started with, where launcher
 `HVD_TRAIN_CONSOLE_ALL_RANKS=1` keeps every rank's output on the console (the logs are still
 written, with the header and the lines of the project log and failures only).
 
+TensorFlow prints its C++ start-up lines (oneDNN, CPU features) as it is imported, whatever
+TF_CPP_MIN_LOG_LEVEL says: every command that imports it calls `quiet_tensorflow` first, which
+sends them to the rank's log under a launcher (or drops them where no log is started) and keeps
+them off the console of a process started alone.
+
 Writing a log never stops training: a full disk or a missing folder leaves the output where it
 was. Standard library only.
 """
@@ -20,6 +25,7 @@ was. Standard library only.
 from __future__ import annotations
 
 import os
+import re
 import socket
 import sys
 import tempfile
@@ -40,6 +46,7 @@ class _State:
     log_fd: int | None = None
     path: str | None = None
     reported = False  # this rank's one failure line was printed
+    start_up = ""  # TensorFlow's start-up lines, caught alone (quiet_tensorflow), for the log
 
 
 _s = _State()
@@ -101,12 +108,81 @@ def attach(run_dir: str, rank: int, attempt: str) -> None:
         return
     stamp = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     _write(f"--- {stamp} rank {rank} on {socket.gethostname()}, pid {os.getpid()}, {attempt}\n")
+    _write(_s.start_up)
+    _s.start_up = ""
     if _s.early is not None:
         flush_std()
         _copy_early(_s.log_fd)
         _redirect(_s.log_fd, _fds(rank))
         _s.early.close()
         _s.early = None
+
+
+def quiet_tensorflow(run_dir: str = "", command: str = "") -> None:
+    """Keeps TensorFlow's C++ start-up lines off the console. Call before TensorFlow loads.
+
+    Under a launcher, `hold`s this rank's output, then, given the `command` and the `run_dir`
+    of a run (a training job started there: it has a summary.json), `attach`es its log there
+    (header: the command); without one, what was held is dropped when the process ends (a
+    one-line error or a traceback still reaches the console).
+    Alone, imports TensorFlow with its stderr caught, keeps the start-up lines for a log that
+    `attach` may start (or drops them), and passes the rest on; if the import fails, all of
+    it, and the error is raised. TF_CPP_MIN_LOG_LEVEL=0 leaves a lone process's lines alone.
+    """
+    if launcher_rank() is not None:
+        hold()
+        if command and run_dir and os.path.isfile(os.path.join(run_dir, "summary.json")):
+            attach(run_dir, _s.rank, command)
+        return
+    if "tensorflow" in sys.modules or os.environ.get("TF_CPP_MIN_LOG_LEVEL") == "0":
+        return
+    try:
+        caught = tempfile.TemporaryFile()
+    except OSError:  # nowhere to catch them: TensorFlow prints them as it would
+        return
+    with caught:
+        flush_std()
+        saved = os.dup(2)
+        os.dup2(caught.fileno(), 2)
+        try:
+            import tensorflow  # noqa: F401
+        except BaseException:
+            _to_console(_restore_stderr(saved, caught), end="")  # all of it, then the error
+            raise
+        _s.start_up, rest = _split_start_up(_restore_stderr(saved, caught))
+    _to_console(rest, end="")
+
+
+# What TensorFlow's import prints on its own: the line absl prints before its first record, and
+# INFO records (`I0000 00:00:1795618060.609153    7021 port.cc:153] oneDNN custom ...`) with
+# their continuation lines (cpu_feature_guard's `To enable the following instructions: ...`).
+_ABSL_BANNER = "WARNING: All log messages before absl::InitializeLog() is called"
+_ABSL_RECORD = re.compile(r"[IWEF]\d{4} [\d:.]+ +\d+ [^ \]]+:\d+\] ")
+_PYTHON_WARNING = re.compile(r".+:\d+: \w+: ")
+
+
+def _split_start_up(text: str) -> tuple[str, str]:
+    """(TensorFlow's start-up lines, everything else) of what its import printed: warnings
+    and errors (W, E records) and Python's warnings are not start-up lines."""
+    start_up, rest, in_info = [], [], False
+    for line in text.splitlines(keepends=True):
+        record = _ABSL_RECORD.match(line)
+        if record or line.startswith(_ABSL_BANNER) or _PYTHON_WARNING.match(line):
+            in_info = bool(record) and line.startswith("I")
+            ours = in_info or line.startswith(_ABSL_BANNER)
+        else:
+            ours = in_info  # a continuation line of the record before it
+        (start_up if ours else rest).append(line)
+    return "".join(start_up), "".join(rest)
+
+
+def _restore_stderr(saved: int, caught: Any) -> str:
+    """Points stderr back at `saved` (closed); returns what `caught` received meanwhile."""
+    flush_std()
+    os.dup2(saved, 2)
+    os.close(saved)
+    caught.seek(0)
+    return caught.read().decode(errors="replace")
 
 
 def release(replay: bool = True) -> None:
@@ -246,10 +322,12 @@ def _write(text: str) -> None:
         pass
 
 
-def _to_console(line: str) -> None:
+def _to_console(line: str, end: str = "\n") -> None:
     fd = _s.console if _s.console is not None else 2
+    data = (line + end).encode(errors="replace")
     try:
-        os.write(fd, (line + "\n").encode(errors="replace"))
+        while data:
+            data = data[os.write(fd, data) :]
     except OSError:  # nobody reads the console any more (the launcher died)
         pass
 

@@ -28,6 +28,9 @@ def main(argv: list[str], prog: str) -> int:
     args = p.parse_args(argv)
     if args.shards < 1:
         p.error(f"--shards: expected a value >= 1, got {args.shards}")
+    from hvd_train.base import logs
+
+    logs.quiet_tensorflow()
     from hvd_train.data.tfrecords import convert
 
     convert(args.src, args.dst, args.shards, args.val_dir, args.on_corrupt)

@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import hvd_train
+from hvd_train.base import logs
 from hvd_train.launcher.horovodrun import count_gpus
 from hvd_train.runtime.binding import version_tuple
 
@@ -63,6 +64,7 @@ def gather() -> dict[str, Any]:
 
 def _tensorflow_facts() -> dict[str, Any]:
     try:
+        logs.quiet_tensorflow()  # its start-up lines are not facts (a failed import's output is)
         import tensorflow as tf
     except Exception as e:  # noqa: BLE001 - any failure to import is the finding
         return {"version": None, "error": _one_line(e)}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
+from hvd_train.base import logs
 from hvd_train.config import add_config_arguments, load_config
 from hvd_train.runtime import binding
 
@@ -52,5 +53,6 @@ def main(argv: list[str], prog: str) -> int:
     binding.prepare(cfg.model.keras)  # before TensorFlow loads: what tf.keras means
     out = args.out or os.path.join(cfg.run.dir, EVALUATION_FILE)
     inference.refuse_foreign_json(out)  # before the slow start
+    logs.quiet_tensorflow(cfg.run.dir, "hvd-train evaluate")
     inference.evaluate(cfg, args.model, args.data, out, args.batch_size or cfg.train.batch_size)
     return 0

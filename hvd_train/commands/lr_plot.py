@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from hvd_train.base import logs
 from hvd_train.base.errors import UserError
 from hvd_train.commands.train import parser
 from hvd_train.config import Config
@@ -22,6 +23,7 @@ def main(argv: list[str], prog: str) -> int:
 
     cfg = load_config(args.config, args.overrides)
     binding.prepare(cfg.model.keras)  # before TensorFlow loads: what tf.keras means
+    logs.quiet_tensorflow()
     if args.workers < 1:
         raise UserError(f"--workers: expected a count >= 1, got {args.workers}")
     d = derive(cfg, args.workers, _train_examples(cfg, args.train_examples))

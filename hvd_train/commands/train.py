@@ -38,7 +38,9 @@ def main(argv: list[str], prog: str) -> int:
     # (rank 0 writes summary.json), also during TensorFlow's import: Python's default would
     # end the process without a word.
     signals = stops.installed(cfg)
-    logs.hold()  # a launcher's worker: its output waits for its log in run.dir (logs.py)
+    # A launcher's worker: its output waits for its log in run.dir, which the trainer starts
+    # once run.dir is this job's; alone, TensorFlow's start-up lines are kept for that log.
+    logs.quiet_tensorflow()
     from hvd_train.train.trainer import train
 
     startup.mark("imports")  # TensorFlow, Horovod and the trainer

@@ -120,8 +120,8 @@ def _exit_code(failure: dict[str, Any], stop_signal: int) -> int:
     """The launcher's exit code: 128 + the signal when it passed a stop on (130 for Ctrl-C, 143
     for SIGTERM, as a shell reports a program a signal ended: a script can tell a stop from a
     failure); 2 when the rank that failed first says the user's input is at fault (as a worker
-    alone does); else 1, as horovodrun says any failure (mpirun passes on a killed rank's
-    137, which would read as a stop by SIGKILL)."""
+    alone does); else 1 (horovodrun and mpirun pass on a killed rank's 137, which would read
+    as a stop by SIGKILL)."""
     if stop_signal:
         return 128 + stop_signal
     user = UserError.exit_code
