@@ -16,7 +16,7 @@ import sys
 import time
 from typing import NamedTuple
 
-from hvd_train.runtime.binding import has_keras3
+from hvd_train.runtime.binding import has_keras3, of_saved
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 BIN = pathlib.Path(sys.executable).parent
@@ -26,6 +26,16 @@ QUICKSTART = ROOT / "configs" / "quickstart.yaml"
 # The Kerases this stack trains with (model.keras): Keras 3 and tf_keras on TensorFlow 2.16+,
 # TensorFlow's own Keras 2 alone on 2.15.
 KERASES = ["keras", "tf_keras"] if has_keras3() else ["tf_keras"]
+
+
+def load_model(path: pathlib.Path):
+    """A saved model, loaded by the Keras that wrote it (Keras 3 reads no Keras 2 file, nor the
+    reverse), uncompiled; without hvd_train's own code (the exports load without it)."""
+    if of_saved(str(path)) == "tf_keras" and has_keras3():
+        import tf_keras as keras
+    else:
+        import keras  # Keras 3; TensorFlow 2.15's Keras 2
+    return keras.models.load_model(path, compile=False)
 
 
 def run(

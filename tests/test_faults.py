@@ -8,6 +8,7 @@ import csv
 import json
 import os
 import pathlib
+import re
 import resource
 import signal
 import time
@@ -186,6 +187,36 @@ def test_exception_in_one_rank_ends_the_job_and_the_launcher_names_it(tmp_path) 
     assert "planted failure on rank 1" in reports[0]
     s = summary(d)
     assert s["status"] == "failed" and s["failed_rank"] == 1, s
+
+
+@pytest.mark.stack
+@pytest.mark.parametrize("keras", KERASES)
+def test_an_infinite_gradient_on_one_rank_is_skipped_by_every_rank_under_mixed_float16(
+    tmp_path, keras
+) -> None:
+    """mixed_float16: rank 1's gradients become infinite at step 6 (a float16 overflow in its
+    backward pass; the loss stays finite). The loss scaler must see the averaged gradients, so
+    that every rank skips that step: a rank that skipped alone would leave the others in its
+    next all-reduce (a hang), or the replicas would part. The job completes, and every rank halved
+    its loss scale once and holds the same weights."""
+    out = tmp_path / "out"
+    sets = [f"run.dir={out}", "model.factory=faulty_models:inf_gradient_on_one_rank",
+            "runtime.mixed_precision=mixed_float16", "train.epochs=1", "train.verbose=false",
+            "logging.tensorboard=false", "model.dropout=0", f"model.keras={keras}"]  # fmt: skip
+    proc = check(run(["env", "FAULTY_AFTER_STEPS=5", "horovodrun", "-np", "2", "-H", "localhost:2",
+                      "--gloo", PYTHON, str(WORKERS / "train_and_compare_weights.py"),
+                      str(QUICKSTART), *sets], cwd=WORKERS, timeout=240))  # fmt: skip
+    identical = re.findall(r"rank (\d): weights identical on 2 ranks", proc.stdout)
+    assert sorted(identical) == ["0", "1"], proc.stdout[-3000:]
+    steps = summary(out)["steps_per_epoch"]
+    updates = re.findall(r"rank (\d): iterations (\d+), loss scale (\S+)", proc.stdout)
+    assert sorted(r for r, _, _ in updates) == ["0", "1"], proc.stdout[-3000:]
+    # Keras' dynamic scale starts at 2^15 and doubles only after 2000 finite steps: halved once,
+    # on every rank, each rank saw the same non-finite gradients. Keras 3 counts the updates
+    # made (one fewer than the steps), Keras 2 every step.
+    expected = steps - 1 if keras == "keras" else steps
+    assert {(int(n), float(scale)) for _, n, scale in updates} == {(expected, 2.0**14)}, updates
+    assert summary(out)["status"] == "completed"
 
 
 @pytest.mark.stack

@@ -10,7 +10,18 @@ import re
 import numpy as np
 import pytest
 import yaml
-from harness import BIN, PYTHON, QUICKSTART, ROOT, WORKERS, check, horovodrun, run
+from harness import (
+    BIN,
+    KERASES,
+    PYTHON,
+    QUICKSTART,
+    ROOT,
+    WORKERS,
+    check,
+    horovodrun,
+    load_model,
+    run,
+)
 
 from hvd_train.config import load_config
 from hvd_train.data.pipeline import load_source
@@ -208,11 +219,39 @@ def test_two_workers_at_batch_b_train_like_one_worker_at_2b(tmp_path: pathlib.Pa
     assert "ALLREDUCE" in (tmp_path / "two" / "timeline.json").read_text()
 
 
+@pytest.mark.stack
+@pytest.mark.parametrize("keras", KERASES)
+def test_sync_batch_norm_at_2_workers_trains_like_batch_norm_at_1_on_the_global_batch(
+    tmp_path: pathlib.Path, keras: str
+) -> None:
+    """With `model.sync_batch_norm`, each step's batch statistics are the global batch's: two
+    workers at 32 (float64, as above) end with the weights and moving statistics of one worker
+    at 64 with Keras' own BatchNormalization; local statistics (32 examples each) would part the
+    runs at the first step. On Keras 3 and Keras 2 (each binding has its own layer). The export
+    has plain BatchNormalization again."""
+    factory = f"{WORKERS / 'float64_models.py'}:bn_net_float64"
+    common = ["--config", str(QUICKSTART), "--set", "train.batch_size_mode=global",
+              "--set", "train.batch_size=64", "--set", "train.epochs=2",
+              "--set", "logging.tensorboard=false", "--set", f"model.factory={factory}",
+              "--set", "runtime.intra_op_threads=1", "--set", "train.verbose=false",
+              "--set", f"model.keras={keras}"]  # fmt: skip
+    sync = [*common, "--set", "run.dir=two", "--set", "model.sync_batch_norm=true"]
+    check(horovodrun(2, [PYTHON, "-m", "hvd_train", *sync], tmp_path))
+    check(run([PYTHON, "-m", "hvd_train", *common, "--set", "run.dir=one"], tmp_path))
+    w1, w2 = trained_weights(tmp_path / "one"), trained_weights(tmp_path / "two")
+    assert len(w1) == len(w2) == 12  # 2 x (conv kernel, BN gamma, beta, moving mean, var) + dense
+    for a, b in zip(w1, w2, strict=True):
+        assert np.abs(b - a).max() <= FLOAT64_WEIGHTS_REL * np.abs(a).max(), (a.shape, b - a)
+    exported = load_model(tmp_path / "two" / "model.keras")
+    kinds = {
+        type(layer).__name__ for layer in exported.layers if "Normalization" in type(layer).__name__
+    }
+    assert kinds == {"BatchNormalization"}, kinds
+
+
 def trained_weights(run_dir: pathlib.Path) -> list[np.ndarray]:
     """The weights of the run's exported model.keras."""
-    import tensorflow as tf
-
-    return tf.keras.models.load_model(run_dir / "model.keras").get_weights()
+    return load_model(run_dir / "model.keras").get_weights()
 
 
 @pytest.mark.stack

@@ -293,7 +293,12 @@ _STREAM_STRIDE = 0x9E3779B9
 
 
 def save_plain(model: Any, path: str) -> None:
-    """Writes `model` (a plain clone: no optimizer) to `path` (.keras)."""
+    """Writes `model`, a plain clone, to `path` (.keras) without an optimizer: Keras 3's
+    clone_model compiles the copy as its original was (the distributed optimizer, the
+    schedule), and a model saved compiled needs them to load. The clone is the caller's own, so
+    its compile state is dropped here."""
+    if model.compiled:
+        model.compiled, model.optimizer = False, None
     model.save(path)
 
 
@@ -327,15 +332,15 @@ class SyncBatchNormalization(keras.layers.BatchNormalization):
         mean, variance = super()._moments(inputs, mask)
         if hvd_tf.size() == 1:
             return mean, variance
-        # The moments in float32 at least (mixed precision computes BN in float32 too).
-        dtype = mean.dtype
-        stacked = tf.stack(
-            [tf.cast(mean, tf.float32), tf.cast(variance + tf.square(mean), tf.float32)]
-        )
+        # Summed in float32 at least: under mixed_float16 the moments are float16.
+        dtype = tf.as_dtype(mean.dtype)
+        wide = tf.float64 if dtype == tf.float64 else tf.float32
+        mean, variance = tf.cast(mean, wide), tf.cast(variance, wide)
+        stacked = tf.stack([mean, variance + tf.square(mean)])
         total = hvd_tf.allreduce(stacked, op=hvd_tf.Sum) / hvd_tf.size()
         global_mean, mean_of_square = tf.unstack(total)
-        return (tf.cast(global_mean, dtype),
-                tf.cast(mean_of_square - tf.square(global_mean), dtype))  # fmt: skip
+        global_variance = mean_of_square - tf.square(global_mean)
+        return tf.cast(global_mean, dtype), tf.cast(global_variance, dtype)
 
 
 # --------------------------------------------------------------------------- Horovod Elastic

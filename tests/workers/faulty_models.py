@@ -38,11 +38,24 @@ class _Trap(tf.keras.layers.Layer):
         fire = tf.logical_and(n > self.after, self.armed)
         if self.mode == "nan":
             return x * tf.where(fire, float("nan"), 1.0)
+        if self.mode == "inf_grad":  # once: the forward pass is untouched, the loss finite
+            return _inf_gradient(x, tf.logical_and(n == self.after + 1, self.armed))
         ok = tf.debugging.Assert(
             tf.logical_not(fire), [f"planted failure on rank {FAULTY_RANK}", n]
         )
         with tf.control_dependencies([ok]):
             return tf.identity(x)
+
+
+@tf.custom_gradient
+def _inf_gradient(x, fire):
+    """`x`, whose gradient is infinite where `fire` (what a float16 overflow in the backward
+    pass gives a mixed_float16 step: a finite loss, infinite gradients on one rank)."""
+
+    def grad(dy):
+        return dy * tf.cast(tf.where(fire, float("inf"), 1.0), dy.dtype), None
+
+    return tf.identity(x), grad
 
 
 def _trapped(cfg, mode: str) -> tf.keras.Model:
@@ -58,3 +71,7 @@ def nan_on_one_rank(cfg) -> tf.keras.Model:
 
 def error_on_one_rank(cfg) -> tf.keras.Model:
     return _trapped(cfg, "error")
+
+
+def inf_gradient_on_one_rank(cfg) -> tf.keras.Model:
+    return _trapped(cfg, "inf_grad")

@@ -21,3 +21,20 @@ def convnet7_float64(cfg, input_shape, num_classes) -> tf.keras.Model:
         return type(layer).from_config({**layer.get_config(), "dtype": "float64"})
 
     return tf.keras.models.clone_model(model, clone_function=in_float64)
+
+
+def bn_net_float64(cfg, input_shape, num_classes) -> tf.keras.Model:
+    """A small convnet with a BatchNormalization after each convolution, in float64: batch
+    statistics decide its every step, so sync batch norm across workers shows at once."""
+    keras = tf.keras
+    x = inputs = keras.Input(input_shape, dtype="float64")
+    if len(input_shape) == 2:
+        x = keras.layers.Reshape((*input_shape, 1), dtype="float64")(x)
+    for width in (8, 16):
+        # No bias: the batch norm after it subtracts the mean, so a bias would get no gradient.
+        x = keras.layers.Conv2D(width, 3, padding="same", use_bias=False, dtype="float64")(x)
+        x = keras.layers.BatchNormalization(dtype="float64")(x)
+        x = keras.layers.Activation("relu", dtype="float64")(x)
+    x = keras.layers.Flatten(dtype="float64")(x)
+    outputs = keras.layers.Dense(num_classes, activation="softmax", dtype="float64")(x)
+    return keras.Model(inputs, outputs)

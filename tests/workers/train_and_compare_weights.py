@@ -9,13 +9,24 @@ import sys
 import numpy as np
 
 from hvd_train.config import load_config
-from hvd_train.runtime import distributed
-from hvd_train.train.trainer import train
+from hvd_train.runtime import binding
 
-model, summary = train(load_config(sys.argv[1], sys.argv[2:]))
+cfg = load_config(sys.argv[1], sys.argv[2:])
+binding.prepare(cfg.model.keras)  # before TensorFlow is imported, as `hvd-train train` does
+from hvd_train.runtime import distributed  # noqa: E402 - TensorFlow from here on
+from hvd_train.train.trainer import train  # noqa: E402
+
+model, summary = train(cfg)
 flat = np.concatenate([w.ravel() for w in model.get_weights()])
 digest = hashlib.sha256(flat.tobytes()).hexdigest()
 digests = distributed.allgather_object(digest, name="weights_digest")
 assert len(set(digests)) == 1, f"rank {distributed.rank()}: weights differ across ranks: {digests}"
 assert summary["status"] == "completed", summary
 print(f"rank {distributed.rank()}: weights identical on {len(digests)} ranks: {digest[:16]}")
+# The updates the optimizer made (a step the loss scaler skipped makes none), and the scale.
+optimizer = model.optimizer
+scale = getattr(optimizer, "dynamic_scale", getattr(optimizer, "loss_scale", None))
+print(
+    f"rank {distributed.rank()}: iterations {int(optimizer.iterations.numpy())}, "
+    f"loss scale {None if scale is None else float(np.asarray(scale))}"
+)
