@@ -18,11 +18,14 @@ demo: install
 	$(VENV)/bin/hvd-train launch --np $(NP) --gloo --config configs/quickstart.yaml
 	@echo "Results: runs/quickstart (summary.json, metrics.csv, config.yaml, model.keras, tensorboard/, logs/)"
 
-# The multi-node launch tests start private ssh servers: the install adds openssh-server.
+# The multi-node launch tests start private ssh servers: the install adds openssh-server. The
+# KerasHub test (tests/test_kerashub.py) needs keras-hub: the install adds it on the stacks with
+# Keras 3 (2.16+; HVD_TRAIN_KERAS_HUB=0 leaves it out), TensorFlow staying one wheel.
 # Two test files at a time (pytest-xdist; a file's tests stay together, so a fixture that trains
 # once serves the whole file): most of a job's time is start-up and waiting, which leaves a core
 # idle. The end of the output: the 30 slowest tests, then the time, processes and jobs of each file.
 test: export HVD_TRAIN_WITH_SSHD = 1
+test: export HVD_TRAIN_KERAS_HUB ?= $(if $(filter 2.15,$(HVD_TRAIN_TF)),0,1)
 test: install
 	$(PY) -m pytest -q -ra --durations=30 -n 2 --dist loadfile tests
 

@@ -7,6 +7,8 @@
 #   HVD_TRAIN_DEVICE=gpu scripts/install.sh   # force the CUDA build (Docker GPU image)
 #   HVD_TRAIN_TF=2.15 scripts/install.sh      # TensorFlow 2.15.1 in .venv-tf2.15
 #                                             # (2.21, 2.20, 2.19, 2.18, 2.15: scripts/stack.sh)
+#   HVD_TRAIN_KERAS_HUB=1 scripts/install.sh  # also KerasHub, for Keras 3 models built from
+#                                             # its classes (TensorFlow 2.16+; `make test` sets it)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -219,5 +221,31 @@ if ! grep -q '\[X\] TensorFlow' "$check"; then
   die "Horovod was built without TensorFlow support; remove $VENV and run again"
 fi
 ops=$(sed -n '/Tensor Operations/,$p' "$check" | grep -o '\[X\] [A-Za-z]*' | cut -c5- | tr '\n' ' ' | sed 's/ $//')
+
+# --- optional: KerasHub (HVD_TRAIN_KERAS_HUB=1), keeping TensorFlow one wheel ---
+# keras-hub's own requirements would install tensorflow-text, which requires the `tensorflow`
+# wheel: a second TensorFlow beside tensorflow-cpu (and numpy 2). --no-deps, and exactly what
+# `import keras_hub` needs beyond what Keras 3 brings: regex and tokenizers. Left out: what its
+# text models (tensorflow-text, sentencepiece) and hub presets (kagglehub, kagglesdk; hvd_train
+# downloads nothing) need, and tokenizers' huggingface-hub, which only its downloads import.
+KERAS_HUB_REQS="keras-hub==0.32.0 regex==2026.11.19 tokenizers==0.23.3"
+hub_what=""
+if [ "${HVD_TRAIN_KERAS_HUB:-0}" = 1 ]; then
+  keras3=$("$VENV/bin/python" -c 'from importlib.metadata import version; v = version("keras"); print(v if tuple(map(int, v.split(".")[:2])) >= (3, 15) else "")' 2>/dev/null || true)
+  [ -n "$keras3" ] || die "HVD_TRAIN_KERAS_HUB=1: keras-hub 0.32.0 needs Keras 3.15 or later, and TensorFlow $TF_VERSION brings $keras_what; choose a TensorFlow 2.16+ stack (HVD_TRAIN_TF=2.21)"
+  # shellcheck disable=SC2086  # a list of requirements
+  if ! have $KERAS_HUB_REQS; then
+    say "installing ${KERAS_HUB_REQS// /, } (--no-deps: TensorFlow stays $tf_pkg alone)"; changed=1
+    pip install -q --no-deps $KERAS_HUB_REQS
+    TF_CPP_MIN_LOG_LEVEL=3 "$VENV/bin/python" -c 'import keras_hub' >> "$LOG" 2>&1 \
+      || die "keras_hub does not import (full output: $LOG)"
+  fi
+  tf_wheels=$("$VENV/bin/python" -c 'from importlib import metadata
+names = {d.metadata["Name"].lower().replace("_", "-") for d in metadata.distributions()}
+print(" ".join(sorted(names & {"tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tensorflow-intel"})))')
+  [ "$tf_wheels" = "$tf_pkg" ] \
+    || die "TensorFlow should be one wheel, $tf_pkg; $VENV has: $tf_wheels. Remove $VENV and run again"
+  hub_what="; keras-hub 0.32.0"
+fi
 [ "$changed" = 1 ] && what="installed" || what="nothing to install"
-say "$what: horovod $HOROVOD_VERSION with TensorFlow $TF_VERSION and $keras_what ($device) in $VENV; tensor operations: $ops"
+say "$what: horovod $HOROVOD_VERSION with TensorFlow $TF_VERSION and $keras_what ($device) in $VENV; tensor operations: $ops$hub_what"

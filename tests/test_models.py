@@ -19,7 +19,8 @@ from harness import PYTHON, ROOT, WORKERS, check, horovodrun, run
 from hvd_train.base.errors import ConfigError
 from hvd_train.config import check as check_config
 from hvd_train.config import load_config
-from hvd_train.train.models import application, build_model, input_adapter
+from hvd_train.runtime import binding
+from hvd_train.train.models import application, build_model, input_adapter, plain_clone
 
 EXAMPLE = ROOT / "examples" / "my_model.yaml"
 TINY = ["data.source=synthetic", "data.image_size=[32, 32]", "data.train_examples=16",
@@ -148,6 +149,41 @@ def _randomise(model: tf.keras.Model, seed: int) -> None:
         np.abs(rng.normal(1, 0.1, w.shape)) if "variance" in v.name else rng.normal(0, 0.1, w.shape)
         for v, w in zip(model.weights, model.get_weights(), strict=True)
     ])  # fmt: skip
+
+
+@pytest.mark.skipif(not binding.has_keras3(), reason="Keras 3 (TensorFlow 2.16+)")
+def test_the_export_copy_keeps_a_functional_models_own_class_where_its_config_rebuilds_it():
+    """A functional model of a class of its own (as KerasHub's tasks are) is copied in its class,
+    with its weights; one whose class its config cannot rebuild (it would not load from its file
+    either) becomes a plain Functional of the same layers, as `clone_model` makes it."""
+    import keras
+
+    class Tagged(keras.Model):
+        def __init__(self, units: int = 3, **kwargs):
+            inputs = keras.Input((4,))
+            super().__init__(inputs, keras.layers.Dense(units)(inputs), **kwargs)
+            self.units = units
+
+        def get_config(self) -> dict:
+            return {"units": self.units, "name": self.name}
+
+        @classmethod
+        def from_config(cls, config: dict) -> Tagged:
+            return cls(**config)
+
+    class Bare(keras.Model):
+        def __init__(self):
+            inputs = keras.Input((4,))
+            super().__init__(inputs, keras.layers.Dense(2)(inputs))
+
+    x = np.random.default_rng(0).random((5, 4), dtype=np.float32)
+    with binding.activated(binding.KERAS3):
+        for model, kind in ((Tagged(units=3), Tagged), (Bare(), keras.Model)):
+            _randomise(model, seed=1)
+            copy = plain_clone(model)
+            assert type(copy).__name__ == ("Tagged" if kind is Tagged else "Functional")
+            assert isinstance(copy, kind) and copy is not model
+            np.testing.assert_array_equal(copy(x), model(x))
 
 
 def test_pretrained_weights_file_loads_and_predictions_match(tmp_path) -> None:

@@ -30,7 +30,8 @@ def export_plain_model(model: Model, path: str) -> str:
     The file loads with the Keras that trained the model (`keras.models.load_model(path)`: Keras
     3, or the stack's Keras 2: `tf.keras` on TensorFlow 2.15, `tf_keras` on 2.16+) where neither
     Horovod nor hvd_train is installed. A functional or sequential model is cloned and saved as
-    `.keras`; a subclassed model, which cannot be cloned, is saved by Keras 3 as `.keras` too,
+    `.keras` (one of a class of its own, a KerasHub task, keeps its class: `plain_clone`); a
+    subclassed model, which cannot be cloned, is saved by Keras 3 as `.keras` too,
     by Keras 2 as a SavedModel folder (`path` without `.keras`). A crash during the write leaves
     any previous file at `path` as it was. Returns the path written.
 

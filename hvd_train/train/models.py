@@ -15,7 +15,7 @@ import importlib.util
 import inspect
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -383,14 +383,49 @@ def to_sync_batch_norm(model: Model) -> Model:
 def plain_clone(model: Model) -> Model:
     """A copy of `model` (same weights) with the binding's SyncBatchNormalization layers
     turned back into Keras' BatchNormalization, so it loads without Horovod or hvd_train.
-    Raises ValueError for a subclassed model, as `keras.models.clone_model` does."""
+
+    A functional model of a class of its own (a KerasHub task such as ImageClassifier) keeps
+    its class (`_in_its_own_class`). Raises ValueError for a subclassed model, as
+    `keras.models.clone_model` does."""
     active = binding.active()
     plain, sync = active.keras.layers.BatchNormalization, active.SyncBatchNormalization
+    own = _in_its_own_class(model, sync)
+    if own is not None:
+        return own
 
     def swap(layer: Any) -> Any:
         return plain.from_config(layer.get_config()) if isinstance(layer, sync) else None
 
     return _clone_swapping(model, swap)
+
+
+def _in_its_own_class(model: Model, sync: type) -> Model | None:
+    """A functional model whose class is not Keras' own (a KerasHub task: its `backbone`,
+    `preprocessor` and `from_preset` come with it), rebuilt from its config as `load_model`
+    rebuilds it, with its weights. `clone_model` would give a plain Functional of the same
+    layers (Keras' cloning says that this "may be incorrect"). None for Keras' own classes, a
+    subclassed model, one that holds SyncBatchNormalization (which only the clone swaps back),
+    or a class that cannot be rebuilt from its config (it would not load from its file either).
+    """
+    cls = type(model)
+    functional = any(c.__name__ == "Functional" for c in cls.__mro__)
+    if not functional or cls.__module__.split(".")[0] in ("keras", "tf_keras"):
+        return None
+    if any(isinstance(layer, sync) for layer in _nested_layers(model)):
+        return None
+    try:
+        copy = cls.from_config(model.get_config())
+        copy.set_weights(model.get_weights())
+    except (TypeError, ValueError, NotImplementedError):
+        return None
+    return copy
+
+
+def _nested_layers(model: Model) -> Iterator[Any]:
+    for layer in model.layers:
+        yield layer
+        if hasattr(layer, "layers"):
+            yield from _nested_layers(layer)
 
 
 def _rename(layer: Any, name: str) -> None:
