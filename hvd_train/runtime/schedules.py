@@ -129,8 +129,10 @@ class WarmupScaledMath:
 
 
 @functools.cache
-def _schedule_class(keras: ModuleType) -> type:
-    """WarmupScaled as `keras`'s LearningRateSchedule, registered for (de)serialization."""
+def schedule_class(keras: ModuleType) -> type:
+    """WarmupScaled as `keras`'s LearningRateSchedule, registered for (de)serialization: a
+    saved optimizer that holds one loads once this has run (runtime/keras3.py runs it at
+    import)."""
     cls = type(
         "WarmupScaled",
         (WarmupScaledMath, keras.optimizers.schedules.LearningRateSchedule),
@@ -142,7 +144,7 @@ def _schedule_class(keras: ModuleType) -> type:
 def warmup_scaled(keras: ModuleType | None, *args: Any, **kwargs: Any) -> WarmupScaledMath:
     """A WarmupScaled schedule (arguments: WarmupScaledMath) for `keras` (the active Keras when
     None)."""
-    return _schedule_class(keras or binding.keras())(*args, **kwargs)
+    return schedule_class(keras or binding.keras())(*args, **kwargs)
 
 
 def lr_multiplier(optimizer: Any) -> tf.Variable | None:
