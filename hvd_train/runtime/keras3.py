@@ -155,7 +155,9 @@ def DistributedOptimizer(  # noqa: N802 - a class to its caller, as Horovod's
     Args:
         optimizer: a Keras 3 optimizer, or a `LossScaleOptimizer` around one (mixed_float16:
             then the average comes before the loss scaler's finiteness check, so every rank
-            skips the same steps, and none waits alone in an all-reduce).
+            skips the same steps, and none waits alone in an all-reduce). Under the global
+            policy mixed_float16, a plain optimizer is put in a LossScaleOptimizer first, as
+            `compile` would otherwise do around the distributed one.
         fp16: send the gradients as float16 (half the bytes). Defaults to False.
         accumulation: batches whose gradients are summed locally per all-reduce and update.
             Defaults to 1.
@@ -165,6 +167,12 @@ def DistributedOptimizer(  # noqa: N802 - a class to its caller, as Horovod's
             "DistributedOptimizer: wrap the optimizer before it is built (before compile's "
             "first step or optimizer.build)"
         )
+    if keras.mixed_precision.global_policy().name == "mixed_float16" and not isinstance(
+        optimizer, keras.optimizers.LossScaleOptimizer
+    ):
+        # Outside, compile's LossScaleOptimizer would check each rank's own gradients: one
+        # rank would skip a step that the others take into an all-reduce, and the job hang.
+        optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
     copy = _averaging_class(type(optimizer)).from_config(optimizer.get_config())
     copy._hvd_fp16, copy._hvd_accumulation = fp16, int(accumulation)
     return copy
