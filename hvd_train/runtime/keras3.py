@@ -306,7 +306,7 @@ def warmup(
     """A learning-rate schedule for your optimizer: `base_lr` (the rate for one worker's batch)
     scaled linearly by the worker count, reached by a linear warm-up over `warmup_steps`, then
     `decay`. Stepped per batch by the optimizer itself (`optimizer.learning_rate` reads the
-    current rate), so a resumed optimizer continues it.
+    rate of its next step), so a resumed optimizer continues it.
 
     Args (all but `base_lr` by keyword):
         base_lr: the rate for one worker.
