@@ -140,6 +140,11 @@ def metric_average_callback() -> Any:
     return hvd.callbacks.MetricAverageCallback()
 
 
+def last_learning_rate(optimizer: Any) -> float:
+    """The rate the optimizer's last step used (Keras 2 keeps it as `learning_rate`)."""
+    return float(optimizer.learning_rate)
+
+
 def per_example_loss(from_logits: bool) -> Any:
     """The sparse categorical cross-entropy of each example (no reduction)."""
     return keras.losses.SparseCategoricalCrossentropy(

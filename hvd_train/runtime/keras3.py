@@ -4,8 +4,8 @@ Horovod's TensorFlow ops.
 Horovod's own Keras API cannot train Keras 3: its callbacks and its DistributedGradientTape call
 `.ref()` on Keras 3 variables, which have none (horovod#4290), and its DistributedOptimizer
 wraps Keras 2's optimizer API. So the pieces are written here on `horovod.tensorflow`'s
-all-reduce and broadcast, and are public for users' own `model.fit` scripts (docs/models.md,
-examples/keras3_fit.py):
+all-reduce and broadcast. `hvd_train/keras3.py` makes them public for users' own `model.fit`
+scripts (docs/models.md, examples/keras3_fit.py):
 
 - `DistributedOptimizer(optimizer)`: the same optimizer class (name, module, config), whose
   `apply` averages the gradients over the workers first, so clipping, weight decay and the
@@ -27,6 +27,8 @@ which XLA cannot do with this Horovod: hvd_train always passes it explicitly.
 from __future__ import annotations
 
 import functools
+import os
+import warnings
 from typing import Any
 
 import horovod.tensorflow as hvd_tf
@@ -35,11 +37,14 @@ import numpy as np
 import tensorflow as tf
 from horovod.common.elastic import ObjectState
 
-from hvd_train.runtime import binding
-from hvd_train.runtime.schedules import warmup_scaled
+from hvd_train.runtime import binding, distributed, tuning
+from hvd_train.runtime.schedules import schedule_class, warmup_scaled
 
 NAME = binding.KERAS3
 keras = keras  # the binding's Keras, as keras2.keras
+# Registered now, not at the first `warmup`: `load_model` of a file whose optimizer holds the
+# schedule (a user's `model.save`) then works wherever this module is imported.
+WarmupScaled = schedule_class(keras)
 
 
 def describe() -> str:
@@ -55,6 +60,21 @@ def seed(value: int) -> None:
 def set_precision(policy: str) -> None:
     """The global dtype policy the layers built from now on take."""
     keras.mixed_precision.set_global_policy(policy)
+
+
+def init() -> None:
+    """Starts Horovod (`horovod.tensorflow.init`) and gives this worker its device: on a host
+    with GPUs, the one its local rank names (memory growth on), as Horovod's own recipe does;
+    on a host without, TensorFlow's thread pools sized to this worker's share of the cores.
+    A user script's first call, before TensorFlow runs anything (hvd_train's trainer starts
+    Horovod with its config's knobs instead: runtime/distributed.py)."""
+    hvd_tf.init()
+    try:
+        distributed.configure_devices(0, 0)
+    except RuntimeError as e:  # TensorFlow's "cannot be modified after initialization"
+        raise RuntimeError(
+            f"init() must come before TensorFlow runs anything (a model, a tensor): {e}"
+        ) from None
 
 
 # --------------------------------------------------------------------------- the optimizer
@@ -135,7 +155,9 @@ def DistributedOptimizer(  # noqa: N802 - a class to its caller, as Horovod's
     Args:
         optimizer: a Keras 3 optimizer, or a `LossScaleOptimizer` around one (mixed_float16:
             then the average comes before the loss scaler's finiteness check, so every rank
-            skips the same steps, and none waits alone in an all-reduce).
+            skips the same steps, and none waits alone in an all-reduce). Under the global
+            policy mixed_float16, a plain optimizer is put in a LossScaleOptimizer first, as
+            `compile` would otherwise do around the distributed one.
         fp16: send the gradients as float16 (half the bytes). Defaults to False.
         accumulation: batches whose gradients are summed locally per all-reduce and update.
             Defaults to 1.
@@ -145,6 +167,12 @@ def DistributedOptimizer(  # noqa: N802 - a class to its caller, as Horovod's
             "DistributedOptimizer: wrap the optimizer before it is built (before compile's "
             "first step or optimizer.build)"
         )
+    if keras.mixed_precision.global_policy().name == "mixed_float16" and not isinstance(
+        optimizer, keras.optimizers.LossScaleOptimizer
+    ):
+        # Outside, compile's LossScaleOptimizer would check each rank's own gradients: one
+        # rank would skip a step that the others take into an all-reduce, and the job hang.
+        optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
     copy = _averaging_class(type(optimizer)).from_config(optimizer.get_config())
     copy._hvd_fp16, copy._hvd_accumulation = fp16, int(accumulation)
     return copy
@@ -200,13 +228,40 @@ class BroadcastInitialState(keras.callbacks.Callback):
     replica starts from the same point (put it first in the callbacks of `fit`).
 
     The optimizer is built first, on the model's trainable variables, so that its slots exist
-    on every rank before they are broadcast.
+    on every rank before they are broadcast. The dropout layers' seed states are not broadcast:
+    each rank draws its own masks. A `jit_compile` that would compile Horovod's all-reduce with
+    XLA, which this Horovod cannot, is turned off with a warning.
     """
 
     def on_train_begin(self, logs: dict | None = None) -> None:
+        _no_xla_around_the_all_reduce(self.model)
         if not self.model.optimizer.built:
             self.model.optimizer.build(self.model.trainable_variables)
         broadcast_model(self.model)
+
+
+def _no_xla_around_the_all_reduce(model: Any) -> None:
+    """Turns off a `jit_compile` that would compile Horovod's all-reduce with XLA, which fails
+    at the first step in a Horovod without XLA ops (every CPU build; the CUDA builds for
+    TensorFlow 2.19+: runtime/tuning.py), and makes `fit` trace its step again. `compile`'s
+    default, "auto", means XLA on a GPU. At one worker nothing is all-reduced."""
+    if hvd_tf.size() == 1 or not model.jit_compile or _xla_all_reduce():
+        return
+    warnings.warn(
+        "hvd_train.keras3: jit_compile turned off: XLA cannot compile Horovod's all-reduce in "
+        "this build; pass jit_compile=False to compile()",
+        stacklevel=2,
+    )
+    model.jit_compile = False
+    model.make_train_function(force=True)
+
+
+def _xla_all_reduce() -> bool:
+    """Whether Horovod can all-reduce inside XLA here: on a GPU, its XLA ops built and enabled
+    at init (HOROVOD_ENABLE_XLA_OPS=1, which hvd_train's trainer sets where they are)."""
+    gpu = bool(tf.config.list_physical_devices("GPU"))
+    enabled = os.environ.get("HOROVOD_ENABLE_XLA_OPS") == "1"
+    return enabled and tuning.whole_step_xla(gpu, tuning.horovod_has_xla_ops())
 
 
 def broadcast_callback() -> Any:
@@ -215,8 +270,9 @@ def broadcast_callback() -> Any:
 
 class MetricAverage(keras.callbacks.Callback):
     """Averages every number in the epoch's logs over the workers (one all-reduce, float64),
-    so each worker's EarlyStopping, checkpoint and console see the same values. All workers
-    run the same number of equal batches, so the mean of the workers' means is exact."""
+    so each worker's EarlyStopping, checkpoint, History and console see the same values. Put it
+    after `BroadcastInitialState` and before the callbacks that read metrics. When all workers
+    run the same number of equal batches, the mean of the workers' means is exact."""
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         if logs is None or hvd_tf.size() == 1:
@@ -238,28 +294,54 @@ def metric_average_callback() -> Any:
 
 # --------------------------------------------------------------------------- the learning rate
 
+# The decays `warmup` offers: the others need arguments it does not take (the trainer's config
+# gives them: schedules.learning_rate_schedule).
+WARMUP_DECAYS = ("constant", "cosine", "warmup_decay")
+
 
 def warmup(
-    base_lr: float, workers: int | None = None, warmup_steps: int = 0, decay: str = "constant",
-    total_steps: int = 0,
+    base_lr: float, *, warmup_steps: int = 0, workers: int | None = None,
+    decay: str = "constant", total_steps: int = 0,
 ) -> Any:  # fmt: skip
     """A learning-rate schedule for your optimizer: `base_lr` (the rate for one worker's batch)
     scaled linearly by the worker count, reached by a linear warm-up over `warmup_steps`, then
-    `decay` ("constant", "cosine", "warmup_decay" to 0 at `total_steps`). Stepped per batch by
-    the optimizer itself, so a resumed optimizer continues it.
+    `decay`. Stepped per batch by the optimizer itself (`optimizer.learning_rate` reads the
+    rate of its next step), so a resumed optimizer continues it.
 
-    Args:
+    Args (all but `base_lr` by keyword):
         base_lr: the rate for one worker.
-        workers: the worker count; defaults to Horovod's size.
         warmup_steps: batches over which the rate ramps from `base_lr` to the scaled rate.
-        decay: what follows the warm-up. Defaults to "constant".
-        total_steps: the run's batches (for the decays that end at the run's end).
+            Defaults to 0 (the scaled rate from the first step).
+        workers: the worker count. Defaults to Horovod's size (after `init()`).
+        decay: what follows the warm-up: "constant", or "cosine" or "warmup_decay" (a straight
+            line) down to 0 at `total_steps`. Defaults to "constant".
+        total_steps: the run's batches, for the decays that end at the run's end.
+
+    Raises:
+        ValueError: another `decay`, or a decay to 0 without `total_steps` after the warm-up.
     """
+    if decay not in WARMUP_DECAYS:
+        raise ValueError(f"warmup: decay must be one of {WARMUP_DECAYS}; received: decay={decay!r}")
+    if decay != "constant" and total_steps <= warmup_steps:
+        raise ValueError(
+            f"warmup: decay={decay!r} ends at total_steps, which must come after the warm-up; "
+            f"received: total_steps={total_steps}, warmup_steps={warmup_steps}"
+        )
     n = hvd_tf.size() if workers is None else workers
     return warmup_scaled(keras, base_lr, base_lr * n, warmup_steps, decay, total_steps)
 
 
 # --------------------------------------------------------------------------- the rest
+
+
+def last_learning_rate(optimizer: Any) -> float:
+    """The rate the optimizer's last step used: Keras 3's `learning_rate` is its schedule at
+    the step counter, which is the next step's rate."""
+    inner = inner_optimizer(optimizer)
+    schedule = inner._learning_rate
+    if isinstance(schedule, keras.optimizers.schedules.LearningRateSchedule):
+        return float(schedule(max(int(inner.iterations.numpy()) - 1, 0)))
+    return float(inner.learning_rate)
 
 
 def per_example_loss(from_logits: bool) -> Any:
@@ -293,12 +375,7 @@ _STREAM_STRIDE = 0x9E3779B9
 
 
 def save_plain(model: Any, path: str) -> None:
-    """Writes `model`, a plain clone, to `path` (.keras) without an optimizer: Keras 3's
-    clone_model compiles the copy as its original was (the distributed optimizer, the
-    schedule), and a model saved compiled needs them to load. The clone is the caller's own, so
-    its compile state is dropped here."""
-    if model.compiled:
-        model.compiled, model.optimizer = False, None
+    """Writes `model` (a plain clone: uncompiled, no optimizer) to `path` (.keras)."""
     model.save(path)
 
 
@@ -325,7 +402,8 @@ class SyncBatchNormalization(keras.layers.BatchNormalization):
     step. Keras' own `synchronized=True` synchronises only under tf.distribute: under Horovod it
     would be silently local.
 
-    Exported models get plain BatchNormalization back (`plain_layer`).
+    Exported models get plain BatchNormalization back (`train.models.plain_clone`, which
+    `hvd_train.keras3.plain_model` is).
     """
 
     def _moments(self, inputs: Any, mask: Any) -> Any:

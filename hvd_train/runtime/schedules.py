@@ -129,8 +129,10 @@ class WarmupScaledMath:
 
 
 @functools.cache
-def _schedule_class(keras: ModuleType) -> type:
-    """WarmupScaled as `keras`'s LearningRateSchedule, registered for (de)serialization."""
+def schedule_class(keras: ModuleType) -> type:
+    """WarmupScaled as `keras`'s LearningRateSchedule, registered for (de)serialization: a
+    saved optimizer that holds one loads once this has run (runtime/keras3.py runs it at
+    import)."""
     cls = type(
         "WarmupScaled",
         (WarmupScaledMath, keras.optimizers.schedules.LearningRateSchedule),
@@ -142,7 +144,7 @@ def _schedule_class(keras: ModuleType) -> type:
 def warmup_scaled(keras: ModuleType | None, *args: Any, **kwargs: Any) -> WarmupScaledMath:
     """A WarmupScaled schedule (arguments: WarmupScaledMath) for `keras` (the active Keras when
     None)."""
-    return _schedule_class(keras or binding.keras())(*args, **kwargs)
+    return schedule_class(keras or binding.keras())(*args, **kwargs)
 
 
 def lr_multiplier(optimizer: Any) -> tf.Variable | None:
@@ -155,12 +157,16 @@ def lr_multiplier(optimizer: Any) -> tf.Variable | None:
 def learning_rate_schedule(cfg: Config, plan: Derived) -> WarmupScaledMath:
     """The schedule the run follows: `optimizer.schedule` after the warm-up, both on the rates
     and steps `derive` computed for this worker count, for the active Keras."""
+    return warmup_scaled(None, **schedule_arguments(cfg, plan))
+
+
+def schedule_arguments(cfg: Config, plan: Derived) -> dict[str, Any]:
+    """WarmupScaledMath's arguments for the run's schedule (see `learning_rate_schedule`)."""
     o, spe = cfg.optimizer, plan.steps_per_epoch
-    return warmup_scaled(
-        None,
-        plan.base_lr,
-        plan.scaled_lr,
-        plan.warmup_steps,
+    return dict(
+        base_lr=plan.base_lr,
+        scaled_lr=plan.scaled_lr,
+        warmup_steps=plan.warmup_steps,
         decay=o.schedule,
         total_steps=cfg.train.epochs * spe,
         boundaries=[b * spe for b in o.step_boundaries_epochs],
@@ -184,7 +190,8 @@ def plot(cfg: Config, plan: Derived, out: str) -> list[float]:
     import matplotlib.pyplot as plt
 
     total = cfg.train.epochs * plan.steps_per_epoch
-    values = rates(learning_rate_schedule(cfg, plan), total)
+    # The schedule's rates alone: no Keras, no Horovod (lr-plot imports neither).
+    values = rates(WarmupScaledMath(**schedule_arguments(cfg, plan)), total)
     epochs = [s / plan.steps_per_epoch for s in range(total)]
     fig, ax = plt.subplots(figsize=(8, 4))
     ax.plot(epochs, values)

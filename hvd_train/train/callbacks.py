@@ -85,8 +85,9 @@ class EpochStats(Callback):
         logs["epoch_examples"] = self.params["steps"] * self.global_batch
         logs["epoch_time_s"] = seconds
         logs["examples_per_sec"] = logs["epoch_examples"] / seconds
-        # Keras reports, for a schedule, the rate its last apply_gradients used.
-        logs["learning_rate"] = float(self.model.optimizer.learning_rate)
+        # The rate the epoch's last step used (for a schedule, Keras 3's learning_rate is the
+        # next step's).
+        logs["learning_rate"] = binding.active().last_learning_rate(self.model.optimizer)
 
 
 class ExactValidation(Callback):

@@ -10,6 +10,7 @@ for export (`plain_clone`).
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import inspect
@@ -381,8 +382,8 @@ def to_sync_batch_norm(model: Model) -> Model:
 
 
 def plain_clone(model: Model) -> Model:
-    """A copy of `model` (same weights) with the binding's SyncBatchNormalization layers
-    turned back into Keras' BatchNormalization, so it loads without Horovod or hvd_train.
+    """A copy of `model` (same weights), uncompiled, with the binding's SyncBatchNormalization
+    layers turned back into Keras' BatchNormalization, so it loads without Horovod or hvd_train.
 
     A functional model of a class of its own (a KerasHub task such as ImageClassifier) keeps
     its class (`_in_its_own_class`). Raises ValueError for a subclassed model, as
@@ -396,7 +397,24 @@ def plain_clone(model: Model) -> Model:
     def swap(layer: Any) -> Any:
         return plain.from_config(layer.get_config()) if isinstance(layer, sync) else None
 
-    return _clone_swapping(model, swap)
+    with _read_as_uncompiled(model):
+        return _clone_swapping(model, swap)
+
+
+@contextlib.contextmanager
+def _read_as_uncompiled(model: Model) -> Iterator[None]:
+    """Keras 3's `clone_model` compiles the copy as its original was compiled, and a compiled
+    model saves its optimizer's config: with hvd_train's learning-rate schedule in it, the file
+    would load (`load_model`, compile=True by default) only where hvd_train is imported. Inside,
+    `model` reads as uncompiled, so its copy is not compiled. (Keras 2 compiles no copy.)"""
+    compiled = getattr(model, "compiled", False) is True
+    if compiled:
+        model.compiled = False
+    try:
+        yield
+    finally:
+        if compiled:
+            model.compiled = True
 
 
 def _in_its_own_class(model: Model, sync: type) -> Model | None:

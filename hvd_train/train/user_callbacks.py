@@ -212,7 +212,7 @@ def _reduce_lr_class(keras: Any) -> type:
 
         def _reduce(self, epoch: int) -> None:
             multiplier = lr_multiplier(self.model.optimizer)
-            rate = float(self.model.optimizer.learning_rate)  # the rate the last step used
+            rate = binding.active().last_learning_rate(self.model.optimizer)
             if multiplier is None or rate <= self.min_lr:
                 return
             new = max(rate * self.factor, self.min_lr)
