@@ -17,8 +17,8 @@ import textwrap
 import pytest
 from harness import QUICKSTART, ROOT
 
+from hvd_train.record.run_record import end_before_start
 from hvd_train.record.rundir import LOCK_NAME
-from hvd_train.record.summary import end_before_start
 
 SCRIPT = """
 import os, signal, sys, time

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from hvd_train.base import logs
 from hvd_train.base.errors import ANOTHER_FIRST, exit_description
-from hvd_train.record.summary import end_before_start
+from hvd_train.record.run_record import end_before_start
 
 if TYPE_CHECKING:
     from hvd_train.config import Config, RunConfig

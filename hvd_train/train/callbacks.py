@@ -16,8 +16,8 @@ from hvd_train.base.errors import UserError
 from hvd_train.config import CheckpointConfig, Config, Derived
 from hvd_train.data.diagnostics import advice_for
 from hvd_train.data.pipeline import Source
+from hvd_train.record.run_record import RunRecord
 from hvd_train.record.stops import StopSignals
-from hvd_train.record.summary import RunRecord
 from hvd_train.runtime import distributed
 from hvd_train.runtime.keras_stack import hvd, keras
 from hvd_train.train import perf

@@ -31,16 +31,9 @@ from hvd_train.data import images
 from hvd_train.data.diagnostics import data_summary
 from hvd_train.data.pipeline import Source, load_source
 from hvd_train.record import rundir
+from hvd_train.record.run_record import RecordError, RunRecord
 from hvd_train.record.stops import StopSignals, failed_first, first_failure_awaited, installed
-from hvd_train.record.summary import (
-    ENDINGS,
-    SUMMARY,
-    RecordError,
-    RunRecord,
-    earlier_job,
-    nothing_to_train,
-    read_json,
-)
+from hvd_train.record.summary import ENDINGS, SUMMARY, earlier_job, nothing_to_train, read_json
 from hvd_train.runtime import distributed, tuning
 from hvd_train.runtime.keras_stack import keras
 from hvd_train.train import perf
