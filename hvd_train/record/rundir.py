@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hvd_train.base.errors import RunDirError
+from hvd_train.base.files import TEMPORARY_PATTERNS, atomic_write
 
 LOCK_NAME = ".hvd_train.lock"
 # What runs write into run.dir (trainer, callbacks, Horovod's timeline, and `hvd-train sweep`'s
@@ -40,7 +41,7 @@ RUN_FILES = frozenset(
     }
 )  # fmt: skip
 # Atomic writes that a crash left half done: summary.json.tmp, model.tmp-123.keras, model.old-123.
-TEMPORARY = ("*.tmp*", "*.old-*")
+TEMPORARY = TEMPORARY_PATTERNS
 # A lock read while its creator has not written it yet (a job starting at the same moment).
 _UNWRITTEN_WAIT_S = 2.0
 
@@ -112,13 +113,10 @@ class Claim:
             )
             self.log(f"{path} is the --config file: left as it is{note}")
             return
-        tmp = f"{path}.tmp-{os.getpid()}"
         try:
-            with open(tmp, "w") as f:
+            with atomic_write(path) as f:
                 f.write(text)
-            os.replace(tmp, path)
         except OSError as e:
-            _remove_quietly(tmp)
             raise NotWritable(
                 f"run.dir {self.run_dir}: cannot write config.yaml ({_reason(e)}); free space "
                 "or choose another run.dir"

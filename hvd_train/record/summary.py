@@ -7,10 +7,10 @@ launch` end it when rank 0 could not. Standard library only.
 from __future__ import annotations
 
 import json
-import os
 from typing import Any
 
 from hvd_train.base import startup
+from hvd_train.base.files import atomic_write
 
 SUMMARY = "summary.json"
 ENDINGS = ("completed", "failed", "interrupted")
@@ -20,20 +20,9 @@ EARLIER_ENDING = ("error", "error_type", "stopped_by", "stop_detail", "stop_sign
 
 
 def write_json(path: str, data: dict[str, Any]) -> None:
-    """Writes `data` to a temporary file next to `path`, then renames it over `path`."""
-    tmp = f"{path}.tmp-{os.getpid()}"
-    try:
-        with open(tmp, "w") as f:
-            json.dump(data, f, indent=2)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.remove(tmp)
-        except OSError:
-            pass
-        raise
+    """Writes `data` to `path` atomically (base/files.py: a reader sees the old or the new)."""
+    with atomic_write(path) as f:
+        json.dump(data, f, indent=2)
 
 
 def read_json(path: str) -> dict[str, Any]:

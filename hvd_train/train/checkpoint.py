@@ -17,6 +17,7 @@ from typing import Any
 import tensorflow as tf
 
 from hvd_train.base.errors import CheckpointError
+from hvd_train.base.files import atomic_path, is_leftover
 from hvd_train.config import CheckpointConfig
 from hvd_train.runtime.keras_stack import keras
 from hvd_train.train.models import plain_clone
@@ -34,39 +35,18 @@ def export_plain_model(model: keras.Model, path: str) -> str:
     Raises:
         OSError or tf.errors.OpError: the write failed (its temporary file is removed).
     """
+    # base/files.py: written as `<stem>.tmp-<pid>.keras` (a folder: `<path>.tmp-<pid>`), then
+    # renamed over `path`; what a killed process leaves, `remove_strays` deletes.
     try:
         plain = plain_clone(model)  # Horovod's SyncBatchNormalization back to plain Keras
     except ValueError:  # subclassed model
         target = path.removesuffix(".keras")
-        _atomic(target, lambda tmp: model.save(tmp, save_format="tf", include_optimizer=False))
+        with atomic_path(target) as tmp:
+            model.save(tmp, save_format="tf", include_optimizer=False)
         return target
-    _atomic(path, lambda tmp: plain.save(tmp))
+    with atomic_path(path) as tmp:
+        plain.save(tmp)
     return path
-
-
-def _atomic(path: str, write) -> None:
-    """`write(tmp)` next to `path`, then rename over it: readers see the old or the new, whole.
-
-    A process killed mid-write leaves `<stem>.tmp-<pid>[.keras]` or `<path>.old-<pid>`, which
-    `remove_strays` deletes when the next job starts.
-    """
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    suffix = ".keras" if path.endswith(".keras") else ""
-    tmp = f"{path.removesuffix(suffix)}.tmp-{os.getpid()}{suffix}"
-    try:
-        write(tmp)
-        if os.path.isdir(path) and os.path.isdir(tmp):
-            old = f"{path}.old-{os.getpid()}"
-            os.replace(path, old)
-            os.replace(tmp, path)
-            shutil.rmtree(old)
-        else:
-            os.replace(tmp, path)
-    finally:
-        if os.path.isdir(tmp):
-            shutil.rmtree(tmp, ignore_errors=True)
-        elif os.path.exists(tmp):
-            os.remove(tmp)
 
 
 # --------------------------------------------------------------------------- resumable checkpoints
@@ -107,22 +87,16 @@ class CheckpointStore:
         return final
 
     def _write(self, model: keras.Model, state: dict[str, Any], final: str) -> None:
-        os.makedirs(self.dir, exist_ok=True)
-        tmp = os.path.join(self.dir, f".tmp-ckpt-{state['global_step']:08d}-{os.getpid()}")
-        shutil.rmtree(tmp, ignore_errors=True)
-        try:
+        # Atomic (base/files.py): written as `.tmp-ckpt-<step>-<pid>`, hidden from a listing of
+        # ckpt-*, every file fsynced, then renamed into place (over the same step written
+        # again, by a rerun with resume: never).
+        with atomic_path(final, hidden=True) as tmp:
             os.makedirs(tmp)
             tf.train.Checkpoint(model=model, optimizer=model.optimizer).write(
                 os.path.join(tmp, PREFIX)
             )
-            _write_json(os.path.join(tmp, STATE_FILE), state)
-            _fsync_dir(tmp)
-            if os.path.isdir(final):  # the same step written again (a rerun with resume: never)
-                shutil.rmtree(final)
-            os.rename(tmp, final)
-            _fsync_dir(self.dir)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+            with open(os.path.join(tmp, STATE_FILE), "w") as f:
+                json.dump(state, f, indent=2)
 
     def named(self) -> list[str]:
         """Every folder named as a checkpoint (`ckpt-<step>`), complete or not, oldest first."""
@@ -306,18 +280,15 @@ def _brief(e: BaseException) -> str:
 
 # --------------------------------------------------------------------------- the run folder
 
-# What a job killed mid-write leaves: CheckpointStore's temporary folders and `_atomic`'s files.
-_STRAY_CHECKPOINT = re.compile(r"^\.tmp-ckpt-\d{8}-\d+$")
-_STRAY_EXPORT = re.compile(r"^.+\.(tmp|old)-\d+(\.keras)?$")
-
 
 def remove_strays(run_dir: str) -> list[str]:
     """Deletes the temporary files and folders of writes a killed job left unfinished in
     run.dir and run.dir/checkpoints (rank 0, when a job starts: it owns run.dir then); returns
     their paths."""
-    found = [os.path.join(run_dir, n) for n in _listdir(run_dir) if _STRAY_EXPORT.match(n)]
+    # What a job killed mid-write leaves: the temporaries of atomic writes (files.is_leftover).
+    found = [os.path.join(run_dir, n) for n in _listdir(run_dir) if is_leftover(n)]
     ckpts = os.path.join(run_dir, "checkpoints")
-    found += [os.path.join(ckpts, n) for n in _listdir(ckpts) if _STRAY_CHECKPOINT.match(n)]
+    found += [os.path.join(ckpts, n) for n in _listdir(ckpts) if is_leftover(n)]
     for path in found:
         if os.path.isdir(path):
             shutil.rmtree(path, ignore_errors=True)
@@ -338,18 +309,3 @@ def _remove(path: str) -> None:
         os.remove(path)
     except FileNotFoundError:
         pass
-
-
-def _write_json(path: str, data: dict[str, Any]) -> None:
-    with open(path, "w") as f:
-        json.dump(data, f, indent=2)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from hvd_train.base.errors import DataError, UserError
+from hvd_train.base.files import atomic_write
 from hvd_train.config import Config
 
 EVALUATION_FILE = "evaluation.json"  # the default --out of evaluate, in run.dir
@@ -415,15 +416,9 @@ def refuse_foreign_csv(path: str) -> None:
 
 
 def _write_atomic(path: str, write: Any, newline: str | None = None) -> None:
-    """`write(file)` to a temporary file beside `path`, then renamed over it."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = f"{path}.tmp-{os.getpid()}"
+    """`write(file)` into `path` atomically (base/files.py: a reader sees the old or the new)."""
     try:
-        with open(tmp, "w", newline=newline) as f:
+        with atomic_write(path, newline=newline) as f:
             write(f)
-        os.replace(tmp, path)
     except OSError as e:
         raise UserError(f"--out: cannot write {path} ({e.strerror})") from None
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
