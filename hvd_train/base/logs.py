@@ -45,11 +45,6 @@ class _State:
 _s = _State()
 
 
-def path_for(run_dir: str, rank: int) -> str:
-    """The contract: where rank `rank` writes its log."""
-    return os.path.join(run_dir, "logs", f"rank-{rank}.log")
-
-
 def launcher_size() -> int:
     """The job's worker count as its launcher set it (1 without a launcher)."""
     for key in ("HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE"):
@@ -83,15 +78,16 @@ def hold() -> None:
     _redirect(_s.early.fileno(), _fds(rank))
 
 
-def attach(run_dir: str, rank: int, attempt: str) -> None:
-    """Starts this rank's log in run.dir (claimed by now): a header, the held output, then
-    everything the redirected descriptors receive."""
+def attach(path: str, rank: int, attempt: str) -> None:
+    """Starts this rank's log at `path` (`logs/rank-N.log` in run.dir, claimed by now:
+    record/layout.py names it): a header, the held output, then everything the redirected
+    descriptors receive."""
     if _s.console is None:
         _s.console = os.dup(2)
     if _s.log_fd is not None:  # an earlier train() in this process
         os.close(_s.log_fd)
         _s.log_fd = None
-    _s.rank, _s.path, _s.reported = rank, path_for(run_dir, rank), False
+    _s.rank, _s.path, _s.reported = rank, path, False
     try:
         os.makedirs(os.path.dirname(_s.path), exist_ok=True)
         _s.log_fd = os.open(_s.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)

@@ -24,6 +24,7 @@ from typing import Any
 
 import hvd_train
 from hvd_train.launcher.horovodrun import count_gpus
+from hvd_train.record import layout
 from hvd_train.runtime.keras_stack import version_tuple
 
 # The stacks scripts/install.sh installs (scripts/stack.sh, HVD_TRAIN_TF).
@@ -237,7 +238,7 @@ def _horovod_problems(facts: dict[str, Any]) -> list[Problem]:
     else:
         out += _controller_problems(hv.get("controllers", []), facts["mpirun"])
     if hv.get("keeps_stop_exit_code") is False:
-        out.append(Problem("warning", "horovodrun may exit 0 after Ctrl-C or SIGTERM (Horovod 0.28.1 can lose a stopped worker's exit code; summary.json still says interrupted): python scripts/patch_horovod.py fixes it, as scripts/install.sh does"))  # fmt: skip
+        out.append(Problem("warning", f"horovodrun may exit 0 after Ctrl-C or SIGTERM (Horovod 0.28.1 can lose a stopped worker's exit code; {layout.SUMMARY} still says interrupted): python scripts/patch_horovod.py fixes it, as scripts/install.sh does"))  # fmt: skip
     if hv["version"] != TESTED_HOROVOD:
         out.append(Problem("warning", f"Horovod {hv['version']}: hvd_train is tested with {TESTED_HOROVOD}"))  # fmt: skip
     return out

@@ -47,6 +47,7 @@ from hvd_train.launcher import horovodrun
 from hvd_train.launcher.horovodrun import on_loopback
 from hvd_train.launcher.supervise import Supervisor
 from hvd_train.record import rundir
+from hvd_train.record.layout import RunDir
 from hvd_train.record.stops import STOP_SIGNALS
 from hvd_train.record.summary import early_summary, read_json, write_json
 
@@ -71,7 +72,7 @@ def attempts(cfg: Config, args: argparse.Namespace, np_: int) -> int:
     """Runs the job (`args` as `hvd-train launch` parsed them) until it completes, is stopped,
     fails for a reason a restart cannot fix, or has used `--max-restarts`; returns the exit
     code (see `_exit_code`)."""
-    summary_path = os.path.join(cfg.run.dir, "summary.json")
+    summary_path = RunDir(cfg.run.dir).summary
     before = read_json(summary_path)  # unchanged by a job that had nothing to train
     history: list[dict[str, Any]] = []
     supervisor = Supervisor()  # SIGTERM/SIGINT/SIGUSR1 to the launcher reach the workers
@@ -205,7 +206,7 @@ def _say_ending(
         return
     rank = failure["rank"]
     host = rank_host(hosts, rank) if hosts and rank is not None else None
-    path = logs.path_for(run_dir, rank) if rank is not None else ""
+    path = RunDir(run_dir).rank_log(rank) if rank is not None else ""
     if path and (not host or on_loopback(host)) and not os.path.exists(path):
         path = ""  # it failed before run.dir was its job's: no log (or another job's)
     where = f"; full log: {path}" if path else ""

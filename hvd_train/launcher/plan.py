@@ -181,9 +181,10 @@ def workload_from_run(run_dir: str, fp16: bool) -> Workload:
     Raises:
         UserError: no summary.json, a run of several workers, or figures missing.
     """
-    from hvd_train.record.summary import SUMMARY, read_json
+    from hvd_train.record.layout import RunDir
+    from hvd_train.record.summary import read_json
 
-    path = os.path.join(run_dir, SUMMARY)
+    path = RunDir(run_dir).summary
     if not os.path.isfile(path):
         raise UserError(f"plan: {path}: no such file; expected a run.dir written by hvd-train")
     s = read_json(path)

@@ -20,8 +20,9 @@ from typing import Any
 
 from hvd_train.base.errors import NO_STATUS
 from hvd_train.record import rundir
+from hvd_train.record.layout import RunDir
 from hvd_train.record.run_record import free_reserve
-from hvd_train.record.summary import SUMMARY, read_json, write_json
+from hvd_train.record.summary import read_json, write_json
 
 
 def keep(run_dir: str, pid: int) -> None:
@@ -41,7 +42,7 @@ def keep(run_dir: str, pid: int) -> None:
         stop_signal = stop_signal or int(event.get("signal", 0))
     if not _wait_gone(pid):
         return  # rank 0's process lives on (it ran train() and goes on): its run.dir, its job
-    path = os.path.join(run_dir, SUMMARY)
+    path = RunDir(run_dir).summary
     summary = read_json(path)
     said = ""
     if summary.get("status") == "running":

@@ -23,16 +23,16 @@ from typing import Any
 
 from hvd_train.base.errors import CheckpointError, RunDirError, TrainingError
 from hvd_train.record import rundir
+from hvd_train.record.layout import RunDir
 from hvd_train.record.summary import (
     EARLIER_ENDING,
-    SUMMARY,
     early_summary,
     read_json,
     write_json,
 )
 
-# Room for the final summary.json on a full disk, freed just before it is written.
-RESERVE = ".hvd_train.reserve"
+# Room for the final summary.json on a full disk (run.dir's .hvd_train.reserve), freed just
+# before it is written.
 RESERVE_BYTES = 64 * 1024
 # The keeper's module, run as `python -m` (keeper.py): outside this process, so not imported.
 KEEPER = "hvd_train.record.keeper"
@@ -49,7 +49,7 @@ class RunRecord:
 
     def __init__(self, run_dir: str, summary: dict[str, Any]):
         self.run_dir = run_dir
-        self.path = os.path.join(run_dir, SUMMARY)
+        self.path = RunDir(run_dir).summary
         self.summary = dict(summary)
         self.ended = False
         self._lock = threading.Lock()  # the stop watcher thread may end the record too
@@ -149,7 +149,7 @@ def end_before_start(
     except RunDirError:
         return f"nothing was written ({run_dir} is not this job's to write)"
     try:
-        path = os.path.join(run_dir, SUMMARY)
+        path = RunDir(run_dir).summary
         summary = read_json(path)
         if summary.get("status") == "completed":
             return f"{path} is a completed run's: left as it is"
@@ -166,13 +166,13 @@ def end_before_start(
 
 
 def _reserve(run_dir: str) -> None:
-    with open(os.path.join(run_dir, RESERVE), "wb") as f:
+    with open(RunDir(run_dir).reserve, "wb") as f:
         os.posix_fallocate(f.fileno(), 0, RESERVE_BYTES)  # real blocks, not a sparse file
 
 
 def free_reserve(run_dir: str) -> None:
     try:
-        os.remove(os.path.join(run_dir, RESERVE))
+        os.remove(RunDir(run_dir).reserve)
     except OSError:
         pass
 

@@ -12,7 +12,6 @@ from typing import Any
 from hvd_train.base import startup
 from hvd_train.base.files import atomic_write
 
-SUMMARY = "summary.json"
 ENDINGS = ("completed", "failed", "interrupted")
 # What an ending says of its cause: replaced, not mixed, when a later job ends the record.
 EARLIER_ENDING = ("error", "error_type", "stopped_by", "stop_detail", "stop_signal",

@@ -16,6 +16,7 @@ from hvd_train.base.errors import UserError
 from hvd_train.config import CheckpointConfig, Config, Derived
 from hvd_train.data.diagnostics import advice_for
 from hvd_train.data.pipeline import Source
+from hvd_train.record.layout import RunDir
 from hvd_train.record.run_record import RunRecord
 from hvd_train.record.stops import StopSignals
 from hvd_train.runtime import distributed
@@ -442,7 +443,7 @@ def build_callbacks(
     checkpointer = None
     if distributed.is_chief():
         store = CheckpointStore(cfg.run.dir, cfg.checkpoint)
-        best_path = os.path.join(cfg.run.dir, "best.keras")
+        best_path = RunDir(cfg.run.dir).best
         checkpointer = Checkpointer(
             store, control, plan, cfg.checkpoint, cfg.train.epochs, cfg.runtime.seed, best_path
         )
@@ -507,17 +508,17 @@ def _chief_callbacks(
     """Rank 0's: the console after everything that fills the logs (Keras' bar on a terminal
     when asked for, fit_from then turns it on; else one line per epoch), metrics.csv,
     TensorBoard, the checkpoints, the profiler."""
-    run_dir = cfg.run.dir
+    run_dir = RunDir(cfg.run.dir)
     callbacks: list[keras.callbacks.Callback] = []
     if wants_progress_bar(cfg.train.verbose):
         callbacks.append(ProgressBar())
     elif cfg.train.verbose:
         callbacks.append(EpochLines(cfg.train.epochs, plan, control, cfg.train.log_every_s))
-    callbacks.append(MetricsCSV(os.path.join(run_dir, "metrics.csv"), control, epoch))
+    callbacks.append(MetricsCSV(run_dir.metrics, control, epoch))
     if cfg.logging.tensorboard:
-        callbacks.append(TensorBoard(os.path.join(run_dir, "tensorboard"), profile_batch=0))
+        callbacks.append(TensorBoard(run_dir.tensorboard, profile_batch=0))
     callbacks.append(checkpointer)
     if cfg.logging.profile_steps:
         first, last = cfg.logging.profile_steps
-        callbacks.append(perf.ProfileSteps(first, last, os.path.join(run_dir, "tensorboard")))
+        callbacks.append(perf.ProfileSteps(first, last, run_dir.tensorboard))
     return callbacks

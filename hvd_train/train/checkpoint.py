@@ -10,7 +10,6 @@ import errno
 import json
 import math
 import os
-import re
 import shutil
 from typing import Any
 
@@ -19,6 +18,8 @@ import tensorflow as tf
 from hvd_train.base.errors import CheckpointError
 from hvd_train.base.files import atomic_path, is_leftover
 from hvd_train.config import CheckpointConfig
+from hvd_train.record import layout
+from hvd_train.record.layout import RunDir
 from hvd_train.runtime.keras_stack import keras
 from hvd_train.train.models import plain_clone
 
@@ -51,9 +52,9 @@ def export_plain_model(model: keras.Model, path: str) -> str:
 
 # --------------------------------------------------------------------------- resumable checkpoints
 
-CHECKPOINT_PATTERN = re.compile(r"^ckpt-(\d{8})$")
-STATE_FILE = "state.json"
-PREFIX = "ckpt"  # tf.train.Checkpoint files inside a checkpoint folder: ckpt.index, ckpt.data-*
+CHECKPOINT_PATTERN = layout.CHECKPOINT_FOLDER
+STATE_FILE = layout.CHECKPOINT_STATE
+PREFIX = layout.CHECKPOINT_PREFIX  # tf.train.Checkpoint's files: ckpt.index, ckpt.data-*
 
 
 class CheckpointStore:
@@ -68,7 +69,8 @@ class CheckpointStore:
     """
 
     def __init__(self, run_dir: str, cfg: CheckpointConfig):
-        self.dir = os.path.join(run_dir, "checkpoints")
+        self.run_dir = RunDir(run_dir)
+        self.dir = self.run_dir.checkpoints
         self.cfg = cfg
 
     def save(self, model: keras.Model, state: dict[str, Any]) -> str:
@@ -78,7 +80,7 @@ class CheckpointStore:
             CheckpointError: the write failed (disk full, no permission); the partial folder is
                 removed and the earlier checkpoints are left as they were.
         """
-        final = os.path.join(self.dir, f"ckpt-{state['global_step']:08d}")
+        final = self.run_dir.checkpoint(state["global_step"])
         try:
             self._write(model, state, final)
         except (OSError, tf.errors.OpError) as e:
@@ -138,7 +140,7 @@ class CheckpointStore:
     def set_aside(path: str) -> str:
         """Renames a checkpoint that cannot be loaded to `<path>.unloadable`, out of the way of
         resume, pruning and the best-checkpoint search (kept for a look; delete it by hand)."""
-        target = f"{path}.unloadable"
+        target = layout.unloadable(path)
         shutil.rmtree(target, ignore_errors=True)
         os.rename(path, target)
         return target
@@ -287,7 +289,7 @@ def remove_strays(run_dir: str) -> list[str]:
     their paths."""
     # What a job killed mid-write leaves: the temporaries of atomic writes (files.is_leftover).
     found = [os.path.join(run_dir, n) for n in _listdir(run_dir) if is_leftover(n)]
-    ckpts = os.path.join(run_dir, "checkpoints")
+    ckpts = RunDir(run_dir).checkpoints
     found += [os.path.join(ckpts, n) for n in _listdir(ckpts) if is_leftover(n)]
     for path in found:
         if os.path.isdir(path):

@@ -10,6 +10,7 @@ import tensorflow as tf
 
 from hvd_train.config import Config, Derived, derive
 from hvd_train.data.pipeline import Source, load_source, train_dataset
+from hvd_train.record.layout import RunDir
 from hvd_train.runtime import distributed, tuning
 from hvd_train.runtime.keras_stack import keras
 from hvd_train.train.step import build_compiled_model
@@ -22,7 +23,7 @@ def data_bench(cfg: Config, batches: int) -> dict[str, float]:
     Prints one line on rank 0 and returns the slowest worker's rates.
     """
     tuning.before_init(cfg)  # as the trainer: core binding and XLA set up before Horovod
-    distributed.init(cfg.horovod, cfg.run.dir)
+    distributed.init(cfg.horovod, RunDir(cfg.run.dir).timeline)
     device = distributed.configure_devices(
         cfg.runtime.intra_op_threads, cfg.runtime.inter_op_threads
     )

@@ -25,11 +25,12 @@ import numpy as np
 from hvd_train.base.errors import DataError, UserError
 from hvd_train.base.files import atomic_write
 from hvd_train.config import Config
+from hvd_train.record.layout import RunDir
 
-EVALUATION_FILE = "evaluation.json"  # the default --out of evaluate, in run.dir
 EVALUATION_KIND = "hvd-train evaluate"  # marks a file evaluate may write over
 PREDICTION_COLUMNS = ["path", "class", "class_index", "probability"]
-MODEL_HINT = "model.keras, best.keras or a checkpoints/ckpt-NNNNNNNN folder of the run"
+_RUN = RunDir("")
+MODEL_HINT = f"{_RUN.model}, {_RUN.best} or a {_RUN.checkpoint_form} folder of the run"
 
 
 # --------------------------------------------------------------------------- evaluate
@@ -272,14 +273,14 @@ def _start(cfg: Config, model_path: str, batch: int):
     if batch < 1:
         raise UserError(f"--batch-size: expected a count >= 1, got {batch}")
     # No timeline: it would write over the run's own timeline.json.
-    distributed.init(replace(cfg.horovod, timeline=False), cfg.run.dir)
+    distributed.init(replace(cfg.horovod, timeline=False), RunDir(cfg.run.dir).timeline)
     # One compute thread per worker unless set: a float32 result can depend on how many threads
     # share a product, and the outputs must not depend on the worker count.
     threads = cfg.runtime.intra_op_threads or 1
     distributed.configure_devices(threads, cfg.runtime.inter_op_threads)
     tuning.apply_precision(cfg)  # a checkpoint's model is built as training built it
     classes = distributed.chief_computes(lambda: training_classes(cfg), "training_classes")
-    path = model_path or os.path.join(cfg.run.dir, "model.keras")
+    path = model_path or RunDir(cfg.run.dir).model
     model = load_model(cfg, path, len(classes))
     outputs = model.output_shape[-1]
     if outputs != len(classes):

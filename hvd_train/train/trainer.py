@@ -31,9 +31,10 @@ from hvd_train.data import images
 from hvd_train.data.diagnostics import data_summary
 from hvd_train.data.pipeline import Source, load_source
 from hvd_train.record import rundir
+from hvd_train.record.layout import RunDir
 from hvd_train.record.run_record import RecordError, RunRecord
 from hvd_train.record.stops import StopSignals, failed_first, first_failure_awaited, installed
-from hvd_train.record.summary import ENDINGS, SUMMARY, earlier_job, nothing_to_train, read_json
+from hvd_train.record.summary import ENDINGS, earlier_job, nothing_to_train, read_json
 from hvd_train.runtime import distributed, tuning
 from hvd_train.runtime.keras_stack import keras
 from hvd_train.train import perf
@@ -179,7 +180,7 @@ def _start_worker(cfg: Config, run: _Run, timeline: bool = True) -> str:
     if not timeline:
         os.environ.pop("HOROVOD_TIMELINE", None)
         knobs = dataclasses.replace(knobs, timeline=False)
-    distributed.init(knobs, cfg.run.dir)
+    distributed.init(knobs, RunDir(cfg.run.dir).timeline)
     run.signals.chief = distributed.is_chief()
     device = distributed.configure_devices(
         cfg.runtime.intra_op_threads, cfg.runtime.inter_op_threads
@@ -198,12 +199,15 @@ def _open_run_dir(
     0's record: summary.json says `running` from here on."""
     _prepare_run_dir(cfg, config_path, run.claims)
     # run.dir is this job's now: this rank's output goes on in its log there.
-    logs.attach(cfg.run.dir, distributed.rank(), logs.attempt_description(cfg.train.resume))
+    rank = distributed.rank()
+    logs.attach(
+        RunDir(cfg.run.dir).rank_log(rank), rank, logs.attempt_description(cfg.train.resume)
+    )
     run.base = _summary_base(cfg, plan, device)
     if not distributed.is_chief():
         return
     # What the jobs before this one did, kept when this one resumes (note_start).
-    previous = read_json(os.path.join(cfg.run.dir, SUMMARY))
+    previous = read_json(RunDir(cfg.run.dir).summary)
     if previous.get("status") in ENDINGS:
         run.earlier = [*previous.get("earlier_jobs", []), earlier_job(previous)]
     record = run.record = RunRecord(cfg.run.dir, run.base)
@@ -218,7 +222,7 @@ def _finished_here(cfg: Config) -> dict[str, Any] | None:
     left to train ({"why", "summary"}); None when it has."""
     if cfg.train.resume != "auto" or cfg.run.overwrite:
         return None
-    summary = read_json(os.path.join(cfg.run.dir, SUMMARY))
+    summary = read_json(RunDir(cfg.run.dir).summary)
     why = nothing_to_train(summary, cfg.train.epochs, cfg.run.dir)
     return {"why": why, "summary": summary} if why else None
 
@@ -279,7 +283,7 @@ def _summarize(
     summary["epochs_completed"] = max(summary["epochs_completed"], start.epoch)
     if not summary["final_metrics"]:
         summary["final_metrics"] = dict(start.metrics)
-    summary.update(data_summary(history, source.skipped_files))
+    summary.update(data_summary(history, source.skipped_files, RunDir(cfg.run.dir).summary))
     summary.update(perf.throughput_summary(callbacks.timer, cfg))
     summary["startup_s"] = startup.phases()  # rank 0's: from its process's start to its first step
     perf.log_throughput(summary)
@@ -527,8 +531,8 @@ def _load_named(cfg: Config, model: keras.Model, path: str) -> dict[str, Any]:
     """`train.resume: PATH`: its state, restored into `model`; a one-line DataError if not."""
     if not any(os.path.exists(os.path.join(path, f)) for f in (STATE_FILE, f"{PREFIX}.index")):
         raise DataError(
-            f"train.resume: {path} is not a checkpoint folder (expected state.json and "
-            f"ckpt.index in it, as in {os.path.join(cfg.run.dir, 'checkpoints', 'ckpt-*')})"
+            f"train.resume: {path} is not a checkpoint folder (expected {STATE_FILE} and "
+            f"{PREFIX}.index in it, as in {RunDir(cfg.run.dir).checkpoint_pattern})"
         )
     try:
         return load(model, path)
@@ -698,7 +702,7 @@ def _finish(
         CheckpointError: model.keras could not be written (rank 0).
     """
     if distributed.is_chief():
-        path = os.path.join(cfg.run.dir, "model.keras")
+        path = RunDir(cfg.run.dir).model
         try:
             summary["model_path"] = export_plain_model(model, path)
         except (OSError, tf.errors.OpError) as e:
