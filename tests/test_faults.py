@@ -27,6 +27,7 @@ from harness import (
     workers,
 )
 
+from hvd_train.record.summary import problems
 from hvd_train.train.checkpoint import is_checkpoint, read_state
 
 pytestmark = pytest.mark.multiworker
@@ -53,7 +54,10 @@ def train_cmd(*overrides: str, base: list[str] = BASE) -> list[str]:
 
 
 def summary(run_dir: pathlib.Path) -> dict:
-    return json.loads((run_dir / "summary.json").read_text())
+    """run.dir's summary.json, which holds only declared fields (record/summary.py)."""
+    s = json.loads((run_dir / "summary.json").read_text())
+    assert problems(s) == [], problems(s)
+    return s
 
 
 def epochs_in_csv(run_dir: pathlib.Path) -> list[int]:

@@ -22,7 +22,7 @@ from hvd_train.base.errors import NO_STATUS
 from hvd_train.record import rundir
 from hvd_train.record.layout import RunDir
 from hvd_train.record.run_record import free_reserve
-from hvd_train.record.summary import read_json, write_json
+from hvd_train.record.summary import read_summary, write_summary
 
 
 def keep(run_dir: str, pid: int) -> None:
@@ -43,13 +43,13 @@ def keep(run_dir: str, pid: int) -> None:
     if not _wait_gone(pid):
         return  # rank 0's process lives on (it ran train() and goes on): its run.dir, its job
     path = RunDir(run_dir).summary
-    summary = read_json(path)
+    summary = read_summary(path)
     said = ""
     if summary.get("status") == "running":
         summary.update(ended_without_rank0(summary, pid, stop_signal))
         free_reserve(run_dir)
         try:
-            write_json(path, summary)
+            write_summary(path, summary)
             said = f"[hvd_train] {summary['error']}; {path} says {summary['status']}"
         except OSError as e:
             said = f"[hvd_train] cannot write {path}: {e}"

@@ -27,8 +27,8 @@ from hvd_train.record.layout import RunDir
 from hvd_train.record.summary import (
     EARLIER_ENDING,
     early_summary,
-    read_json,
-    write_json,
+    read_summary,
+    write_summary,
 )
 
 # Room for the final summary.json on a full disk (run.dir's .hvd_train.reserve), freed just
@@ -130,7 +130,7 @@ class RunRecord:
             self._keeper = None
 
     def _write(self) -> None:
-        write_json(self.path, self.summary)
+        write_summary(self.path, self.summary)
 
 
 def end_before_start(
@@ -150,14 +150,14 @@ def end_before_start(
         return f"nothing was written ({run_dir} is not this job's to write)"
     try:
         path = RunDir(run_dir).summary
-        summary = read_json(path)
+        summary = read_summary(path)
         if summary.get("status") == "completed":
             return f"{path} is a completed run's: left as it is"
         for key in EARLIER_ENDING:
             summary.pop(key, None)
         summary = summary or early_summary(world_size, epochs, "start-up")
         summary.update(ending, recorded_by="start-up")
-        write_json(path, summary)
+        write_summary(path, summary)
         return f"{path} says {summary['status']}"
     except OSError as e:
         return f"cannot write {path}: {e.strerror or e}"

@@ -34,7 +34,7 @@ from hvd_train.record import rundir
 from hvd_train.record.layout import RunDir
 from hvd_train.record.run_record import RecordError, RunRecord
 from hvd_train.record.stops import StopSignals, failed_first, first_failure_awaited, installed
-from hvd_train.record.summary import ENDINGS, earlier_job, nothing_to_train, read_json
+from hvd_train.record.summary import ENDINGS, earlier_job, nothing_to_train, read_summary
 from hvd_train.runtime import distributed, tuning
 from hvd_train.runtime.keras_stack import keras
 from hvd_train.train import perf
@@ -207,7 +207,7 @@ def _open_run_dir(
     if not distributed.is_chief():
         return
     # What the jobs before this one did, kept when this one resumes (note_start).
-    previous = read_json(RunDir(cfg.run.dir).summary)
+    previous = read_summary(RunDir(cfg.run.dir).summary)
     if previous.get("status") in ENDINGS:
         run.earlier = [*previous.get("earlier_jobs", []), earlier_job(previous)]
     record = run.record = RunRecord(cfg.run.dir, run.base)
@@ -222,7 +222,7 @@ def _finished_here(cfg: Config) -> dict[str, Any] | None:
     left to train ({"why", "summary"}); None when it has."""
     if cfg.train.resume != "auto" or cfg.run.overwrite:
         return None
-    summary = read_json(RunDir(cfg.run.dir).summary)
+    summary = read_summary(RunDir(cfg.run.dir).summary)
     why = nothing_to_train(summary, cfg.train.epochs, cfg.run.dir)
     return {"why": why, "summary": summary} if why else None
 
