@@ -118,9 +118,9 @@ def test_every_file_of_a_folder_is_fsynced_before_the_rename(tmp_path, monkeypat
 
 def test_a_killed_writers_temporaries_are_recognised_as_leftovers(tmp_path) -> None:
     """What a process killed inside the block leaves (its temporary file, a `.keras` one, a
-    hidden one, a folder set aside) is what the next job's cleanup deletes (is_leftover) and what run.dir's
-    claim accepts as a run's (TEMPORARY_PATTERNS); other names are neither deleted nor taken
-    for an atomic write's."""
+    hidden one, a folder set aside) is what the next job's cleanup deletes (is_leftover) and
+    what run.dir's claim accepts as a run's (TEMPORARY_PATTERNS); other names are neither
+    deleted nor taken for an atomic write's."""
     left = [
         os.path.basename(files.temporary_path(str(tmp_path / name)))
         for name in ("summary.json", "model.keras", "model", ".hvd_train.lock")

@@ -143,8 +143,9 @@ class Checkpointer(keras.callbacks.Callback):
     epoch by `checkpoint.monitor` is also exported as the plain model `best.keras`.
 
     A write that fails (disk full, no permission) raises `CheckpointError` and ends the run:
-    the previous checkpoints stay as they were, and summary.json says `failed` (record.py keeps
-    room for it). The other ranks then fail in their next collective.
+    the previous checkpoints stay as they were, and summary.json says `failed`
+    (record/run_record.py keeps room for it). The other ranks then fail in their next
+    collective.
 
     Args:
         store: run.dir's checkpoints.

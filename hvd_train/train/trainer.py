@@ -68,8 +68,8 @@ def train(
 ) -> tuple[keras.Model | None, dict[str, Any]]:
     """Trains as one worker of the job horovodrun started (or alone); returns model and summary.
 
-    A rerun of a run that has nothing left to train (see record.nothing_to_train) says so in
-    one line and returns (None, the run's summary) with run.dir untouched.
+    A rerun of a run that has nothing left to train (see record/summary.py nothing_to_train)
+    says so in one line and returns (None, the run's summary) with run.dir untouched.
 
     Args:
         cfg: the loaded config.
