@@ -44,106 +44,45 @@ def saved_model_folder(keras_file: str) -> str:
     return keras_file.removesuffix(".keras")
 
 
+def _in_run_dir(*names: str, doc: str) -> property:
+    """A RunDir property: the path of `names` inside its root."""
+    return property(lambda self: os.path.join(self.root, *names), doc=doc)
+
+
 @dataclass(frozen=True)
 class RunDir:
-    """Every path inside one run.dir. Only names: nothing is read or created here."""
+    """Every path inside one run.dir (`RunDir(cfg.run.dir).summary`). Only names: nothing is
+    read or created here."""
 
     root: str
 
-    def _at(self, *names: str) -> str:
-        return os.path.join(self.root, *names)
-
-    @property
-    def summary(self) -> str:
-        """summary.json: how the run went and ended (record/summary.py)."""
-        return self._at(SUMMARY)
-
-    @property
-    def metrics(self) -> str:
-        """metrics.csv: one row per epoch."""
-        return self._at(METRICS)
-
-    @property
-    def config(self) -> str:
-        """config.yaml: the resolved config."""
-        return self._at(CONFIG)
-
-    @property
-    def model(self) -> str:
-        """model.keras: the final plain model (`model_folder` for a subclassed model)."""
-        return self._at(MODEL)
-
-    @property
-    def model_folder(self) -> str:
-        """model: the final model of a subclassed model, as a SavedModel folder."""
-        return saved_model_folder(self.model)
-
-    @property
-    def best(self) -> str:
-        """best.keras: the best epoch's plain model (`best_folder` for a subclassed model)."""
-        return self._at(BEST)
-
-    @property
-    def best_folder(self) -> str:
-        return saved_model_folder(self.best)
-
-    @property
-    def checkpoints(self) -> str:
-        """checkpoints/: the resumable checkpoints."""
-        return self._at(CHECKPOINTS)
+    summary = _in_run_dir(SUMMARY, doc="How the run went and ended (record/summary.py).")
+    metrics = _in_run_dir(METRICS, doc="One row per epoch.")
+    config = _in_run_dir(CONFIG, doc="The resolved config.")
+    model = _in_run_dir(MODEL, doc="The final plain model (`model_folder`: subclassed).")
+    model_folder = _in_run_dir(saved_model_folder(MODEL), doc="A subclassed final model.")
+    best = _in_run_dir(BEST, doc="The best epoch's plain model (`best_folder`: subclassed).")
+    best_folder = _in_run_dir(saved_model_folder(BEST), doc="A subclassed best model.")
+    checkpoints = _in_run_dir(CHECKPOINTS, doc="The resumable checkpoints' folder.")
+    checkpoint_pattern = _in_run_dir(CHECKPOINTS, "ckpt-*", doc="Every checkpoint, for messages.")
+    checkpoint_form = _in_run_dir(
+        CHECKPOINTS, "ckpt-NNNNNNNN", doc="A checkpoint, as help shows one."
+    )
+    tensorboard = _in_run_dir(TENSORBOARD, doc="TensorBoard's event files, the profiler's traces.")
+    logs = _in_run_dir(LOGS, doc="Each rank's log (`rank_log`).")
+    timeline = _in_run_dir(TIMELINE, doc="Horovod's timeline, with `horovod.timeline: true`.")
+    lock = _in_run_dir(LOCK, doc="Names the job that holds run.dir (record/rundir.py).")
+    reserve = _in_run_dir(RESERVE, doc="Room kept for the final summary.json on a full disk.")
+    evaluation = _in_run_dir(EVALUATION, doc="`hvd-train evaluate`'s default --out.")
+    sweep_log = _in_run_dir(SWEEP_LOG, doc="A grid point's command and output (hvd-train sweep).")
 
     def checkpoint(self, global_step: int) -> str:
         """checkpoints/ckpt-NNNNNNNN: the checkpoint taken after `global_step` steps."""
-        return self._at(CHECKPOINTS, f"ckpt-{global_step:08d}")
-
-    @property
-    def checkpoint_pattern(self) -> str:
-        """checkpoints/ckpt-*: every checkpoint folder, as a shell pattern (for messages)."""
-        return self._at(CHECKPOINTS, "ckpt-*")
-
-    @property
-    def checkpoint_form(self) -> str:
-        """checkpoints/ckpt-NNNNNNNN: a checkpoint folder, as messages and help show one."""
-        return self._at(CHECKPOINTS, "ckpt-NNNNNNNN")
-
-    @property
-    def tensorboard(self) -> str:
-        """tensorboard/: TensorBoard's event files and the profiler's traces."""
-        return self._at(TENSORBOARD)
-
-    @property
-    def logs(self) -> str:
-        """logs/: each rank's log."""
-        return self._at(LOGS)
+        return os.path.join(self.root, CHECKPOINTS, f"ckpt-{global_step:08d}")
 
     def rank_log(self, rank: int) -> str:
         """logs/rank-N.log: rank N's whole output (base/logs.py)."""
-        return self._at(LOGS, f"rank-{rank}.log")
-
-    @property
-    def timeline(self) -> str:
-        """timeline.json: Horovod's timeline, with `horovod.timeline: true`."""
-        return self._at(TIMELINE)
-
-    @property
-    def lock(self) -> str:
-        """.hvd_train.lock: the job that holds run.dir (record/rundir.py)."""
-        return self._at(LOCK)
-
-    @property
-    def reserve(self) -> str:
-        """.hvd_train.reserve: room kept for the final summary.json on a full disk."""
-        return self._at(RESERVE)
-
-    @property
-    def evaluation(self) -> str:
-        """evaluation.json: `hvd-train evaluate`'s default --out."""
-        return self._at(EVALUATION)
-
-    @property
-    def sweep_log(self) -> str:
-        """log.txt: a grid point's command and output, in `hvd-train sweep`'s run.dir of it."""
-        return self._at(SWEEP_LOG)
+        return os.path.join(self.root, LOGS, f"rank-{rank}.log")
 
 
 # Every name a run (or hvd-train evaluate and sweep in it) writes at the top of run.dir, from
