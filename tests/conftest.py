@@ -1,7 +1,7 @@
 """Loaded by pytest before any test module.
 
 In this process `tf.keras` is what TensorFlow makes it (Keras 3 on 2.16+, Keras 2 on 2.15), as
-in a worker under `model.keras: auto`; tests of one binding activate it (`each_keras`).
+in a worker under `runtime.keras: auto`; tests of one binding activate it (`each_keras`).
 
 Also the suite's cost report: at the end of a run, per test file, its time, the processes and
 the training jobs it started (start-up is what most of the suite's time pays for), and the CPU

@@ -23,7 +23,7 @@ BIN = pathlib.Path(sys.executable).parent
 PYTHON = sys.executable
 WORKERS = ROOT / "tests" / "workers"
 QUICKSTART = ROOT / "configs" / "quickstart.yaml"
-# The Kerases this stack trains with (model.keras): Keras 3 and tf_keras on TensorFlow 2.16+,
+# The Kerases this stack trains with (runtime.keras): Keras 3 and tf_keras on TensorFlow 2.16+,
 # TensorFlow's own Keras 2 alone on 2.15.
 KERASES = ["keras", "tf_keras"] if has_keras3() else ["tf_keras"]
 

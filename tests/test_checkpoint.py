@@ -21,6 +21,7 @@ import tensorflow as tf
 from harness import PYTHON, QUICKSTART, check, finish, horovodrun, run, start
 
 from hvd_train.launcher.launch import first_failure
+from hvd_train.record.summary import problems
 
 # The quickstart (digits, 44 steps/epoch alone) without dropout: a resumed run repeats exactly
 # what another run resumed from the same checkpoint does. A checkpoint is about 1.2 MB,
@@ -36,7 +37,10 @@ def train_cmd(run_dir: pathlib.Path, *overrides: str) -> list[str]:
 
 
 def summary(run_dir: pathlib.Path) -> dict:
-    return json.loads((run_dir / "summary.json").read_text())
+    """run.dir's summary.json, which holds only declared fields (record/summary.py)."""
+    s = json.loads((run_dir / "summary.json").read_text())
+    assert problems(s) == [], problems(s)
+    return s
 
 
 def checkpoints(run_dir: pathlib.Path) -> list[str]:

@@ -22,6 +22,7 @@ import pytest
 from harness import BIN, PYTHON, QUICKSTART, ROOT, check, horovodrun
 
 from hvd_train.config import derive, load_config
+from hvd_train.record.summary import problems
 from hvd_train.train import callbacks, fitting
 from hvd_train.train.callbacks import BOOKKEEPING, BOOKKEEPING_TAGS, EpochLines, ProgressBar
 
@@ -72,6 +73,29 @@ def test_the_record_says_where_start_up_went(quickstart) -> None:
     assert list(startup) == phases, startup
     ends = [startup[p] for p in phases]
     assert 0 < ends[0] and ends == sorted(ends), startup
+
+
+@pytest.mark.multiworker
+def test_the_record_holds_only_declared_fields_of_declared_types(quickstart) -> None:
+    """summary.json of the finished run against record/summary.py's `Summary`: no field it
+    does not declare, each value of its declared type; and every field of a completed run's
+    start, results and figures is there."""
+    _, run_dir = quickstart
+    s = json.loads((run_dir / "summary.json").read_text())
+    assert problems(s) == [], problems(s)
+    completed = {
+        "status", "started_at", "world_size", "controller", "device", "per_worker_batch_size",
+        "global_batch_size", "steps_per_epoch", "base_learning_rate", "scaled_learning_rate",
+        "batch_size_mode", "epochs", "epochs_completed", "resumed_from", "last_checkpoint",
+        "model_path", "versions", "trainable_parameters", "gradient_dtype", "gradient_bytes",
+        "trained_from", "earlier_jobs", "stopped_at", "train_examples_per_sec", "final_metrics",
+        "input_wait_fraction", "skipped_files", "train_examples_per_sec_per_worker",
+        "step_time_ms", "warmup_excluded", "accumulation_steps", "effective_batch_size",
+        "allreduce_time_share", "negotiation_time_share", "startup_s", "wall_time_s",
+        "best_model_path",
+    }  # fmt: skip
+    assert completed <= set(s), sorted(completed - set(s))
+    assert s["status"] == "completed" and s["world_size"] == 2, s
 
 
 @pytest.mark.multiworker

@@ -127,7 +127,7 @@ STACK_KERASES = [
 def test_no_keras_3_on_a_newer_tensorflow_is_an_error(facts) -> None:
     on_tensorflow(facts, "2.18.1", "keras 2.15.0", "tf_keras 2.18.0")
     assert errors(facts) == [
-        "Keras 3 does not import (TensorFlow 2.18.1: keras 2.15.0): models of model.keras: auto "
+        "Keras 3 does not import (TensorFlow 2.18.1: keras 2.15.0): models of runtime.keras: auto "
         "and keras cannot train; install Keras 3 (HVD_TRAIN_TF=2.18 scripts/install.sh)"
     ]
 
@@ -159,12 +159,12 @@ def test_no_tf_keras_is_a_warning_for_model_keras_tf_keras(facts) -> None:
     on_tensorflow(facts, "2.21.0", "keras 3.15.1", None)
     assert errors(facts) == []
     assert warnings_(facts) == [
-        "no tf_keras (TensorFlow 2.21.0): model.keras: tf_keras (Keras 2) cannot train here; "
+        "no tf_keras (TensorFlow 2.21.0): runtime.keras: tf_keras (Keras 2) cannot train here; "
         "install tf_keras 2.21 (HVD_TRAIN_TF=2.21 scripts/install.sh)"
     ]
     on_tensorflow(facts, "2.17.1", "keras 3.15.1", None)  # no stack of its own: the newest named
     assert warnings_(facts)[0] == (
-        "no tf_keras (TensorFlow 2.17.1): model.keras: tf_keras (Keras 2) cannot train here; "
+        "no tf_keras (TensorFlow 2.17.1): runtime.keras: tf_keras (Keras 2) cannot train here; "
         "install tf_keras 2.17 (or HVD_TRAIN_TF=2.21 scripts/install.sh: TensorFlow 2.21.0 with "
         "Keras 3 and tf_keras)"
     )

@@ -29,6 +29,7 @@ from harness import (
     workers,
 )
 
+from hvd_train.record.summary import problems
 from hvd_train.runtime import binding
 from hvd_train.train.checkpoint import is_checkpoint, read_state
 
@@ -56,7 +57,10 @@ def train_cmd(*overrides: str, base: list[str] = BASE) -> list[str]:
 
 
 def summary(run_dir: pathlib.Path) -> dict:
-    return json.loads((run_dir / "summary.json").read_text())
+    """run.dir's summary.json, which holds only declared fields (record/summary.py)."""
+    s = json.loads((run_dir / "summary.json").read_text())
+    assert problems(s) == [], problems(s)
+    return s
 
 
 def epochs_in_csv(run_dir: pathlib.Path) -> list[int]:
@@ -90,7 +94,7 @@ def test_resume_from_mid_epoch_checkpoint_repeats_the_uninterrupted_run(tmp_path
     multi-threaded kernels (a dropout mask drawn differently moves the loss by percents)."""
     a, b = tmp_path / "a", tmp_path / "b"
     common = ["train.epochs=3", "checkpoint.every_steps=5", "checkpoint.keep_last=100",
-              f"model.keras={keras}"]  # fmt: skip
+              f"runtime.keras={keras}"]  # fmt: skip
     dropout = [x for x in BASE if x not in ("--set", "model.dropout=0")]
     dropout = ["--config", str(QUICKSTART), *(y for x in dropout[2:] for y in ("--set", x))]
     assert "model.dropout=0" not in dropout
@@ -202,7 +206,7 @@ def test_an_infinite_gradient_on_one_rank_is_skipped_by_every_rank_under_mixed_f
     out = tmp_path / "out"
     sets = [f"run.dir={out}", "model.factory=faulty_models:inf_gradient_on_one_rank",
             "runtime.mixed_precision=mixed_float16", "train.epochs=1", "train.verbose=false",
-            "logging.tensorboard=false", "model.dropout=0", f"model.keras={keras}"]  # fmt: skip
+            "logging.tensorboard=false", "model.dropout=0", f"runtime.keras={keras}"]  # fmt: skip
     proc = check(run(["env", "FAULTY_AFTER_STEPS=5", "horovodrun", "-np", "2", "-H", "localhost:2",
                       "--gloo", PYTHON, str(WORKERS / "train_and_compare_weights.py"),
                       str(QUICKSTART), *sets], cwd=WORKERS, timeout=240))  # fmt: skip

@@ -1,5 +1,5 @@
 """Which Keras trains (hvd_train/runtime/binding.py): Keras 3 by default on TensorFlow 2.16+,
-a factory's model with its own Keras, tf_keras by `model.keras`, chosen before TensorFlow is
+a factory's model with its own Keras, tf_keras by `runtime.keras`, chosen before TensorFlow is
 imported where it must be, and a user's own `import keras` left alone.
 
 Each case runs in a fresh process, in an environment without TF_USE_LEGACY_KERAS: what a
@@ -83,12 +83,12 @@ def trained_with(tmp_path: pathlib.Path) -> str:
     [("import tensorflow as tf\nkeras = tf.keras", [], "keras"),  # 2.15: tf.keras is keras 2
      *([("import keras", [], "keras"),
         ("import tf_keras as keras", [], "tf_keras"),
-        ("import tensorflow as tf\nkeras = tf.keras", ["model.keras=tf_keras"], "tf_keras")]
+        ("import tensorflow as tf\nkeras = tf.keras", ["runtime.keras=tf_keras"], "tf_keras")]
        if NEWER else [])],
     ids=["tf.keras", *(["keras", "tf_keras", "tf.keras-as-tf_keras"] if NEWER else [])],
 )  # fmt: skip
 def test_a_factory_trains_with_the_keras_of_its_model(tmp_path, keras_import, sets, expected):
-    """Under `model.keras: auto` the factory's model decides; `model.keras: tf_keras` makes a
+    """Under `runtime.keras: auto` the factory's model decides; `runtime.keras: tf_keras` makes a
     factory's tf.keras Keras 2 (TF_USE_LEGACY_KERAS=1 before TensorFlow is imported)."""
     proc = check(train(tmp_path, factory_file(tmp_path, keras_import), *sets))
     assert "[hvd_train] done in" in proc.stdout, proc.stdout[-2000:]
@@ -99,14 +99,14 @@ def test_a_factory_trains_with_the_keras_of_its_model(tmp_path, keras_import, se
 @newer_only
 def test_a_factory_of_the_other_keras_than_model_keras_is_one_line(tmp_path) -> None:
     factory = factory_file(tmp_path, "import tf_keras as keras")
-    proc = train(tmp_path, factory, "model.keras=keras")
+    proc = train(tmp_path, factory, "runtime.keras=keras")
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr
     errors = [line for line in proc.stderr.splitlines() if line.startswith("[rank 0] failed:")]
     assert errors == [
-        f"[rank 0] failed: model.keras is keras, but model.factory {factory} returned a tf_keras "
+        f"[rank 0] failed: runtime.keras is keras, but model.factory {factory} returned a tf_keras "
         f"model ({binding.describe('tf_keras')}); build it with keras (`import keras`), or set "
-        "model.keras: auto to train each model with its own Keras; full log: out/logs/rank-0.log"
+        "runtime.keras: auto to train each model with its own Keras; full log: out/logs/rank-0.log"
     ]
 
 

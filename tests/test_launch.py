@@ -23,6 +23,7 @@ import sshd
 from harness import QUICKSTART, ROOT, finish_listening, run, start
 
 import hvd_train
+from hvd_train.record.summary import problems
 
 SINGLE = ROOT / "launch" / "single_node.sh"
 MULTI = ROOT / "launch" / "multi_node.sh"
@@ -54,7 +55,10 @@ def expect(proc: subprocess.CompletedProcess, code: int) -> subprocess.Completed
 
 
 def summary(run_dir: pathlib.Path) -> dict:
-    return json.loads((run_dir / "summary.json").read_text())
+    """run.dir's summary.json, which holds only declared fields (record/summary.py)."""
+    s = json.loads((run_dir / "summary.json").read_text())
+    assert problems(s) == [], problems(s)
+    return s
 
 
 # --------------------------------------------------------------------------- single node

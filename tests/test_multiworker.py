@@ -234,7 +234,7 @@ def test_sync_batch_norm_at_2_workers_trains_like_batch_norm_at_1_on_the_global_
               "--set", "train.batch_size=64", "--set", "train.epochs=2",
               "--set", "logging.tensorboard=false", "--set", f"model.factory={factory}",
               "--set", "runtime.intra_op_threads=1", "--set", "train.verbose=false",
-              "--set", f"model.keras={keras}"]  # fmt: skip
+              "--set", f"runtime.keras={keras}"]  # fmt: skip
     sync = [*common, "--set", "run.dir=two", "--set", "model.sync_batch_norm=true"]
     check(horovodrun(2, [PYTHON, "-m", "hvd_train", *sync], tmp_path))
     check(run([PYTHON, "-m", "hvd_train", *common, "--set", "run.dir=one"], tmp_path))

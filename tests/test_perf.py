@@ -99,7 +99,7 @@ def test_mixed_precision_computes_in_16_bits_with_float32_weights_and_output(
     active = float32_policy_after
     keras = active.keras
     cfg = load_config(
-        QUICKSTART, [f"runtime.mixed_precision={policy}", f"model.keras={active.NAME}"]
+        QUICKSTART, [f"runtime.mixed_precision={policy}", f"runtime.keras={active.NAME}"]
     )
     model = build_model(cfg, (8, 8, 1), 10)
     half = policy.removeprefix("mixed_")

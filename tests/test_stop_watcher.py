@@ -1,7 +1,7 @@
 """The stop watcher (stops.StopSignals) in a real process receiving real signals: it ends the
 process itself when waiting would save nothing, or when the stop outlasts its grace, and leaves
 it alone once the run has written its own ending. Before the run's record exists (TensorFlow's
-import, Horovod's start, the data), rank 0 writes the ending itself: record.end_before_start."""
+import, Horovod's start, the data), rank 0 writes the ending itself: run_record.end_before_start."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ import textwrap
 import pytest
 from harness import QUICKSTART, ROOT
 
+from hvd_train.record.run_record import end_before_start
 from hvd_train.record.rundir import LOCK_NAME
-from hvd_train.record.summary import end_before_start
 
 SCRIPT = """
 import os, signal, sys, time

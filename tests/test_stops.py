@@ -21,6 +21,7 @@ import psutil
 import pytest
 from harness import BIN, PYTHON, QUICKSTART, WORKERS, check, finish, run, start, workers
 
+from hvd_train.record.summary import problems
 from hvd_train.train.checkpoint import is_checkpoint, read_state
 
 pytestmark = pytest.mark.multiworker
@@ -56,10 +57,14 @@ def stoppable_job(controller: str, run_dir: pathlib.Path, *overrides: str) -> li
 
 
 def summary(run_dir: pathlib.Path) -> dict:
+    """run.dir's summary.json, which holds only declared fields (record/summary.py); {} when
+    there is none yet."""
     try:
-        return json.loads((run_dir / "summary.json").read_text())
+        s = json.loads((run_dir / "summary.json").read_text())
     except (OSError, ValueError):
         return {}
+    assert problems(s) == [], problems(s)
+    return s
 
 
 def wait_until(condition, proc, what: str, timeout: float = 240) -> None:

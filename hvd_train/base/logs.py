@@ -31,6 +31,7 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 CONSOLE_ALL_RANKS = "HVD_TRAIN_CONSOLE_ALL_RANKS"
@@ -50,11 +51,6 @@ class _State:
 
 
 _s = _State()
-
-
-def path_for(run_dir: str, rank: int) -> str:
-    """The contract: where rank `rank` writes its log."""
-    return os.path.join(run_dir, "logs", f"rank-{rank}.log")
 
 
 def launcher_size() -> int:
@@ -90,15 +86,16 @@ def hold() -> None:
     _redirect(_s.early.fileno(), _fds(rank))
 
 
-def attach(run_dir: str, rank: int, attempt: str) -> None:
-    """Starts this rank's log in run.dir (claimed by now): a header, the held output, then
-    everything the redirected descriptors receive."""
+def attach(path: str, rank: int, attempt: str) -> None:
+    """Starts this rank's log at `path` (`logs/rank-N.log` in run.dir, claimed by now:
+    record/layout.py names it): a header, the held output, then everything the redirected
+    descriptors receive."""
     if _s.console is None:
         _s.console = os.dup(2)
     if _s.log_fd is not None:  # an earlier train() in this process
         os.close(_s.log_fd)
         _s.log_fd = None
-    _s.rank, _s.path, _s.reported = rank, path_for(run_dir, rank), False
+    _s.rank, _s.path, _s.reported = rank, path, False
     try:
         os.makedirs(os.path.dirname(_s.path), exist_ok=True)
         _s.log_fd = os.open(_s.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
@@ -118,21 +115,22 @@ def attach(run_dir: str, rank: int, attempt: str) -> None:
         _s.early = None
 
 
-def quiet_tensorflow(run_dir: str = "", command: str = "") -> None:
+def quiet_tensorflow(log: Callable[[int], str] | None = None, command: str = "") -> None:
     """Keeps TensorFlow's C++ start-up lines off the console. Call before TensorFlow loads.
 
-    Under a launcher, `hold`s this rank's output, then, given the `command` and the `run_dir`
-    of a run (a training job started there: it has a summary.json), `attach`es its log there
-    (header: the command); without one, what was held is dropped when the process ends (a
-    one-line error or a traceback still reaches the console).
+    Under a launcher, `hold`s this rank's output, then, given the `command` and `log` (a rank's
+    log path in the run.dir of a run a training job started: record/layout.py's
+    `started_run_logs`), `attach`es it there (header: the command); without one, what was held
+    is dropped when the process ends (a one-line error or a traceback still reaches the
+    console).
     Alone, imports TensorFlow with its stderr caught, keeps the start-up lines for a log that
     `attach` may start (or drops them), and passes the rest on; if the import fails, all of
     it, and the error is raised. TF_CPP_MIN_LOG_LEVEL=0 leaves a lone process's lines alone.
     """
     if launcher_rank() is not None:
         hold()
-        if command and run_dir and os.path.isfile(os.path.join(run_dir, "summary.json")):
-            attach(run_dir, _s.rank, command)
+        if command and log is not None:
+            attach(log(_s.rank), _s.rank, command)
         return
     if "tensorflow" in sys.modules or os.environ.get("TF_CPP_MIN_LOG_LEVEL") == "0":
         return

@@ -17,6 +17,8 @@ from typing import Any
 import yaml
 
 from hvd_train.base.errors import DataError
+from hvd_train.record import layout
+from hvd_train.record.layout import RunDir
 
 
 @dataclass(frozen=True)
@@ -39,9 +41,12 @@ class Run:
 
 
 def load_run(path: str, name: str) -> Run:
-    metrics = os.path.join(path, "metrics.csv")
+    files = RunDir(path)
+    metrics = files.metrics
     if not os.path.isfile(metrics):
-        raise DataError(f"compare: {path}: no metrics.csv; expected a run.dir written by hvd-train")
+        raise DataError(
+            f"compare: {path}: no {layout.METRICS}; expected a run.dir written by hvd-train"
+        )
     with open(metrics, newline="") as f:
         rows = [{k: _number(v) for k, v in row.items()} for row in csv.DictReader(f)]
     if not rows:
@@ -49,8 +54,8 @@ def load_run(path: str, name: str) -> Run:
     return Run(
         name,
         rows,
-        _read(path, "summary.json", json.load),
-        _read(path, "config.yaml", yaml.safe_load),
+        _read(files.summary, json.load),
+        _read(files.config, yaml.safe_load),
     )
 
 
@@ -61,8 +66,7 @@ def _number(v: str | None) -> float:
         return math.nan
 
 
-def _read(folder: str, name: str, parse) -> dict[str, Any]:
-    path = os.path.join(folder, name)
+def _read(path: str, parse) -> dict[str, Any]:
     if not os.path.isfile(path):
         return {}
     with open(path) as f:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from hvd_train.base import logs
 from hvd_train.commands.train import parser
 from hvd_train.config import load_config
+from hvd_train.record.layout import RunDir
 from hvd_train.runtime import binding
 
 
@@ -17,8 +18,8 @@ def main(argv: list[str], prog: str) -> int:
     p.add_argument("--batches", type=int, default=50, help="batches timed (default 50)")
     args = p.parse_args(argv)
     cfg = load_config(args.config, args.overrides)
-    binding.prepare(cfg.model.keras)  # before TensorFlow loads: what tf.keras means
-    logs.quiet_tensorflow(cfg.run.dir, "hvd-train data-bench")
+    binding.prepare(cfg.runtime.keras)  # before TensorFlow loads: what tf.keras means
+    logs.quiet_tensorflow(RunDir(cfg.run.dir).started_run_logs(), "hvd-train data-bench")
     from hvd_train.train.data_bench import data_bench
 
     data_bench(cfg, max(1, args.batches))

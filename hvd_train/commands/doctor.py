@@ -26,6 +26,7 @@ from typing import Any
 import hvd_train
 from hvd_train.base import logs
 from hvd_train.launcher.horovodrun import count_gpus
+from hvd_train.record import layout
 from hvd_train.runtime.binding import version_tuple
 
 # The stacks scripts/install.sh installs (scripts/stack.sh, HVD_TRAIN_TF).
@@ -74,7 +75,7 @@ def _tensorflow_facts() -> dict[str, Any]:
         # Enumerates GPUs without creating a context on them (device_lib would).
         "gpus": [d.name for d in tf.config.list_physical_devices("GPU")],
     }
-    # The two Kerases hvd_train can train with (model.keras): `keras` (Keras 3 on 2.16+, Keras 2
+    # The two Kerases hvd_train can train with (runtime.keras): `keras` (Keras 3 on 2.16+, Keras 2
     # itself on 2.15) and, on 2.16+, Keras 2 as the tf_keras package.
     for package in ("keras", "tf_keras"):
         try:
@@ -216,9 +217,9 @@ def _tensorflow_problems(facts: dict[str, Any]) -> list[Problem]:
     )
     out = []
     if v >= (2, 16) and version_tuple(keras.rpartition(" ")[2])[:1] < (3,):
-        out.append(Problem("error", f"Keras 3 does not import (TensorFlow {tf['version']}: {keras or tf.get('keras_error')}): models of model.keras: auto and keras cannot train; install Keras 3 ({how})"))  # fmt: skip
+        out.append(Problem("error", f"Keras 3 does not import (TensorFlow {tf['version']}: {keras or tf.get('keras_error')}): models of runtime.keras: auto and keras cannot train; install Keras 3 ({how})"))  # fmt: skip
     if v >= (2, 16) and not tf_keras:
-        out.append(Problem("warning", f"no tf_keras (TensorFlow {tf['version']}): model.keras: tf_keras (Keras 2) cannot train here; install tf_keras {minor} ({how})"))  # fmt: skip
+        out.append(Problem("warning", f"no tf_keras (TensorFlow {tf['version']}): runtime.keras: tf_keras (Keras 2) cannot train here; install tf_keras {minor} ({how})"))  # fmt: skip
     if tf_keras and version_tuple(tf_keras[9:])[:2] != v[:2]:
         out.append(Problem("warning", f"{tf_keras} with TensorFlow {tf['version']}: tf_keras should match TensorFlow's minor version"))  # fmt: skip
     if not any(
@@ -245,7 +246,7 @@ def _horovod_problems(facts: dict[str, Any]) -> list[Problem]:
     else:
         out += _controller_problems(hv.get("controllers", []), facts["mpirun"])
     if hv.get("keeps_stop_exit_code") is False:
-        out.append(Problem("warning", "horovodrun may exit 0 after Ctrl-C or SIGTERM (Horovod 0.28.1 can lose a stopped worker's exit code; summary.json still says interrupted): python scripts/patch_horovod.py fixes it, as scripts/install.sh does"))  # fmt: skip
+        out.append(Problem("warning", f"horovodrun may exit 0 after Ctrl-C or SIGTERM (Horovod 0.28.1 can lose a stopped worker's exit code; {layout.SUMMARY} still says interrupted): python scripts/patch_horovod.py fixes it, as scripts/install.sh does"))  # fmt: skip
     if hv["version"] != TESTED_HOROVOD:
         out.append(Problem("warning", f"Horovod {hv['version']}: hvd_train is tested with {TESTED_HOROVOD}"))  # fmt: skip
     return out

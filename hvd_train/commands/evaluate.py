@@ -3,22 +3,25 @@
 from __future__ import annotations
 
 import argparse
-import os
 
 from hvd_train.base import logs
 from hvd_train.config import add_config_arguments, load_config
+from hvd_train.record.layout import RunDir
 from hvd_train.runtime import binding
 
 # No TensorFlow at its top: it loads once a command runs.
-from hvd_train.train.inference import EVALUATION_FILE, MODEL_HINT
+from hvd_train.train.inference import MODEL_HINT
+
+# How the help shows a path in run.dir: `run.dir/model.keras`.
+_SHOWN = RunDir("run.dir")
 
 
 def parser(prog: str, description: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description=description, epilog="Docs: docs/models.md")
-    add_config_arguments(p, config_help="the run's YAML config (run.dir/config.yaml will do)")
+    add_config_arguments(p, config_help=f"the run's YAML config ({_SHOWN.config} will do)")
     p.add_argument(
         "--model", default="", metavar="PATH",
-        help=f"the model: {MODEL_HINT} (default: run.dir/model.keras)",
+        help=f"the model: {MODEL_HINT} (default: {_SHOWN.model})",
     )  # fmt: skip
     p.add_argument(
         "--batch-size", type=int, default=0, metavar="B",
@@ -43,16 +46,16 @@ def main(argv: list[str], prog: str) -> int:
     )  # fmt: skip
     p.add_argument(
         "--out", default="", metavar="FILE",
-        help=f"JSON to write (default: run.dir/{EVALUATION_FILE}); an existing file is written "
+        help=f"JSON to write (default: {_SHOWN.evaluation}); an existing file is written "
         "over only if evaluate wrote it",
     )  # fmt: skip
     args = p.parse_args(argv)
     from hvd_train.train import inference
 
     cfg = load_config(args.config, args.overrides)
-    binding.prepare(cfg.model.keras)  # before TensorFlow loads: what tf.keras means
-    out = args.out or os.path.join(cfg.run.dir, EVALUATION_FILE)
+    binding.prepare(cfg.runtime.keras)  # before TensorFlow loads: what tf.keras means
+    out = args.out or RunDir(cfg.run.dir).evaluation
     inference.refuse_foreign_json(out)  # before the slow start
-    logs.quiet_tensorflow(cfg.run.dir, "hvd-train evaluate")
+    logs.quiet_tensorflow(RunDir(cfg.run.dir).started_run_logs(), "hvd-train evaluate")
     inference.evaluate(cfg, args.model, args.data, out, args.batch_size or cfg.train.batch_size)
     return 0

@@ -22,7 +22,7 @@ def main(argv: list[str], prog: str) -> int:
     from hvd_train.config import derive, load_config
 
     cfg = load_config(args.config, args.overrides)
-    binding.prepare(cfg.model.keras)  # before TensorFlow loads: what tf.keras means
+    binding.prepare(cfg.runtime.keras)  # before TensorFlow loads: what tf.keras means
     logs.quiet_tensorflow()
     if args.workers < 1:
         raise UserError(f"--workers: expected a count >= 1, got {args.workers}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from hvd_train.base import logs
 from hvd_train.commands.evaluate import parser
 from hvd_train.config import load_config
+from hvd_train.record.layout import RunDir
 from hvd_train.runtime import binding
 
 
@@ -27,9 +28,9 @@ def main(argv: list[str], prog: str) -> int:
     from hvd_train.train import inference
 
     cfg = load_config(args.config, args.overrides)
-    binding.prepare(cfg.model.keras)  # before TensorFlow loads: what tf.keras means
+    binding.prepare(cfg.runtime.keras)  # before TensorFlow loads: what tf.keras means
     inference.refuse_foreign_csv(args.out)
-    logs.quiet_tensorflow(cfg.run.dir, "hvd-train predict")
+    logs.quiet_tensorflow(RunDir(cfg.run.dir).started_run_logs(), "hvd-train predict")
     inference.predict(
         cfg, args.model, args.images, args.out, args.batch_size or cfg.train.batch_size
     )

@@ -31,7 +31,7 @@ def main(argv: list[str], prog: str) -> int:
     from hvd_train.record import stops
     from hvd_train.runtime import binding
 
-    binding.prepare(cfg.model.keras)  # before TensorFlow loads: what tf.keras means
+    binding.prepare(cfg.runtime.keras)  # before TensorFlow loads: what tf.keras means
 
     startup.mark("config")
     # From here a stop, or horovodrun ending the job after another worker failed, is recorded

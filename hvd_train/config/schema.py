@@ -169,11 +169,6 @@ class ModelConfig:
     # uncompiled Keras model. Wins over name. Imports and runs your code in every worker
     # (docs/security.md).
     factory: str = ""
-    # Which Keras builds and trains the model: auto (a factory's model with the Keras it was
-    # built with; the built-in models with Keras 3 on TensorFlow 2.16+, Keras 2 on 2.15);
-    # keras (Keras 3, `import keras`); tf_keras (Keras 2: the tf_keras package on 2.16+,
-    # tf.keras on 2.15; a factory's tf.keras is then Keras 2 too). docs/models.md.
-    keras: Literal["auto", "keras", "tf_keras"] = "auto"
     from_logits: bool = False  # true when the model's last layer has no softmax
     # convnet: the convolutions' widths (a max-pool after every second).
     filters: tuple[int, ...] = (32, 32, 64, 64)
@@ -187,7 +182,7 @@ class ModelConfig:
     # broadcast.
     weights: str = "none"
     trainable_base: bool = True  # Applications models: false freezes the base, trains the head
-    # Swap every BatchNormalization for Horovod's SyncBatchNormalization (statistics over the
+    # Swap every BatchNormalization for hvd_train's SyncBatchNormalization (statistics over the
     # global batch: for small per-worker batches); the exported model.keras has plain
     # BatchNormalization again.
     sync_batch_norm: bool = False
@@ -212,6 +207,11 @@ class RuntimeConfig:
     # cores, by local rank, before TensorFlow starts its threads. null: bound on a host without
     # a GPU where the launcher started several workers, else unbound.
     bind_cores: bool | None = None
+    # Which Keras builds and trains the model: auto (a factory's model with the Keras it was
+    # built with; the built-in models with Keras 3 on TensorFlow 2.16+, Keras 2 on 2.15);
+    # keras (Keras 3, `import keras`); tf_keras (Keras 2: the tf_keras package on 2.16+,
+    # tf.keras on 2.15; a factory's tf.keras is then Keras 2 too). docs/models.md.
+    keras: Literal["auto", "keras", "tf_keras"] = "auto"
 
 
 @dataclass(frozen=True)

@@ -27,15 +27,18 @@ def advice_for(source: str) -> str | None:
     return None if source in IN_MEMORY_SOURCES else DECODED_ADVICE
 
 
-def data_summary(history: dict[str, list[float]], skipped: tuple[str, ...]) -> dict[str, Any]:
+def data_summary(
+    history: dict[str, list[float]], skipped: tuple[str, ...], summary_path: str
+) -> dict[str, Any]:
     """summary.json's data entries: the run's input_wait_fraction (epochs after the first, as
-    for the rate) and the corrupt files skipped; logs the skipped count on rank 0."""
+    for the rate) and the corrupt files skipped; logs the skipped count on rank 0, naming
+    `summary_path` (run.dir's summary.json: record/layout.py) for their list."""
     waits = history.get("input_wait_fraction", [])
     measured = waits[1:] if len(waits) > 1 else waits
     if skipped:
         distributed.log(
             f"{len(skipped)} corrupt files were skipped (data.on_corrupt: skip), listed in "
-            f"summary.json skipped_files; first: {skipped[0]}"
+            f"{summary_path} skipped_files; first: {skipped[0]}"
         )
     return {
         "input_wait_fraction": float(np.mean(measured)) if measured else 0.0,

@@ -10,7 +10,6 @@ one error names all the unreadable ones.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import io
 import json
@@ -23,6 +22,7 @@ from typing import TypeVar
 import numpy as np
 
 from hvd_train.base.errors import DataError
+from hvd_train.base.files import atomic_write
 
 T = TypeVar("T")
 
@@ -170,7 +170,6 @@ def _save_listing(listing: ClassFolders) -> None:
     if is_url(root):
         return
     path = listing_cache_path(root)
-    tmp = f"{path}.{os.getpid()}.tmp"
     try:
         saved = {
             "version": _LISTING_VERSION,
@@ -183,13 +182,10 @@ def _save_listing(listing: ClassFolders) -> None:
             ],
             "ignored": listing.ignored,
         }
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(tmp, "w", encoding="utf-8") as f:
+        with atomic_write(path, encoding="utf-8") as f:
             json.dump(saved, f)
-        os.replace(tmp, path)
     except OSError:
-        with contextlib.suppress(OSError):
-            os.remove(tmp)
+        pass
 
 
 # --------------------------------------------------------------------------- split and caps

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hvd_train.base.errors import DataError
+from hvd_train.base.files import atomic_path, atomic_write
 from hvd_train.data import images
 
 CLASSES_FILE = "classes.txt"
@@ -104,9 +105,10 @@ def _write_shard(name, paths, labels, ids, root, done: _Counter) -> None:
             return tf.train.Feature(bytes_list=tf.train.BytesList(value=[value]))
         return tf.train.Feature(int64_list=tf.train.Int64List(value=[int(value)]))
 
-    tmp = name + ".tmp"
     sizes = []
-    with tf.io.TFRecordWriter(tmp) as writer:
+    # A shard is either complete or absent (convert writes a local folder: `dst` is made by
+    # os.makedirs).
+    with atomic_path(name) as tmp, tf.io.TFRecordWriter(tmp) as writer:
         for path, label, example_id in zip(paths, labels, ids, strict=True):
             with open(path, "rb") as f:
                 data = f.read()
@@ -127,7 +129,6 @@ def _write_shard(name, paths, labels, ids, root, done: _Counter) -> None:
             writer.write(data)
             sizes.append(_HEADER + len(data) + 4)
             done.add(1)
-    os.replace(tmp, name)  # a shard is either complete or absent
     # Its index: every image was checked before writing (convert), so all are marked checked.
     sizes_arr = np.asarray(sizes, np.int64)
     offsets = np.concatenate([[0], np.cumsum(sizes_arr)[:-1]]).astype(np.int64)
@@ -401,17 +402,29 @@ def _load_index(path: str, file_size: int) -> tuple[np.ndarray, ...] | None:
 
 
 def _write_index(path, offsets, sizes, labels, ids, checked) -> None:
-    """Writes `path.idx` and `path.labels` (each atomically: a temporary file, then rename)."""
-    import tensorflow as tf
-
+    """Writes `path.idx` and `path.labels`, each atomically (a temporary file, then a rename;
+    the temporary's name holds the pid: workers may index at once)."""
     for suffix, rows in (
         (INDEX_SUFFIX, zip(offsets, sizes, strict=True)),
         (LABELS_SUFFIX, zip(labels, ids, checked.astype(int), strict=True)),
     ):
-        tmp = f"{path}{suffix}.{os.getpid()}.tmp"  # unique: workers may index at once
-        with tf.io.gfile.GFile(tmp, "w") as f:
-            f.write("".join(" ".join(str(int(v)) for v in row) + "\n" for row in rows))
-        tf.io.gfile.rename(tmp, path + suffix, overwrite=True)
+        text = "".join(" ".join(str(int(v)) for v in row) + "\n" for row in rows)
+        if images.is_url(path):
+            _write_url(path + suffix, text)
+        else:
+            with atomic_write(path + suffix) as f:
+                f.write(text)
+
+
+def _write_url(url: str, text: str) -> None:
+    """Writes `text` to a URL (gs://, s3://) through tf.io.gfile: a temporary object, then a
+    rename. Not atomic_write: an object store has no fsync, and its rename may be a copy."""
+    import tensorflow as tf
+
+    tmp = f"{url}.tmp-{os.getpid()}"
+    with tf.io.gfile.GFile(tmp, "w") as f:
+        f.write(text)
+    tf.io.gfile.rename(tmp, url, overwrite=True)
 
 
 def _build_index(path: str, key: str) -> tuple[np.ndarray, ...]:

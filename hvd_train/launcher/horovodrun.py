@@ -19,6 +19,7 @@ import sys
 
 from hvd_train.base.errors import ConfigError
 from hvd_train.config import Config
+from hvd_train.record.layout import RunDir
 
 # Open MPI on a job whose ranks all run on this machine: only its same-host transports (shared
 # memory). Otherwise every rank opens the TCP transport, which listens on all interfaces whatever
@@ -177,10 +178,7 @@ def horovod_flags(cfg: Config) -> list[str]:
     if h.cycle_time_ms is not None:
         flags += ["--cycle-time-ms", _number(h.cycle_time_ms)]
     if h.timeline:  # rank 0 writes it; absolute, as workers on other hosts resolve it too
-        flags += [
-            "--timeline-filename",
-            os.path.join(os.path.realpath(cfg.run.dir), "timeline.json"),
-        ]
+        flags += ["--timeline-filename", RunDir(os.path.realpath(cfg.run.dir)).timeline]
     return flags + (["--autotune"] if h.autotune else [])
 
 

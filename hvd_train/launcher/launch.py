@@ -47,8 +47,9 @@ from hvd_train.launcher import horovodrun
 from hvd_train.launcher.horovodrun import on_loopback
 from hvd_train.launcher.supervise import Supervisor
 from hvd_train.record import rundir
+from hvd_train.record.layout import RunDir
 from hvd_train.record.stops import STOP_SIGNALS
-from hvd_train.record.summary import early_summary, read_json, write_json
+from hvd_train.record.summary import early_summary, read_summary, write_summary
 
 GLOO_FIRST = re.compile(r"Terminating remaining workers after failure of Process (\d+)")
 GLOO_NAMED = re.compile(r"Process name: (\d+)\s+Exit code: (-?\d+)")
@@ -71,8 +72,8 @@ def attempts(cfg: Config, args: argparse.Namespace, np_: int) -> int:
     """Runs the job (`args` as `hvd-train launch` parsed them) until it completes, is stopped,
     fails for a reason a restart cannot fix, or has used `--max-restarts`; returns the exit
     code (see `_exit_code`)."""
-    summary_path = os.path.join(cfg.run.dir, "summary.json")
-    before = read_json(summary_path)  # unchanged by a job that had nothing to train
+    summary_path = RunDir(cfg.run.dir).summary
+    before = read_summary(summary_path)  # unchanged by a job that had nothing to train
     history: list[dict[str, Any]] = []
     supervisor = Supervisor()  # SIGTERM/SIGINT/SIGUSR1 to the launcher reach the workers
     ours = False  # whether an attempt claimed run.dir: its summary.json is then this job's
@@ -88,7 +89,7 @@ def attempts(cfg: Config, args: argparse.Namespace, np_: int) -> int:
         code, output = supervisor.run(cmd, env=env, tidy=Tidy)
         if code == 0 and supervisor.stop_signal:
             code = _stopped_code(summary_path, supervisor.stop_signal)
-        if code == 0 and before and read_json(summary_path) == before:
+        if code == 0 and before and read_summary(summary_path) == before:
             say("nothing was trained: run.dir is as it was")
             return 0
         if code == 0:
@@ -205,7 +206,7 @@ def _say_ending(
         return
     rank = failure["rank"]
     host = rank_host(hosts, rank) if hosts and rank is not None else None
-    path = logs.path_for(run_dir, rank) if rank is not None else ""
+    path = RunDir(run_dir).rank_log(rank) if rank is not None else ""
     if path and (not host or on_loopback(host)) and not os.path.exists(path):
         path = ""  # it failed before run.dir was its job's: no log (or another job's)
     where = f"; full log: {path}" if path else ""
@@ -305,7 +306,7 @@ def _mark_ended(
         summary["error"] = "the job ended in its start-up, before rank 0 started the record"
     try:
         os.makedirs(cfg.run.dir, exist_ok=True)
-        write_json(path, summary)
+        write_summary(path, summary)
     except OSError as e:
         say(f"cannot write {path}: {e.strerror or e}")
 
@@ -337,7 +338,7 @@ def _record(path: str, history: list[dict[str, Any]], restarts: int) -> None:
     summary = _read(path)
     if summary:
         summary["launch"] = {"restarts": max(restarts, 0), "failures": history}
-        write_json(path, summary)
+        write_summary(path, summary)
 
 
 def _stopped_code(summary_path: str, stop_signal: int) -> int:
@@ -352,10 +353,10 @@ def _read(path: str, wait_s: float = 0.0) -> dict[str, Any]:
     """summary.json; with `wait_s`, waits that long for a `running` one to end (rank 0's
     keeper writes it once rank 0 has exited, a moment after the job)."""
     deadline = time.monotonic() + wait_s
-    summary = read_json(path)
+    summary = read_summary(path)
     while summary.get("status") == "running" and time.monotonic() < deadline:
         time.sleep(0.1)
-        summary = read_json(path)
+        summary = read_summary(path)
     return summary
 
 

@@ -181,12 +181,13 @@ def workload_from_run(run_dir: str, fp16: bool) -> Workload:
     Raises:
         UserError: no summary.json, a run of several workers, or figures missing.
     """
-    from hvd_train.record.summary import SUMMARY, read_json
+    from hvd_train.record.layout import RunDir
+    from hvd_train.record.summary import read_summary
 
-    path = os.path.join(run_dir, SUMMARY)
+    path = RunDir(run_dir).summary
     if not os.path.isfile(path):
         raise UserError(f"plan: {path}: no such file; expected a run.dir written by hvd-train")
-    s = read_json(path)
+    s = read_summary(path)
     if s.get("world_size") != 1:
         raise UserError(
             f"plan: {path}: a run of {s.get('world_size')} workers; plan from a 1-worker run "

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from hvd_train.base.errors import ConfigError, UserError
 from hvd_train.config import Config, check, load_config
 from hvd_train.launcher import horovodrun
+from hvd_train.record.layout import RunDir
 
 COLUMNS = [
     "workers", "per_worker_batch", "global_batch", "examples_per_sec",
@@ -84,7 +85,7 @@ def run_point(config: str, overrides: list[str], point: Point, run_dir: str, tim
     sets = [*overrides, f"train.batch_size={point.batch_size}", f"run.dir={run_dir}"]
     cfg = load_config(config, sets)
     cmd, env = horovodrun.command(cfg, config, sets, point.workers)
-    with open(os.path.join(run_dir, "log.txt"), "w") as log:
+    with open(RunDir(run_dir).sweep_log, "w") as log:
         log.write(" ".join(cmd) + "\n")
         log.flush()
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
@@ -104,9 +105,9 @@ def read_point(point: Point, run_dir: str, status: str, target: float | None) ->
            "per_worker_batch": None, "global_batch": None, "batch_size": point.batch_size,
            "curve": []}  # fmt: skip
     try:
-        with open(os.path.join(run_dir, "summary.json")) as f:
+        with open(RunDir(run_dir).summary) as f:
             summary = json.load(f)
-        with open(os.path.join(run_dir, "metrics.csv")) as f:
+        with open(RunDir(run_dir).metrics) as f:
             epochs = list(csv.DictReader(f))
     except (OSError, ValueError):
         row["status"] = status if status != "ok" else "no results"

@@ -27,20 +27,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from hvd_train.base.errors import RunDirError
+from hvd_train.base.files import TEMPORARY_PATTERNS, atomic_write
+from hvd_train.record import layout
+from hvd_train.record.layout import RunDir
 
-LOCK_NAME = ".hvd_train.lock"
-# What runs write into run.dir (trainer, callbacks, Horovod's timeline, and `hvd-train sweep`'s
-# log.txt of a grid point): a folder holding only these is an earlier run's.
-RUN_FILES = frozenset(
-    {
-        "summary.json", "metrics.csv", "config.yaml", "checkpoints", "model.keras", "model",
-        "best.keras", "best", "tensorboard", "timeline.json", "logs", "log.txt", LOCK_NAME,
-        "evaluation.json",  # hvd-train evaluate's default --out
-        ".hvd_train.reserve",  # record.RESERVE: room kept for the final summary.json
-    }
-)  # fmt: skip
+LOCK_NAME = layout.LOCK
 # Atomic writes that a crash left half done: summary.json.tmp, model.tmp-123.keras, model.old-123.
-TEMPORARY = ("*.tmp*", "*.old-*")
+TEMPORARY = TEMPORARY_PATTERNS
 # A lock read while its creator has not written it yet (a job starting at the same moment).
 _UNWRITTEN_WAIT_S = 2.0
 
@@ -104,7 +97,7 @@ class Claim:
     def write_config(self, text: str) -> None:
         """Writes run.dir/config.yaml (the resolved config) atomically, unless it is the
         `--config` file itself: that is an earlier run's resolved config, left as it is."""
-        path = os.path.join(self.run_dir, "config.yaml")
+        path = RunDir(self.run_dir).config
         if self.config_path is not None and _same_file(self.config_path, path):
             differs = _read_text(path) != text
             note = (
@@ -112,15 +105,12 @@ class Claim:
             )
             self.log(f"{path} is the --config file: left as it is{note}")
             return
-        tmp = f"{path}.tmp-{os.getpid()}"
         try:
-            with open(tmp, "w") as f:
+            with atomic_write(path) as f:
                 f.write(text)
-            os.replace(tmp, path)
         except OSError as e:
-            _remove_quietly(tmp)
             raise NotWritable(
-                f"run.dir {self.run_dir}: cannot write config.yaml ({_reason(e)}); free space "
+                f"run.dir {self.run_dir}: cannot write {layout.CONFIG} ({_reason(e)}); free space "
                 "or choose another run.dir"
             ) from None
 
@@ -143,7 +133,7 @@ def release_stale(run_dir: str, pid: int, host: str) -> bool:
 def read_lock(run_dir: str) -> dict[str, Any] | None:
     """The lock's record (pid, host, start_time, time, ...), or None without a readable lock."""
     try:
-        with open(os.path.join(run_dir, LOCK_NAME)) as f:
+        with open(RunDir(run_dir).lock) as f:
             held = json.load(f)
     except (OSError, ValueError):
         return None
@@ -185,7 +175,7 @@ def foreign_files(run_dir: str) -> list[str]:
     return [
         name + ("/" if os.path.isdir(os.path.join(run_dir, name)) else "")
         for name in names
-        if name not in RUN_FILES and not any(fnmatch.fnmatch(name, p) for p in TEMPORARY)
+        if name not in layout.RUN_FILES and not any(fnmatch.fnmatch(name, p) for p in TEMPORARY)
     ]
 
 
@@ -220,7 +210,7 @@ def _take_lock(run_dir: str, me: dict[str, Any], log: Callable[[str], None]) -> 
 
 
 def _take_lock_guarded(run_dir: str, me: dict[str, Any], log: Callable[[str], None]) -> None:
-    path = os.path.join(run_dir, LOCK_NAME)
+    path = RunDir(run_dir).lock
     for _ in range(10):  # each pass creates the lock, refuses, or found it gone or stale
         if _create_lock(path, me, run_dir):
             return
@@ -346,7 +336,7 @@ def _remove_lock(path: str, ident: tuple[int, int], run_dir: str) -> bool:
 
 
 def _remove_lock_if(run_dir: str, match: Callable[[dict[str, Any]], bool]) -> bool:
-    path = os.path.join(run_dir, LOCK_NAME)
+    path = RunDir(run_dir).lock
     try:
         held, ident = _read_holder(path, run_dir)
     except RunDirError:  # unreadable: not ours to remove

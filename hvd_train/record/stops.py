@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from hvd_train.base import logs
 from hvd_train.base.errors import ANOTHER_FIRST, exit_description
-from hvd_train.record.summary import end_before_start
+from hvd_train.record.run_record import end_before_start
 
 if TYPE_CHECKING:
     from hvd_train.config import Config, RunConfig
@@ -243,8 +243,8 @@ def _end_in_start_up(
 ) -> None:
     """Rank 0 stopped, or ended after another worker failed, before its record existed (in
     TensorFlow's import, Horovod's start, the data's preparation): it writes the ending itself,
-    as the run would have (record.end_before_start). Under `hvd-train launch` the launcher adds
-    what it knows; under raw horovodrun nobody else could."""
+    as the run would have (run_record.end_before_start). Under `hvd-train launch` the launcher
+    adds what it knows; under raw horovodrun nobody else could."""
     if logs.launcher_rank() not in (None, 0):
         return
     name = signal.Signals(signum).name

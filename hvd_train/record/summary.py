@@ -1,156 +1,164 @@
-"""The run record: summary.json, which never says `running` or `completed` when it is not.
+"""summary.json: every field it may hold, how it is read and written, and what a rerun makes
+of it.
 
-Rank 0 writes summary.json atomically: at the start, after every epoch and checkpoint, and at
-the end. The end is written once (`RunRecord.end`); a failed write of it is an error, and a
-full disk gets the room kept in a small reserve file. A keeper process, started by rank 0
-outside the job's process tree (launchers kill the tree), outlives it: when rank 0 ends
-without its final word (SIGKILL from a launcher after another worker failed, the
-out-of-memory killer, a stop that outran the launcher's grace), the keeper writes `failed`
-or `interrupted` itself, and releases rank 0's hold on run.dir.
+`Summary` declares each field, with its type and what it means; scripts outside the project
+read them, so a name or a meaning never changes (docs/faults.md, "What a run writes"). Rank 0
+writes the record through `RunRecord` (run_record.py); its keeper (keeper.py), rank 0 in its
+start-up (run_record.end_before_start) and `hvd-train launch` end it when rank 0 could not.
+`problems` checks a record against the declaration (the tests run it on real runs).
 
-This module imports nothing heavy: the keeper runs it as `python -m hvd_train.record.summary`.
+Standard library only.
 """
 
 from __future__ import annotations
 
-import errno
 import json
-import os
-import signal
-import socket
-import subprocess
-import sys
-import threading
-import time
-from typing import Any
+import types
+import typing
+from collections.abc import Mapping
+from typing import Any, Literal, TypedDict
 
 from hvd_train.base import startup
-from hvd_train.base.errors import NO_STATUS, CheckpointError, RunDirError, TrainingError
-from hvd_train.record import rundir
+from hvd_train.base.files import atomic_write
 
-SUMMARY = "summary.json"
 ENDINGS = ("completed", "failed", "interrupted")
-# Room for the final summary.json on a full disk, freed just before it is written.
-RESERVE = ".hvd_train.reserve"
-RESERVE_BYTES = 64 * 1024
 # What an ending says of its cause: replaced, not mixed, when a later job ends the record.
 EARLIER_ENDING = ("error", "error_type", "stopped_by", "stop_detail", "stop_signal",
                   "failed_rank", "failure", "recorded_by")  # fmt: skip
 
 
-class RecordError(TrainingError):
-    """summary.json could not be written: the run's status would be false (exit code 1)."""
+class Versions(TypedDict):
+    """The stack the run trained on (runtime/distributed.py versions)."""
 
-    recurs = CheckpointError.recurs
-
-
-class RunRecord:
-    """summary.json of one run, on rank 0. Every write is atomic; `end` is written once."""
-
-    def __init__(self, run_dir: str, summary: dict[str, Any]):
-        self.run_dir = run_dir
-        self.path = os.path.join(run_dir, SUMMARY)
-        self.summary = dict(summary)
-        self.ended = False
-        self._lock = threading.Lock()  # the stop watcher thread may end the record too
-        self._keeper: Any = None
-
-    def start(self) -> None:
-        """Writes the first summary, sets the reserve aside and starts the keeper.
-
-        Raises:
-            RecordError: run.dir has no room even for these (exit code 1).
-        """
-        with self._lock:
-            if self.ended:
-                return
-            try:
-                self._write()
-                _reserve(self.run_dir)
-            except OSError as e:
-                _free_reserve(self.run_dir)
-                raise RecordError(
-                    f"cannot start the run's record in {self.run_dir}: {e.strerror or e}; "
-                    "free space there (or choose another run.dir)"
-                ) from None
-            self._keeper = _start_keeper(self.run_dir, os.getpid())
-
-    def update(self, **fields: Any) -> None:
-        """Progress while running (epochs completed, newest checkpoint); ignored once ended."""
-        with self._lock:
-            if self.ended:
-                return
-            self.summary.update(fields)
-            try:
-                self._write()
-            except OSError:
-                pass  # progress is best effort; the end is not (see `end`)
-
-    def end(self, **fields: Any) -> bool:
-        """Writes the final summary; False when it was already written (by another thread).
-
-        Raises:
-            RecordError: summary.json cannot be written even with the reserve freed.
-        """
-        with self._lock:
-            if self.ended:
-                return False
-            self.ended = True
-            self.summary.update(fields)
-            try:
-                self._write()
-            except OSError as e:
-                if e.errno not in (errno.ENOSPC, errno.EDQUOT):
-                    raise RecordError(f"cannot write {self.path}: {e.strerror or e}") from None
-                _free_reserve(self.run_dir)
-                try:
-                    self._write()
-                except OSError as e2:
-                    raise RecordError(f"cannot write {self.path}: {e2.strerror or e2}") from None
-            _free_reserve(self.run_dir)
-            return True
-
-    def note(self, **event: Any) -> None:
-        """Tells the keeper something it needs if rank 0 dies (a stop signal arrived)."""
-        if self._keeper is None:
-            return
-        try:
-            self._keeper.write(json.dumps(event) + "\n")
-            self._keeper.flush()
-        except (OSError, ValueError):
-            pass
-
-    def close(self) -> None:
-        """Lets the keeper go: it checks the summary once this process has exited."""
-        if self._keeper is not None:
-            try:
-                self._keeper.close()
-            except OSError:
-                pass
-            self._keeper = None
-
-    def _write(self) -> None:
-        write_json(self.path, self.summary)
+    python: str
+    tensorflow: str
+    keras: str  # "tf_keras 2.21.0", or "tf.keras 2.15.0"
+    horovod: str
 
 
-def write_json(path: str, data: dict[str, Any]) -> None:
-    """Writes `data` to a temporary file next to `path`, then renames it over `path`."""
-    tmp = f"{path}.tmp-{os.getpid()}"
-    try:
-        with open(tmp, "w") as f:
-            json.dump(data, f, indent=2)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.remove(tmp)
-        except OSError:
-            pass
-        raise
+class Position(TypedDict):
+    """A place in training, as the log shows it."""
+
+    epoch: int  # 1-based
+    step: int  # steps of that epoch already done (0: not begun)
 
 
-def read_json(path: str) -> dict[str, Any]:
+class StoppedEarly(TypedDict):
+    epoch: int  # 1-based: the last epoch trained
+    by: str  # the class name of the user's callback that stopped the run
+
+
+class Elastic(TypedDict):
+    """Horovod Elastic's report (train/elastic.py)."""
+
+    resets: int  # how often the workers' membership changed
+    world_sizes: list[int]  # the worker count of each membership, in order
+
+
+class LaunchFailure(TypedDict, total=False):
+    """One failed attempt of `hvd-train launch` (launcher/launch.py first_failure)."""
+
+    rank: int | None  # the rank that failed first; None when horovodrun named none
+    rank_exit_code: int | None  # its exit code (128 + N: killed by signal N)
+    error: str | None  # its own one-line failure, when it printed one
+    attempt: int  # 1-based
+    exit_code: int  # horovodrun's (or mpirun's)
+    time: float  # when the attempt ended (time.time())
+
+
+class Launch(TypedDict):
+    """What `hvd-train launch` adds at the end of its job."""
+
+    restarts: int
+    failures: list[LaunchFailure]
+
+
+class EarlierJob(TypedDict, total=False):
+    """What `earlier_jobs` keeps of a job that trained the run before (`earlier_job`)."""
+
+    started_at: float
+    status: str
+    world_size: int
+    controller: str
+    global_batch_size: int
+    trained_from: Position
+    epochs_completed: int
+    stopped_at: Position
+    train_examples_per_sec: float
+    wall_time_s: float
+
+
+class Summary(TypedDict, total=False):
+    """summary.json: every field any writer puts in it. A record holds a subset: the opening
+    fields from the start, the results at the end, the cause for an ending but `completed`."""
+
+    # The run as rank 0 started it (train/trainer.py).
+    status: Literal["running", "completed", "interrupted", "failed"]
+    started_at: float  # time.time() when this job's rank 0 started (or its process was made)
+    world_size: int  # workers (the last membership's, under Horovod Elastic)
+    controller: Literal["gloo", "mpi", "none"]  # none: one process without a launcher
+    device: Literal["gpu", "cpu"]
+    per_worker_batch_size: int
+    global_batch_size: int
+    steps_per_epoch: int
+    base_learning_rate: float  # optimizer.learning_rate as configured
+    scaled_learning_rate: float  # after optimizer.lr_scaling for the worker count
+    batch_size_mode: Literal["per_worker", "global"]  # train.batch_size_mode
+    epochs: int  # train.epochs: the epochs asked for
+    epochs_completed: int
+    resumed_from: str | None  # the checkpoint folder this job resumed from
+    last_checkpoint: str | None  # the newest checkpoint folder, from which a rerun resumes
+    model_path: str | None  # model.keras (or the SavedModel folder), once written
+    versions: Versions
+    # What each step all-reduces, for `hvd-train plan` (set once the model is built).
+    trainable_parameters: int
+    gradient_dtype: Literal["float32", "float16"]  # float16 with horovod.compression: fp16
+    gradient_bytes: int  # trainable_parameters x 4 (float32) or x 2 (float16)
+    trained_from: Position  # where this job began training
+    earlier_jobs: list[EarlierJob]  # the jobs that trained this run before, oldest first
+    elastic: Elastic  # under Horovod Elastic
+    # The results (train/trainer.py, data/diagnostics.py, train/perf.py).
+    stopped_at: Position | None  # where a stop left training: where the next run continues
+    stopped_early: StoppedEarly  # a user's callback ended the run (still `completed`)
+    train_examples_per_sec: float  # all workers, warm-up left out (train/perf.py)
+    final_metrics: dict[str, float]  # the last epoch's row of metrics.csv, by column
+    input_wait_fraction: float  # the training time spent waiting for input, after epoch 1
+    skipped_files: list[str]  # corrupt files left out (data.on_corrupt: skip)
+    train_examples_per_sec_per_worker: float
+    step_time_ms: float | None  # the median step, warm-up left out; None: no step measured
+    warmup_excluded: str  # what the figures leave out: "first epoch", "first N steps", ...
+    accumulation_steps: int  # train.accumulation_steps
+    effective_batch_size: int  # global batch x accumulation steps
+    allreduce_time_share: float | None  # from the timeline (horovod.timeline: true), rank 0
+    negotiation_time_share: float | None  # likewise; None without a timeline
+    startup_s: dict[str, float]  # rank 0's seconds from its process's start to each phase's end
+    wall_time_s: float  # this job's, from rank 0's start to its end
+    best_model_path: str | None  # best.keras (or its SavedModel folder), once written
+    # An ending other than `completed`: its cause.
+    stopped_by: str  # the stop's signal: SIGTERM, SIGINT or SIGUSR1
+    stop_detail: str  # why a stop saved nothing (it came before any step, or outran its grace)
+    stop_signal: str  # the keeper's: the signal rank 0 was stopping for when it died
+    error: str  # the first cause, in one line
+    error_type: str  # the class of rank 0's error (base/errors.py): what launch restarts on
+    failed_rank: int | None  # the rank that failed first, when known
+    failure: str  # hvd-train launch's description of the first failure
+    recorded_by: Literal["keeper", "start-up", "launcher"]  # who wrote an ending not rank 0's
+    launch: Launch  # hvd-train launch's attempts
+
+
+def write_summary(path: str, summary: Summary | dict[str, Any]) -> None:
+    """Writes `summary` to `path` atomically (base/files.py: a reader sees the old or the new).
+
+    Raises:
+        OSError: it could not be written; `path` is as it was.
+    """
+    with atomic_write(path) as f:
+        json.dump(summary, f, indent=2)
+
+
+def read_summary(path: str) -> Summary:
+    """The record at `path`; {} when there is none or it cannot be read (not JSON, not an
+    object)."""
     try:
         with open(path) as f:
             data = json.load(f)
@@ -159,7 +167,64 @@ def read_json(path: str) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def nothing_to_train(summary: dict[str, Any], epochs: int, run_dir: str) -> str | None:
+def problems(summary: Mapping[str, Any]) -> list[str]:
+    """What in `summary` is not as `Summary` declares it, one line each: a field that is not
+    declared (`launch.tries: not a declared field`) or a value of another type
+    (`world_size: expected int, got '2'`); [] when all is declared."""
+    return _problems(summary, Summary, "")
+
+
+def _problems(value: Any, kind: Any, where: str) -> list[str]:
+    if typing.is_typeddict(kind):
+        if not isinstance(value, dict):
+            return [f"{where or 'summary'}: expected an object, got {value!r}"]
+        hints = typing.get_type_hints(kind)
+        found = []
+        for key, item in value.items():
+            at = f"{where}.{key}" if where else key
+            if key not in hints:
+                found.append(f"{at}: not a declared field")
+            else:
+                found += _problems(item, hints[key], at)
+        return found
+    origin, args = typing.get_origin(kind), typing.get_args(kind)
+    if origin in (typing.Union, types.UnionType):
+        fits = any(not _problems(value, a, where) for a in args)
+    elif origin is Literal:
+        return [] if value in args else [f"{where}: expected one of {args}, got {value!r}"]
+    elif origin is list:
+        if not isinstance(value, list):
+            return [f"{where}: expected a list, got {value!r}"]
+        return [p for i, v in enumerate(value) for p in _problems(v, args[0], f"{where}[{i}]")]
+    elif origin is dict:
+        if not isinstance(value, dict):
+            return [f"{where}: expected an object, got {value!r}"]
+        return [p for k, v in value.items() for p in _problems(v, args[1], f"{where}.{k}")]
+    else:
+        fits = _is(value, kind)
+    return [] if fits else [f"{where}: expected {_name(kind)}, got {value!r}"]
+
+
+def _is(value: Any, kind: Any) -> bool:
+    if kind is Any:
+        return True
+    if kind is None or kind is type(None):
+        return value is None
+    if isinstance(value, bool):  # JSON's true is not a number
+        return kind is bool
+    if kind is float:  # JSON has one number type: 2 is a float too
+        return isinstance(value, (int, float))
+    return isinstance(value, kind)
+
+
+def _name(kind: Any) -> str:
+    """`int`, `Position | None`: a type as the declaration spells it."""
+    if typing.get_args(kind):
+        return " | ".join(_name(a) for a in typing.get_args(kind))
+    return "None" if kind is type(None) else getattr(kind, "__name__", str(kind))
+
+
+def nothing_to_train(summary: Mapping[str, Any], epochs: int, run_dir: str) -> str | None:
     """Why a rerun with `train.epochs: epochs` of the run whose record is `summary` has nothing
     to train (one line), or None when it has.
 
@@ -190,7 +255,7 @@ def nothing_to_train(summary: dict[str, Any], epochs: int, run_dir: str) -> str 
     return f"{run_dir} already completed {done} of {asked} epochs; nothing to train ({more})"
 
 
-def earlier_job(summary: dict[str, Any]) -> dict[str, Any]:
+def earlier_job(summary: Mapping[str, Any]) -> EarlierJob:
     """What summary.json's `earlier_jobs` keeps of a job that trained the run before."""
     keys = ("started_at", "status", "world_size", "controller", "global_batch_size",
             "trained_from", "epochs_completed", "stopped_at", "train_examples_per_sec",
@@ -198,7 +263,7 @@ def earlier_job(summary: dict[str, Any]) -> dict[str, Any]:
     return {k: summary[k] for k in keys if summary.get(k) is not None}
 
 
-def early_summary(world_size: int, epochs: int, recorded_by: str) -> dict[str, Any]:
+def early_summary(world_size: int, epochs: int, recorded_by: str) -> Summary:
     """summary.json of a job that ended before rank 0 started its record (in its first
     seconds), written by `recorded_by`: "start-up" (rank 0 itself) or "launcher"."""
     return {
@@ -211,168 +276,3 @@ def early_summary(world_size: int, epochs: int, recorded_by: str) -> dict[str, A
         "last_checkpoint": None,
         "recorded_by": recorded_by,
     }
-
-
-def end_before_start(
-    run_dir: str, overwrite: bool, world_size: int, epochs: int, ending: dict[str, Any]
-) -> str:
-    """Rank 0, stopped or failed in its start-up, before its RunRecord: writes `ending` into
-    run.dir's summary.json, under the claim the run itself would have taken; returns what it
-    did, in words for the console.
-
-    A record of an earlier job gets `ending` (what that job achieved stays); none gets a new
-    one. Nothing is written where the run would have been refused (run.dir another job's, not
-    a run's, not writable) nor over a completed run.
-    """
-    try:
-        claim = rundir.claim(run_dir, overwrite=overwrite, config_path=None, log=lambda _: None)
-    except RunDirError:
-        return f"nothing was written ({run_dir} is not this job's to write)"
-    try:
-        path = os.path.join(run_dir, SUMMARY)
-        summary = read_json(path)
-        if summary.get("status") == "completed":
-            return f"{path} is a completed run's: left as it is"
-        for key in EARLIER_ENDING:
-            summary.pop(key, None)
-        summary = summary or early_summary(world_size, epochs, "start-up")
-        summary.update(ending, recorded_by="start-up")
-        write_json(path, summary)
-        return f"{path} says {summary['status']}"
-    except OSError as e:
-        return f"cannot write {path}: {e.strerror or e}"
-    finally:
-        claim.release()
-
-
-def _reserve(run_dir: str) -> None:
-    with open(os.path.join(run_dir, RESERVE), "wb") as f:
-        os.posix_fallocate(f.fileno(), 0, RESERVE_BYTES)  # real blocks, not a sparse file
-
-
-def _free_reserve(run_dir: str) -> None:
-    try:
-        os.remove(os.path.join(run_dir, RESERVE))
-    except OSError:
-        pass
-
-
-# --------------------------------------------------------------------------- the keeper
-
-
-def _start_keeper(run_dir: str, pid: int) -> Any:
-    """Starts the keeper of `pid`'s record; returns the pipe to it (EOF: `pid` has ended)."""
-    try:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "hvd_train.record.summary", os.path.abspath(run_dir), str(pid)],
-            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
-            start_new_session=True,  # not in the job's process group: spared by its kill
-            env=_keeper_env(),
-        )  # fmt: skip
-    except OSError:
-        return None
-    proc.wait()  # the first child forks the keeper and exits at once (see keep)
-    return proc.stdin
-
-
-def _keeper_env() -> dict[str, str]:
-    """The keeper's environment: this package importable, and no rank, so that no launcher
-    or supervisor looking for the job's workers takes the keeper for one."""
-    env = {k: v for k, v in os.environ.items() if not k.endswith("_RANK")}
-    env["PYTHONPATH"] = _package_root()
-    return env
-
-
-def _package_root() -> str:
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    extra = os.environ.get("PYTHONPATH")
-    return f"{root}{os.pathsep}{extra}" if extra else root
-
-
-def keep(run_dir: str, pid: int) -> None:
-    """The keeper: waits for `pid` to end, then makes sure its record tells the truth."""
-    # Leave the process tree: a launcher that kills the job's tree (horovodrun kills the
-    # children of a worker that outlived its grace) must not take the keeper with it.
-    if os.fork():
-        os._exit(0)
-    for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):  # it ends when rank 0 has
-        signal.signal(sig, signal.SIG_IGN)
-    stop_signal = 0
-    for line in sys.stdin:  # until rank 0's end of the pipe closes: it has ended
-        try:
-            event = json.loads(line)
-        except ValueError:
-            continue
-        stop_signal = stop_signal or int(event.get("signal", 0))
-    if not _wait_gone(pid):
-        return  # rank 0's process lives on (it ran train() and goes on): its run.dir, its job
-    path = os.path.join(run_dir, SUMMARY)
-    summary = read_json(path)
-    said = ""
-    if summary.get("status") == "running":
-        summary.update(ended_without_rank0(summary, pid, stop_signal))
-        _free_reserve(run_dir)
-        try:
-            write_json(path, summary)
-            said = f"[hvd_train] {summary['error']}; {path} says {summary['status']}"
-        except OSError as e:
-            said = f"[hvd_train] cannot write {path}: {e}"
-    _free_reserve(run_dir)
-    _release(run_dir, pid)
-    try:  # last: the launcher that read rank 0's output may be gone with it
-        if said:
-            print(said, file=sys.stderr, flush=True)
-    except OSError:
-        pass
-
-
-def ended_without_rank0(summary: dict[str, Any], pid: int, stop_signal: int) -> dict[str, Any]:
-    """The fields that end a record whose rank 0 died before writing its end."""
-    who = f"rank 0 (pid {pid} on {socket.gethostname()})"
-    fields: dict[str, Any] = {"recorded_by": "keeper"}
-    if stop_signal:
-        name = signal.Signals(stop_signal).name
-        fields.update(
-            status="interrupted",
-            stop_signal=name,
-            error=f"stopped by {name}: {who} was killed before it finished its stop; resume "
-            f"continues from the last checkpoint ({summary.get('last_checkpoint')})",
-        )
-    else:
-        fields.update(
-            status="failed",
-            error=f"{who} {NO_STATUS}: killed (SIGKILL by the launcher "
-            "after another worker failed, the out-of-memory killer, or by hand); the "
-            "launcher's output names the first failure",
-        )
-    started = summary.get("started_at")
-    if isinstance(started, (int, float)):
-        fields["wall_time_s"] = time.time() - started
-    return fields
-
-
-def _wait_gone(pid: int, limit_s: float = 30.0) -> bool:
-    """Whether `pid` exits within `limit_s` (its final write, if any, is then on disk)."""
-    deadline = time.monotonic() + limit_s
-    while time.monotonic() < deadline:
-        if _state(pid) in ("", "Z", "X"):  # gone, or a zombie its parent has yet to reap
-            return True
-        time.sleep(0.05)
-    return False
-
-
-def _state(pid: int) -> str:
-    """The process's state letter from /proc (R, S, Z, ...), or "" when there is none."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return ""
-
-
-def _release(run_dir: str, pid: int) -> None:
-    rundir.release_stale(run_dir, pid, socket.gethostname())
-
-
-if __name__ == "__main__":
-    keep(sys.argv[1], int(sys.argv[2]))

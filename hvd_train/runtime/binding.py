@@ -8,7 +8,7 @@ module per Keras, as Keras puts one `backend/<name>/` per backend.
 
 Both have the same functions (the distributed optimizer, the first broadcast, metric averaging,
 sync batch norm, the elastic state, what a checkpoint holds, the export); the rest of hvd_train
-asks `active()` for them. The choice (`model.keras`):
+asks `active()` for them. The choice (`runtime.keras`):
 
 - `auto`: the Keras of the model. The built-in models use Keras 3 on TensorFlow 2.16+ and
   Keras 2 on 2.15; a `model.factory` is trained with the Keras of the model it returns
@@ -36,7 +36,7 @@ from types import ModuleType
 
 from hvd_train.base.errors import ConfigError
 
-KERAS3 = "keras"  # the `model.keras` value and `versions.keras`'s package name
+KERAS3 = "keras"  # the `runtime.keras` value and `versions.keras`'s package name
 KERAS2 = "tf_keras"
 CHOICES = ("auto", KERAS3, KERAS2)
 # The TensorFlow wheels' distribution names (tensorflow-cpu: CPU-only Linux wheel).
@@ -48,7 +48,7 @@ _active: ModuleType | None = None
 
 
 class KerasChoiceError(ConfigError):
-    """`model.keras` names a Keras this TensorFlow cannot train with (exit code 2)."""
+    """`runtime.keras` names a Keras this TensorFlow cannot train with (exit code 2)."""
 
 
 def version_tuple(version: str | None) -> tuple[int, ...]:
@@ -83,7 +83,7 @@ def default(tf_version: str | None = None) -> str:
 
 
 def resolve(choice: str, tf_version: str | None = None) -> str:
-    """`model.keras` -> the Keras the run starts with (`auto`: the default).
+    """`runtime.keras` -> the Keras the run starts with (`auto`: the default).
 
     Raises:
         KerasChoiceError: `keras` on TensorFlow 2.15, which has no Keras 3.
@@ -92,14 +92,14 @@ def resolve(choice: str, tf_version: str | None = None) -> str:
         return default(tf_version)
     if choice == KERAS3 and not has_keras3(tf_version):
         raise KerasChoiceError(
-            f"model.keras: keras (Keras 3) needs TensorFlow 2.16 or later; this is TensorFlow "
-            f"{tf_version or installed_tensorflow()}: use model.keras: tf_keras or auto"
+            f"runtime.keras: keras (Keras 3) needs TensorFlow 2.16 or later; this is TensorFlow "
+            f"{tf_version or installed_tensorflow()}: use runtime.keras: tf_keras or auto"
         )
     return choice
 
 
 def prepare(choice: str) -> str:
-    """Before TensorFlow is imported: makes `tf.keras` Keras 2 where `model.keras` is tf_keras
+    """Before TensorFlow is imported: makes `tf.keras` Keras 2 where `runtime.keras` is tf_keras
     (TF_USE_LEGACY_KERAS=1 on 2.16+; TensorFlow reads it once, at its import); returns the
     resolved choice."""
     name = resolve(choice)

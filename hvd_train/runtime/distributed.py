@@ -48,19 +48,18 @@ def _autograph_leaves_horovod_alone() -> None:
 _autograph_leaves_horovod_alone()
 
 
-def init(knobs: HorovodConfig, run_dir: str) -> None:
+def init(knobs: HorovodConfig, timeline_path: str) -> None:
     """Starts Horovod (Gloo or MPI, whichever horovodrun or mpirun chose) with the config's knobs.
 
     Horovod reads its tuning from the environment at init; a value the launcher already set
-    (a horovodrun flag) wins over the config.
+    (a horovodrun flag) wins over the config. `timeline_path`: where Horovod writes its
+    timeline with `horovod.timeline: true` (run.dir's timeline.json: record/layout.py).
     """
     env = {
         "HOROVOD_FUSION_THRESHOLD": knobs.fusion_threshold_mb and knobs.fusion_threshold_mb << 20,
         "HOROVOD_CYCLE_TIME": cycle_time_ms(knobs),
         "HOROVOD_AUTOTUNE": 1 if knobs.autotune else None,
-        "HOROVOD_TIMELINE": os.path.abspath(os.path.join(run_dir, "timeline.json"))
-        if knobs.timeline
-        else None,
+        "HOROVOD_TIMELINE": os.path.abspath(timeline_path) if knobs.timeline else None,
         "HOROVOD_STALL_CHECK_TIME_SECONDS": knobs.stall_warning_s,
         "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": knobs.stall_shutdown_s or None,
     }
@@ -69,8 +68,8 @@ def init(knobs: HorovodConfig, run_dir: str) -> None:
     for key, value in env.items():
         if value is not None:
             os.environ.setdefault(key, str(value))
-    if knobs.timeline:
-        os.makedirs(run_dir, exist_ok=True)  # Horovod opens the file at init, on rank 0
+    if knobs.timeline:  # Horovod opens the file at init, on rank 0
+        os.makedirs(os.path.dirname(os.path.abspath(timeline_path)), exist_ok=True)
     if "OMPI_COMM_WORLD_SIZE" in os.environ and not tf.config.list_physical_devices("GPU"):
         # Open MPI busy-polls in blocking calls, and Horovod's background thread makes one every
         # cycle, on the core its worker computes on: let it yield (see docs/benchmarks.md).

@@ -4,7 +4,7 @@ Horovod's Keras API (`horovod.tensorflow.keras`).
 Horovod's Keras API does `from tensorflow import keras` and `from keras import backend` when it
 is imported. On TensorFlow 2.16+ both name Keras 3 unless TF_USE_LEGACY_KERAS=1 was set before
 TensorFlow loaded, which a run that started on Keras 3 (a `model.factory` that returned a
-tf_keras model under `model.keras: auto`) did not do. So Horovod's Keras API is imported with
+tf_keras model under `runtime.keras: auto`) did not do. So Horovod's Keras API is imported with
 `keras` and `tensorflow.keras` bound to tf_keras for the time of its import, then unbound: a
 user's own `import keras` still means what it means.
 

@@ -20,8 +20,9 @@ from hvd_train.base.errors import UserError
 from hvd_train.config import CheckpointConfig, Config, Derived
 from hvd_train.data.diagnostics import advice_for
 from hvd_train.data.pipeline import Source
+from hvd_train.record.layout import RunDir
+from hvd_train.record.run_record import RunRecord
 from hvd_train.record.stops import StopSignals
-from hvd_train.record.summary import RunRecord
 from hvd_train.runtime import binding, distributed
 from hvd_train.runtime.schedules import lr_multiplier
 from hvd_train.train import perf
@@ -149,8 +150,9 @@ class Checkpointer(Callback):
     epoch by `checkpoint.monitor` is also exported as the plain model `best.keras`.
 
     A write that fails (disk full, no permission) raises `CheckpointError` and ends the run:
-    the previous checkpoints stay as they were, and summary.json says `failed` (record.py keeps
-    room for it). The other ranks then fail in their next collective.
+    the previous checkpoints stay as they were, and summary.json says `failed`
+    (record/run_record.py keeps room for it). The other ranks then fail in their next
+    collective.
 
     Args:
         store: run.dir's checkpoints.
@@ -473,7 +475,7 @@ def build_callbacks(
     checkpointer = None
     if distributed.is_chief():
         store = CheckpointStore(cfg.run.dir, cfg.checkpoint)
-        best_path = os.path.join(cfg.run.dir, "best.keras")
+        best_path = RunDir(cfg.run.dir).best
         checkpointer = Checkpointer(
             store, control, plan, cfg.checkpoint, cfg.train.epochs, cfg.runtime.seed, best_path,
             random,
@@ -542,17 +544,17 @@ def _chief_callbacks(
     """Rank 0's: the console after everything that fills the logs (Keras' bar on a terminal
     when asked for, fit_from then turns it on; else one line per epoch), metrics.csv,
     TensorBoard, the checkpoints, the profiler."""
-    run_dir = cfg.run.dir
+    run_dir = RunDir(cfg.run.dir)
     callbacks: list[Any] = []
     if wants_progress_bar(cfg.train.verbose):
         callbacks.append(ProgressBar())
     elif cfg.train.verbose:
         callbacks.append(EpochLines(cfg.train.epochs, plan, control, cfg.train.log_every_s))
-    callbacks.append(MetricsCSV(os.path.join(run_dir, "metrics.csv"), control, epoch))
+    callbacks.append(MetricsCSV(run_dir.metrics, control, epoch))
     if cfg.logging.tensorboard:
-        callbacks.append(TensorBoard(os.path.join(run_dir, "tensorboard")))
+        callbacks.append(TensorBoard(run_dir.tensorboard))
     callbacks.append(checkpointer)
     if cfg.logging.profile_steps:
         first, last = cfg.logging.profile_steps
-        callbacks.append(perf.ProfileSteps(first, last, os.path.join(run_dir, "tensorboard")))
+        callbacks.append(perf.ProfileSteps(first, last, run_dir.tensorboard))
     return callbacks

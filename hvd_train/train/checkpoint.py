@@ -10,14 +10,16 @@ import errno
 import json
 import math
 import os
-import re
 import shutil
 from typing import Any
 
 import tensorflow as tf
 
 from hvd_train.base.errors import CheckpointError
+from hvd_train.base.files import atomic_path, is_leftover
 from hvd_train.config import CheckpointConfig
+from hvd_train.record import layout
+from hvd_train.record.layout import RunDir
 from hvd_train.runtime import binding
 from hvd_train.train.models import plain_clone
 
@@ -38,47 +40,26 @@ def export_plain_model(model: Model, path: str) -> str:
     Raises:
         OSError or tf.errors.OpError: the write failed (its temporary file is removed).
     """
+    # base/files.py: written as `<stem>.tmp-<pid>.keras` (a folder: `<path>.tmp-<pid>`), then
+    # renamed over `path`; what a killed process leaves, `remove_strays` deletes.
     active = binding.active()
     try:
         plain = plain_clone(model)  # SyncBatchNormalization back to plain Keras
     except ValueError:  # subclassed model
         target = path if active.SUBCLASSED_AS_KERAS else path.removesuffix(".keras")
-        _atomic(target, lambda tmp: active.save_subclassed(model, tmp))
+        with atomic_path(target) as tmp:
+            active.save_subclassed(model, tmp)
         return target
-    _atomic(path, lambda tmp: active.save_plain(plain, tmp))
+    with atomic_path(path) as tmp:
+        active.save_plain(plain, tmp)
     return path
-
-
-def _atomic(path: str, write) -> None:
-    """`write(tmp)` next to `path`, then rename over it: readers see the old or the new, whole.
-
-    A process killed mid-write leaves `<stem>.tmp-<pid>[.keras]` or `<path>.old-<pid>`, which
-    `remove_strays` deletes when the next job starts.
-    """
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    suffix = ".keras" if path.endswith(".keras") else ""
-    tmp = f"{path.removesuffix(suffix)}.tmp-{os.getpid()}{suffix}"
-    try:
-        write(tmp)
-        if os.path.isdir(path) and os.path.isdir(tmp):
-            old = f"{path}.old-{os.getpid()}"
-            os.replace(path, old)
-            os.replace(tmp, path)
-            shutil.rmtree(old)
-        else:
-            os.replace(tmp, path)
-    finally:
-        if os.path.isdir(tmp):
-            shutil.rmtree(tmp, ignore_errors=True)
-        elif os.path.exists(tmp):
-            os.remove(tmp)
 
 
 # --------------------------------------------------------------------------- resumable checkpoints
 
-CHECKPOINT_PATTERN = re.compile(r"^ckpt-(\d{8})$")
-STATE_FILE = "state.json"
-PREFIX = "ckpt"  # tf.train.Checkpoint files inside a checkpoint folder: ckpt.index, ckpt.data-*
+CHECKPOINT_PATTERN = layout.CHECKPOINT_FOLDER
+STATE_FILE = layout.CHECKPOINT_STATE
+PREFIX = layout.CHECKPOINT_PREFIX  # tf.train.Checkpoint's files: ckpt.index, ckpt.data-*
 
 
 class CheckpointStore:
@@ -93,7 +74,8 @@ class CheckpointStore:
     """
 
     def __init__(self, run_dir: str, cfg: CheckpointConfig):
-        self.dir = os.path.join(run_dir, "checkpoints")
+        self.run_dir = RunDir(run_dir)
+        self.dir = self.run_dir.checkpoints
         self.cfg = cfg
 
     def save(self, model: Model, state: dict[str, Any]) -> str:
@@ -103,7 +85,7 @@ class CheckpointStore:
             CheckpointError: the write failed (disk full, no permission); the partial folder is
                 removed and the earlier checkpoints are left as they were.
         """
-        final = os.path.join(self.dir, f"ckpt-{state['global_step']:08d}")
+        final = self.run_dir.checkpoint(state["global_step"])
         try:
             self._write(model, state, final)
         except (OSError, tf.errors.OpError) as e:
@@ -112,20 +94,14 @@ class CheckpointStore:
         return final
 
     def _write(self, model: Model, state: dict[str, Any], final: str) -> None:
-        os.makedirs(self.dir, exist_ok=True)
-        tmp = os.path.join(self.dir, f".tmp-ckpt-{state['global_step']:08d}-{os.getpid()}")
-        shutil.rmtree(tmp, ignore_errors=True)
-        try:
+        # Atomic (base/files.py): written as `.tmp-ckpt-<step>-<pid>`, hidden from a listing of
+        # ckpt-*, every file fsynced, then renamed into place (over the same step written
+        # again, by a rerun with resume: never).
+        with atomic_path(final, hidden=True) as tmp:
             os.makedirs(tmp)
             binding.active().checkpoint(model).write(os.path.join(tmp, PREFIX))
-            _write_json(os.path.join(tmp, STATE_FILE), state)
-            _fsync_dir(tmp)
-            if os.path.isdir(final):  # the same step written again (a rerun with resume: never)
-                shutil.rmtree(final)
-            os.rename(tmp, final)
-            _fsync_dir(self.dir)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+            with open(os.path.join(tmp, STATE_FILE), "w") as f:
+                json.dump(state, f, indent=2)
 
     def named(self) -> list[str]:
         """Every folder named as a checkpoint (`ckpt-<step>`), complete or not, oldest first."""
@@ -167,7 +143,7 @@ class CheckpointStore:
     def set_aside(path: str) -> str:
         """Renames a checkpoint that cannot be loaded to `<path>.unloadable`, out of the way of
         resume, pruning and the best-checkpoint search (kept for a look; delete it by hand)."""
-        target = f"{path}.unloadable"
+        target = layout.unloadable(path)
         shutil.rmtree(target, ignore_errors=True)
         os.rename(path, target)
         return target
@@ -233,7 +209,7 @@ def check_keras(state: dict[str, Any]) -> None:
     if written_by(state) != active.NAME:
         raise OtherKeras(
             f"it was written by {state.get('keras', 'Keras 2 (tf_keras)')}, and this run trains "
-            f"with {active.describe()}: set model.keras: {written_by(state)} to resume it"
+            f"with {active.describe()}: set runtime.keras: {written_by(state)} to resume it"
         )
 
 
@@ -336,18 +312,15 @@ def _brief(e: BaseException) -> str:
 
 # --------------------------------------------------------------------------- the run folder
 
-# What a job killed mid-write leaves: CheckpointStore's temporary folders and `_atomic`'s files.
-_STRAY_CHECKPOINT = re.compile(r"^\.tmp-ckpt-\d{8}-\d+$")
-_STRAY_EXPORT = re.compile(r"^.+\.(tmp|old)-\d+(\.keras)?$")
-
 
 def remove_strays(run_dir: str) -> list[str]:
     """Deletes the temporary files and folders of writes a killed job left unfinished in
     run.dir and run.dir/checkpoints (rank 0, when a job starts: it owns run.dir then); returns
     their paths."""
-    found = [os.path.join(run_dir, n) for n in _listdir(run_dir) if _STRAY_EXPORT.match(n)]
-    ckpts = os.path.join(run_dir, "checkpoints")
-    found += [os.path.join(ckpts, n) for n in _listdir(ckpts) if _STRAY_CHECKPOINT.match(n)]
+    # What a job killed mid-write leaves: the temporaries of atomic writes (files.is_leftover).
+    found = [os.path.join(run_dir, n) for n in _listdir(run_dir) if is_leftover(n)]
+    ckpts = RunDir(run_dir).checkpoints
+    found += [os.path.join(ckpts, n) for n in _listdir(ckpts) if is_leftover(n)]
     for path in found:
         if os.path.isdir(path):
             shutil.rmtree(path, ignore_errors=True)
@@ -368,18 +341,3 @@ def _remove(path: str) -> None:
         os.remove(path)
     except FileNotFoundError:
         pass
-
-
-def _write_json(path: str, data: dict[str, Any]) -> None:
-    with open(path, "w") as f:
-        json.dump(data, f, indent=2)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -10,6 +10,7 @@ import tensorflow as tf
 
 from hvd_train.config import Config, Derived, derive
 from hvd_train.data.pipeline import Source, load_source, train_dataset
+from hvd_train.record.layout import RunDir
 from hvd_train.runtime import distributed, worker
 from hvd_train.train.hooks import Callback
 from hvd_train.train.step import build_compiled_model
@@ -21,7 +22,7 @@ def data_bench(cfg: Config, batches: int) -> dict[str, float]:
 
     Prints one line on rank 0 and returns the slowest worker's rates.
     """
-    device = worker.start(cfg)  # as the trainer's workers start
+    device = worker.start(cfg, RunDir(cfg.run.dir).timeline)  # as the trainer's workers start
     source = load_source(cfg)
     plan = derive(cfg, distributed.size(), source.num_train)
     warm = 5

@@ -20,8 +20,8 @@ from hvd_train.base.errors import (
     users_frame,
 )
 from hvd_train.data import images
+from hvd_train.record.run_record import RecordError, RunRecord
 from hvd_train.record.stops import failed_first, first_failure_awaited
-from hvd_train.record.summary import RecordError, RunRecord
 from hvd_train.train.run_state import Run, Start
 
 

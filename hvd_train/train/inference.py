@@ -23,12 +23,14 @@ from typing import Any
 import numpy as np
 
 from hvd_train.base.errors import DataError, UserError
+from hvd_train.base.files import atomic_write
 from hvd_train.config import Config
+from hvd_train.record.layout import RunDir
 
-EVALUATION_FILE = "evaluation.json"  # the default --out of evaluate, in run.dir
 EVALUATION_KIND = "hvd-train evaluate"  # marks a file evaluate may write over
 PREDICTION_COLUMNS = ["path", "class", "class_index", "probability"]
-MODEL_HINT = "model.keras, best.keras or a checkpoints/ckpt-NNNNNNNN folder of the run"
+_RUN = RunDir("")
+MODEL_HINT = f"{_RUN.model}, {_RUN.best} or a {_RUN.checkpoint_form} folder of the run"
 
 
 # --------------------------------------------------------------------------- evaluate
@@ -271,13 +273,13 @@ def _start(cfg: Config, model_path: str, batch: int):
     if batch < 1:
         raise UserError(f"--batch-size: expected a count >= 1, got {batch}")
     # No timeline: it would write over the run's own timeline.json.
-    distributed.init(replace(cfg.horovod, timeline=False), cfg.run.dir)
+    distributed.init(replace(cfg.horovod, timeline=False), RunDir(cfg.run.dir).timeline)
     # One compute thread per worker unless set: a float32 result can depend on how many threads
     # share a product, and the outputs must not depend on the worker count.
     threads = cfg.runtime.intra_op_threads or 1
     distributed.configure_devices(threads, cfg.runtime.inter_op_threads)
     classes = distributed.chief_computes(lambda: training_classes(cfg), "training_classes")
-    path = model_path or os.path.join(cfg.run.dir, "model.keras")
+    path = model_path or RunDir(cfg.run.dir).model
     model = load_model(cfg, path, len(classes))
     outputs = model.output_shape[-1]
     if outputs != len(classes):
@@ -302,7 +304,7 @@ def load_model(cfg: Config, path: str, num_classes: int):
     if os.path.isdir(path) and os.path.exists(os.path.join(path, f"{PREFIX}.index")):
         return _from_checkpoint(cfg, path, num_classes)
     # Read by the Keras that wrote it (Keras 3 cannot read Keras 2's .keras, nor the reverse).
-    active = binding.activate(binding.of_saved(path) or binding.resolve(cfg.model.keras))
+    active = binding.activate(binding.of_saved(path) or binding.resolve(cfg.runtime.keras))
     try:
         return active.load_model(path)
     except Exception as e:  # noqa: BLE001 - Keras raises many kinds for a file it cannot read
@@ -315,13 +317,13 @@ def _from_checkpoint(cfg: Config, path: str, num_classes: int):
     import tensorflow as tf
 
     from hvd_train.runtime import binding
-    from hvd_train.train.checkpoint import PREFIX, read_state, written_by
+    from hvd_train.train.checkpoint import PREFIX, STATE_FILE, read_state, written_by
     from hvd_train.train.models import build_model
 
     try:
         binding.activate(written_by(read_state(path)))  # built by the Keras that trained it
     except (OSError, ValueError) as e:
-        raise UserError(f"--model: {path}: its state.json is unreadable ({e})") from None
+        raise UserError(f"--model: {path}: its {STATE_FILE} is unreadable ({e})") from None
     model = build_model(cfg, config_input_shape(cfg), num_classes)
     try:
         status = tf.train.Checkpoint(model=model).read(os.path.join(path, PREFIX))  # no optimizer
@@ -419,15 +421,9 @@ def refuse_foreign_csv(path: str) -> None:
 
 
 def _write_atomic(path: str, write: Any, newline: str | None = None) -> None:
-    """`write(file)` to a temporary file beside `path`, then renamed over it."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = f"{path}.tmp-{os.getpid()}"
+    """`write(file)` into `path` atomically (base/files.py: a reader sees the old or the new)."""
     try:
-        with open(tmp, "w", newline=newline) as f:
+        with atomic_write(path, newline=newline) as f:
             write(f)
-        os.replace(tmp, path)
     except OSError as e:
         raise UserError(f"--out: cannot write {path} ({e.strerror})") from None
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)

@@ -32,7 +32,7 @@ def build_model(cfg: Config, input_shape: tuple[int, ...], num_classes: int) -> 
     """The uncompiled model: `model.factory` if set, else the built-in `model.name`, built
     under the precision policy (`runtime.mixed_precision`) and the active binding's seed.
 
-    A factory that returns a model of the other Keras (under `model.keras: auto`) makes that
+    A factory that returns a model of the other Keras (under `runtime.keras: auto`) makes that
     Keras the active one; the model is then built again, seeded and under the policy as a run
     that chose that Keras would have built it. With `model.sync_batch_norm` its
     BatchNormalization layers become the binding's SyncBatchNormalization (after Horovod's
@@ -40,7 +40,7 @@ def build_model(cfg: Config, input_shape: tuple[int, ...], num_classes: int) -> 
 
     Raises:
         ConfigError: the factory returned no Keras model, or one of another Keras than
-            `model.keras` names.
+            `runtime.keras` names.
     """
     active = binding.active()
     active.set_precision(tuning.precision_policy(cfg))  # layers take the policy in force
@@ -56,18 +56,18 @@ def build_model(cfg: Config, input_shape: tuple[int, ...], num_classes: int) -> 
 
 
 def _check_keras(cfg: Config, model: object, found: str | None) -> None:
-    """A factory's model: a Keras model, of the Keras `model.keras` names (any, for auto)."""
+    """A factory's model: a Keras model, of the Keras `runtime.keras` names (any, for auto)."""
     spec = cfg.model.factory or cfg.model.name
     if found is None:
         raise ConfigError(
             f"model.factory: {spec} returned {type(model).__name__}, expected a Keras model "
             "(Model, or tf_Model)"
         )
-    if cfg.model.keras != "auto":
+    if cfg.runtime.keras != "auto":
         raise ConfigError(
-            f"model.keras is {cfg.model.keras}, but model.factory {spec} returned a {found} "
-            f"model ({binding.describe(found)}); build it with {cfg.model.keras} "
-            f"(`import {cfg.model.keras}`), or set model.keras: auto to train each model with "
+            f"runtime.keras is {cfg.runtime.keras}, but model.factory {spec} returned a {found} "
+            f"model ({binding.describe(found)}); build it with {cfg.runtime.keras} "
+            f"(`import {cfg.runtime.keras}`), or set runtime.keras: auto to train each model with "
             "its own Keras"
         )
 

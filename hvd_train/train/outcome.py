@@ -4,7 +4,6 @@ and a completed run's export and closing line."""
 from __future__ import annotations
 
 import math
-import os
 import signal
 import time
 from typing import Any
@@ -16,6 +15,7 @@ from hvd_train.base.errors import Interrupted
 from hvd_train.config import Config, Derived
 from hvd_train.data.diagnostics import data_summary
 from hvd_train.data.pipeline import Source
+from hvd_train.record.layout import RunDir
 from hvd_train.runtime import distributed
 from hvd_train.train import perf
 from hvd_train.train.callbacks import Checkpointer, RunCallbacks
@@ -69,7 +69,7 @@ def summarize(
     summary["epochs_completed"] = max(summary["epochs_completed"], start.epoch)
     if not summary["final_metrics"]:
         summary["final_metrics"] = dict(start.metrics)
-    summary.update(data_summary(history, source.skipped_files))
+    summary.update(data_summary(history, source.skipped_files, RunDir(cfg.run.dir).summary))
     summary.update(perf.throughput_summary(callbacks.timer, cfg))
     summary["startup_s"] = startup.phases()  # rank 0's: from its process's start to its first step
     perf.log_throughput(summary)
@@ -146,7 +146,7 @@ def export_model(
         CheckpointError: model.keras could not be written (rank 0).
     """
     if distributed.is_chief():
-        path = os.path.join(cfg.run.dir, "model.keras")
+        path = RunDir(cfg.run.dir).model
         try:
             summary["model_path"] = export_plain_model(model, path)
         except (OSError, tf.errors.OpError) as e:

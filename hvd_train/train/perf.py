@@ -8,7 +8,6 @@ more than one; in a one-epoch run it is the first `WARMUP_STEPS` steps.
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import time
 from typing import Any
@@ -17,6 +16,7 @@ import tensorflow as tf
 
 from hvd_train.base import startup
 from hvd_train.config import Config, Derived
+from hvd_train.record.layout import RunDir
 from hvd_train.runtime import distributed
 from hvd_train.train.hooks import Callback
 
@@ -110,7 +110,7 @@ def _timeline_shares(cfg: Config, windows: list[tuple[float, float]]) -> dict[st
     """Share of the measured wall time covered by all-reduce (and by negotiation) on rank 0."""
     if not distributed.is_chief() or not windows:
         return {}
-    path = os.path.join(cfg.run.dir, "timeline.json")
+    path = RunDir(cfg.run.dir).timeline
     distributed.stop_timeline()  # Horovod then flushes and closes the file
     events = read_timeline(path)
     return {

@@ -9,6 +9,7 @@ from typing import Any
 
 from hvd_train.base.errors import CheckpointError, DataError, UserError
 from hvd_train.config import Config, Derived
+from hvd_train.record.layout import RunDir
 from hvd_train.runtime import binding, distributed
 from hvd_train.runtime.schedules import lr_multiplier
 from hvd_train.train import random_states
@@ -125,8 +126,8 @@ def _load_named(cfg: Config, model: Model, path: str) -> dict[str, Any]:
     """`train.resume: PATH`: its state, restored into `model`; a one-line DataError if not."""
     if not any(os.path.exists(os.path.join(path, f)) for f in (STATE_FILE, f"{PREFIX}.index")):
         raise DataError(
-            f"train.resume: {path} is not a checkpoint folder (expected state.json and "
-            f"ckpt.index in it, as in {os.path.join(cfg.run.dir, 'checkpoints', 'ckpt-*')})"
+            f"train.resume: {path} is not a checkpoint folder (expected {STATE_FILE} and "
+            f"{PREFIX}.index in it, as in {RunDir(cfg.run.dir).checkpoint_pattern})"
         )
     try:
         return load(model, path)

@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hvd_train.record import rundir
+from hvd_train.record.run_record import RunRecord
 from hvd_train.record.stops import StopSignals
-from hvd_train.record.summary import RunRecord
 from hvd_train.train.callbacks import Checkpointer, RunCallbacks
 
 

@@ -9,22 +9,16 @@ ending needs), banner.py (the opening lines).
 from __future__ import annotations
 
 import functools
-import os
 from typing import Any
 
 from hvd_train.base import logs, startup
 from hvd_train.config import Config, Derived, derive, dump_yaml
 from hvd_train.data.pipeline import Source, load_source
 from hvd_train.record import rundir
+from hvd_train.record.layout import RunDir
+from hvd_train.record.run_record import RunRecord
 from hvd_train.record.stops import StopSignals, installed
-from hvd_train.record.summary import (
-    ENDINGS,
-    SUMMARY,
-    RunRecord,
-    earlier_job,
-    nothing_to_train,
-    read_json,
-)
+from hvd_train.record.summary import ENDINGS, earlier_job, nothing_to_train, read_summary
 from hvd_train.runtime import distributed, tuning, worker
 from hvd_train.train.banner import log_plan
 from hvd_train.train.callbacks import RunCallbacks, build_callbacks, require_tensorboard
@@ -45,8 +39,8 @@ def train(
 ) -> tuple[Model | None, dict[str, Any]]:
     """Trains as one worker of the job horovodrun started (or alone); returns model and summary.
 
-    A rerun of a run that has nothing left to train (see record.nothing_to_train) says so in
-    one line and returns (None, the run's summary) with run.dir untouched.
+    A rerun of a run that has nothing left to train (see record/summary.py nothing_to_train)
+    says so in one line and returns (None, the run's summary) with run.dir untouched.
 
     Args:
         cfg: the loaded config.
@@ -100,7 +94,7 @@ def _start_worker(cfg: Config, run: Run, timeline: bool = True) -> str:
     """Starts Horovod, TensorFlow and the Keras on this worker (runtime/worker.py); returns
     its device ("gpu" or "cpu")."""
     require_tensorboard(cfg)  # bad input: one line, before anything starts
-    device = worker.start(cfg, timeline)
+    device = worker.start(cfg, RunDir(cfg.run.dir).timeline if timeline else None)
     run.signals.chief = distributed.is_chief()
     return device
 
@@ -112,12 +106,15 @@ def _open_run_dir(
     0's record: summary.json says `running` from here on."""
     _prepare_run_dir(cfg, config_path, run.claims)
     # run.dir is this job's now: this rank's output goes on in its log there.
-    logs.attach(cfg.run.dir, distributed.rank(), logs.attempt_description(cfg.train.resume))
+    rank = distributed.rank()
+    logs.attach(
+        RunDir(cfg.run.dir).rank_log(rank), rank, logs.attempt_description(cfg.train.resume)
+    )
     run.base = summary_base(cfg, plan, device)
     if not distributed.is_chief():
         return
     # What the jobs before this one did, kept when this one resumes (note_start).
-    previous = read_json(os.path.join(cfg.run.dir, SUMMARY))
+    previous = read_summary(RunDir(cfg.run.dir).summary)
     if previous.get("status") in ENDINGS:
         run.earlier = [*previous.get("earlier_jobs", []), earlier_job(previous)]
     record = run.record = RunRecord(cfg.run.dir, run.base)
@@ -149,7 +146,7 @@ def _finished_here(cfg: Config) -> dict[str, Any] | None:
     left to train ({"why", "summary"}); None when it has."""
     if cfg.train.resume != "auto" or cfg.run.overwrite:
         return None
-    summary = read_json(os.path.join(cfg.run.dir, SUMMARY))
+    summary = read_summary(RunDir(cfg.run.dir).summary)
     why = nothing_to_train(summary, cfg.train.epochs, cfg.run.dir)
     return {"why": why, "summary": summary} if why else None
 

@@ -18,8 +18,9 @@ import sys
 import time
 
 from hvd_train import cli
+from hvd_train.base import files
 from hvd_train.data import tfrecords
-from hvd_train.train import checkpoint, evaluation
+from hvd_train.train import evaluation
 
 SLOW_S = 2.0
 
@@ -30,13 +31,14 @@ def held(begins: bool) -> None:
         time.sleep(SLOW_S)
 
 
-fsync_dir = checkpoint._fsync_dir
+sync_folder = files.sync_folder
 evaluate = evaluation.Evaluator.evaluate
 
 
-def slow_fsync_dir(path: str) -> None:
+def slow_sync_folder(path: str) -> None:
+    """The checkpoint's temporary folder is synced once its files are (base/files.py)."""
     held(os.path.basename(path).startswith(".tmp-ckpt-"))
-    fsync_dir(path)
+    sync_folder(path)
 
 
 def slow_evaluate(self: evaluation.Evaluator) -> dict[str, float]:
@@ -55,7 +57,7 @@ def slow_read(self: tfrecords.Records, i: int) -> bytes:
 
 phase = sys.argv.pop(1)
 if phase == "checkpoint":
-    checkpoint._fsync_dir = slow_fsync_dir
+    files.sync_folder = slow_sync_folder
 elif phase == "validation":
     evaluation.Evaluator.evaluate = slow_evaluate
 elif phase == "read":
