@@ -130,7 +130,9 @@ class _Averaging:
             return grads
         dense = [tf.convert_to_tensor(grads[i]) for i in present]  # IndexedSlices: dense
         compression = hvd_tf.Compression.fp16 if self._hvd_fp16 else hvd_tf.Compression.none
-        averaged = hvd_tf.grouped_allreduce(dense, op=hvd_tf.Average, compression=compression)
+        # Named as Horovod's own DistributedOptimizer names its all-reduces (in its timeline).
+        with tf.name_scope(f"Distributed{type(self).__name__}_Allreduce"):
+            averaged = hvd_tf.grouped_allreduce(dense, op=hvd_tf.Average, compression=compression)
         out = list(grads)
         for i, g in zip(present, averaged, strict=True):
             out[i] = g

@@ -75,7 +75,9 @@ def train(
                 distributed.log(note)  # rank 0; a resume below then restores the checkpoint
             start = resume(cfg, model, plan)
             run.signals.abandon = functools.partial(abandon, run.record, start)
-            run.note_start(start, **gradient_size(cfg, model))
+            # The model's Keras, which a factory's model may have switched (runtime.keras: auto).
+            run.base["versions"] = distributed.versions()
+            run.note_start(start, versions=run.base["versions"], **gradient_size(cfg, model))
             history = _fit(cfg, model, source, plan, start, run)
         except BaseException as e:
             cause = reading_cause(e)

@@ -203,12 +203,21 @@ def _reduce_lr_class(keras: Any) -> type:
             if self.in_cooldown():
                 self.cooldown_counter -= 1
                 self.wait = 0
-            if self.monitor_op(current, self.best):
+            if self._improved(current):
                 self.best, self.wait = current, 0
             elif not self.in_cooldown():
                 self.wait += 1
                 if self.wait >= self.patience:
                     self._reduce(epoch)
+
+        def _improved(self, current: float) -> bool:
+            """Keras' decision: Keras 2's monitor_op holds min_delta; Keras 3 sets monitor_op
+            at the first epoch's end, and `_is_improvement` adds min_delta."""
+            if not hasattr(self, "_is_improvement"):
+                return bool(self.monitor_op(current, self.best))
+            if self.monitor_op is None:
+                self._set_monitor_op()
+            return bool(self._is_improvement(current, self.best))
 
         def _reduce(self, epoch: int) -> None:
             multiplier = lr_multiplier(self.model.optimizer)

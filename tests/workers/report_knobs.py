@@ -8,15 +8,18 @@ import json
 import os
 import sys
 
-import hvd_train  # noqa: F401  (before TensorFlow: on 2.16+ it makes tf.keras Keras 2)
+from hvd_train.config import load_config
+from hvd_train.runtime import binding
+
+cfg = load_config(sys.argv[1], sys.argv[2:])
+binding.prepare(cfg.runtime.keras)  # before TensorFlow is imported, as `hvd-train train` does
 
 # isort: split
-import numpy as np
-import tensorflow as tf
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
 
-from hvd_train.config import load_config
-from hvd_train.runtime import distributed
-from hvd_train.train.trainer import train
+from hvd_train.runtime import distributed  # noqa: E402
+from hvd_train.train.trainer import train  # noqa: E402
 
 
 def thread_affinities() -> list[list[int]]:
@@ -31,20 +34,28 @@ def thread_affinities() -> list[list[int]]:
     return found
 
 
-model, summary = train(load_config(sys.argv[1], sys.argv[2:]))
+model, summary = train(cfg)
+keras = binding.keras()  # the Keras that trained it
 opt = model.optimizer
 inner = getattr(opt, "inner_optimizer", opt)
-helper = getattr(inner, "_agg_helper", None)
+if binding.active().NAME == "keras":  # hvd_train's averaging optimizer, the loss scaler inside
+    averaging = type(opt).__mro__[1].__name__ == "_Averaging"
+    accumulation = opt._hvd_accumulation
+else:  # Horovod's DistributedOptimizer inside the loss scaler
+    averaging = type(inner).__module__ == "horovod._keras"
+    helper = getattr(inner, "_agg_helper", None)
+    accumulation = helper.backward_passes_per_step if helper else 1
 threads = thread_affinities()
 report = {
     "rank": distributed.rank(),
     "local_rank": distributed.local_rank(),
-    "policy": tf.keras.mixed_precision.global_policy().name,
+    "keras": binding.active().NAME,
+    "policy": keras.mixed_precision.global_policy().name,
     "layers": [(layer.compute_dtype, layer.dtype) for layer in model.layers if layer.weights],
-    "output_dtype": model.output.dtype.name,
-    "loss_scale_optimizer": isinstance(opt, tf.keras.mixed_precision.LossScaleOptimizer),
-    "inner_optimizer_module": type(inner).__module__,
-    "backward_passes_per_step": helper.backward_passes_per_step if helper else 1,
+    "output_dtype": tf.as_dtype(model.output.dtype).name,  # Keras 3 names it as a string
+    "loss_scale_optimizer": isinstance(opt, keras.mixed_precision.LossScaleOptimizer),
+    "averaging_optimizer": averaging,
+    "accumulation": accumulation,
     "thread_affinities": sorted({tuple(a) for a in threads}),
     "num_threads": len(threads),
     "horovod_thread_affinity": os.environ.get("HOROVOD_THREAD_AFFINITY"),
