@@ -1,4 +1,4 @@
-"""Seven changes to Horovod 0.28.1, made by install.sh after Horovod is installed; each is
+"""Eight changes to Horovod 0.28.1, made by install.sh after Horovod is installed; each is
 made once, and a second run changes nothing.
 
     python scripts/patch_horovod.py
@@ -51,6 +51,15 @@ traceback was printed as the job ended (`Exception in thread Thread-1 (fn): Trac
 under the one-line ending of 5: seen once in 700 tests, and in the second of the jobs
 tests/test_horovod_patch.py runs, repeated beside 3 busy loops. The stopping thread now
 returns when the shell is gone: there is nothing to stop.
+
+8. horovodrun imported distutils at start (horovod/runner/js_run.py: `from distutils.spawn
+import find_executable`, to ask whether IBM's jsrun is installed). distutils left the standard
+library in Python 3.12; on 3.12 and 3.13 the import worked only through the copy setuptools
+installs in its place, so a virtualenv without setuptools (Python 3.12's venv no longer brings
+it), or SETUPTOOLS_USE_DISTUTILS=stdlib, had no horovodrun at all. The line now imports the
+standard library's `shutil.which` under the same name, which answers the same question (is
+there a jsrun on PATH?) on every Python 3; made on every Python, so that the install is the same
+on all.
 
 Exit code 0: patched (now or before); 1: a file is neither Horovod 0.28.1's nor patched.
 
@@ -418,6 +427,15 @@ RENDEZVOUS_NEW = """\
     run_command = get_run_command(command, server_ip, nics, global_rendezv_port)
 """
 
+JS_RUN_OLD = """\
+from distutils.spawn import find_executable
+"""
+
+JS_RUN_NEW = """\
+# hvd_train's change (scripts/patch_horovod.py): distutils left the standard library in Python 3.12.
+from shutil import which as find_executable
+"""
+
 PATCHES = [
     Patch(
         "horovod.runner.common.util.safe_shell_exec",
@@ -466,6 +484,12 @@ PATCHES = [
         RENDEZVOUS_OLD,
         RENDEZVOUS_NEW,
         "horovodrun (Gloo) keeps its rendezvous server for that note",
+    ),
+    Patch(
+        "horovod.runner.js_run",
+        JS_RUN_OLD,
+        JS_RUN_NEW,
+        "horovodrun starts without distutils (gone from Python 3.12's standard library)",
     ),
 ]
 
