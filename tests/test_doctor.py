@@ -7,6 +7,7 @@ import copy
 import json
 import os
 import pathlib
+import subprocess
 
 import pytest
 from harness import PYTHON, ROOT, run
@@ -166,7 +167,8 @@ def test_tf_216_without_tf_keras_is_keras_3_only(facts) -> None:
 @pytest.mark.parametrize(
     ("python", "tf_version", "supported"),
     [("3.11.7", "2.15.1", True), ("3.12.1", "2.15.1", False), ("3.12.1", "2.19.1", True),
-     ("3.13.0", "2.21.0", False), ("3.12.1", "2.21.0", True), ("3.9.18", "2.21.0", False)],
+     ("3.13.0", "2.19.1", False), ("3.13.0", "2.20.0", True), ("3.13.0", "2.21.0", True),
+     ("3.14.0", "2.21.0", False), ("3.9.18", "2.21.0", False), ("3.13.0", "2.17.1", True)],
 )  # fmt: skip
 def test_python_versions_follow_the_stacks_wheels(facts, python, tf_version, supported) -> None:
     facts["python"] = python
@@ -174,8 +176,22 @@ def test_python_versions_follow_the_stacks_wheels(facts, python, tf_version, sup
     said = [w for w in warnings_(facts) if w.startswith("Python ")]
     assert said == ([] if supported else [
         f"Python {python}: hvd_train supports 3.10-3.11 with TensorFlow 2.15, 3.10-3.12 with "
-        "2.18-2.21"
+        "2.18-2.19, 3.10-3.13 with 2.20-2.21"
     ])  # fmt: skip
+
+
+def test_the_doctor_knows_the_pythons_the_install_takes() -> None:
+    """hvd_train/doctor.py's Pythons per stack are scripts/stack.sh's STACK_PYTHONS."""
+    from hvd_train.doctor import NEWEST_PYTHON, STACKS
+
+    stack_sh = ROOT / "scripts" / "stack.sh"
+    script = f'for s in {" ".join(STACKS)}; do HVD_TRAIN_TF=$s; . "{stack_sh}"; stack_select; echo "$s $STACK_PYTHONS"; done'  # fmt: skip
+    lines = subprocess.run(
+        ["bash", "-c", script], capture_output=True, text=True, check=True
+    ).stdout
+    install = {s: pythons for s, _, pythons in (line.partition(" ") for line in lines.splitlines())}
+    doctor = {s: " ".join(f"3.{m}" for m in range(10, n + 1)) for s, n in NEWEST_PYTHON.items()}
+    assert install == doctor
 
 
 def test_extension_that_does_not_load_is_an_error(facts) -> None:
