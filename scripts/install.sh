@@ -49,6 +49,9 @@ if [ -x "$VENV/bin/python" ] && [ "$held" != "$TF_STACK" ]; then
   held_venv=$(HVD_TRAIN_TF=$held stack_select 2>/dev/null && echo "$STACK_VENV")
   die "$VENV holds the TensorFlow $held stack, not HVD_TRAIN_TF=$TF_STACK's${held_venv:+ (HVD_TRAIN_TF=$held installs into $held_venv)}: remove $VENV, or unset VENV"
 fi
+# A PYTHON that does not run would otherwise fall back to the virtualenv of python3's version.
+[ -n "$PY_MINOR" ] || [ -z "${PYTHON:-}" ] \
+  || die "no Python at '$PY': set PYTHON to a Python ${STACK_PYTHONS// /, }"
 minor='import sys; print("%d.%d" % sys.version_info[:2])'
 py_minor=$("$VENV/bin/python" -c "$minor" 2>/dev/null || "$PY" -c "$minor" 2>/dev/null) \
   || die "no Python at '$PY': set PYTHON to a Python ${STACK_PYTHONS// /, }"

@@ -72,3 +72,14 @@ def test_a_virtualenv_of_another_python_is_refused_in_one_line(tmp_path) -> None
         f"{venv}, or set PYTHON to a Python 3.12"
     ]
     assert sorted(p.name for p in venv.iterdir()) == [".hvd_train-stack", "bin"]
+
+
+def test_a_python_that_does_not_run_is_refused_in_one_line(tmp_path) -> None:
+    """PYTHON naming nothing (pyenv's python3.13 outside its version): refused, not the
+    virtualenv of python3's version instead."""
+    proc = run_script("install.sh", PYTHON=str(tmp_path / "python3.13"))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert proc.stderr.splitlines() == [
+        f"[install] error: no Python at '{tmp_path}/python3.13': set PYTHON to a Python 3.10, "
+        "3.11, 3.12, 3.13"
+    ]
