@@ -57,8 +57,8 @@ COPY scripts/install.sh scripts/stack.sh scripts/patch_horovod.py scripts/
 # HOROVOD_CUDA_HOME only for the GPU build: set, Horovod's CMake requires nvcc there.
 # The package is installed editable, so an empty hvd_train/ and README.md (pyproject.toml names
 # it) suffice here: the real ones arrive with the project below, in the place the install
-# points to. The stack's virtualenv (.venv-tf2.15 for TF=2.15) is also reachable as .venv, the
-# one name PATH holds. pip's cache and the compiled Horovod wheel stay in this stage.
+# points to. The stack's virtualenv (.venv-tf2.15 for TF=2.15; .venv-py3.10 on the CUDA image's
+# Python 3.10: scripts/stack.sh) is also reachable as .venv, the one name PATH holds. pip's cache and the compiled Horovod wheel stay in this stage.
 RUN mkdir hvd_train && touch hvd_train/__init__.py README.md \
  && if [ "$DEVICE" = gpu ]; then export HOROVOD_CUDA_HOME="$CUDA_HOME"; fi \
  && HVD_TRAIN_DEVICE=${DEVICE} bash scripts/install.sh \

@@ -1,7 +1,8 @@
 # The two Quick-start commands: `make demo` and `make test`. Each first runs the idempotent
 # install (scripts/install.sh: Open MPI, TensorFlow, Horovod compiled against it, this package).
-# HVD_TRAIN_TF=2.15 (2.18, 2.19, 2.20) picks another TensorFlow stack and its own virtualenv
-# (scripts/stack.sh): `HVD_TRAIN_TF=2.15 make demo`.
+# HVD_TRAIN_TF=2.15 (2.18, 2.19, 2.20) picks another TensorFlow stack, and PYTHON another Python
+# than python3 (`PYTHON=python3.13 make demo`); each pair has its own virtualenv
+# (scripts/stack.sh): .venv for the default stack on Python 3.11, .venv-py3.13 on 3.13.
 export HVD_TRAIN_TF ?= 2.21
 # Empty for an unsupported HVD_TRAIN_TF: then the install says why, in one line.
 VENV   := $(shell bash scripts/stack.sh venv 2>/dev/null)
@@ -37,7 +38,7 @@ test-quick: install
 
 # The short suite (tests marked `stack`: 2-worker training, resume, faults, evaluate, the Keras
 # choice, the doctor, the speed knobs): what CI runs on the oldest stack,
-# `HVD_TRAIN_TF=2.15 make test-stack`.
+# `HVD_TRAIN_TF=2.15 make test-stack`, and on the newest Python, `PYENV_VERSION=3.13.0 make test-stack`.
 test-stack: install
 	$(PY) -m pytest -q -ra --durations=15 -n 2 --dist loadfile -m stack tests
 

@@ -237,7 +237,11 @@ same_result() {
   docker exec -i "$LAUNCHER" python - "/results/$1" "/results/$2" <<'PYEOF'
 import csv, sys
 import numpy as np
-from hvd_train.runtime.keras_stack import keras  # the project's Keras 2: tf_keras on TensorFlow 2.16+
+from hvd_train.runtime.binding import KERAS2, has_keras3, of_saved
+if of_saved(f"{sys.argv[1]}/model.keras") == KERAS2 and has_keras3():
+    import tf_keras as keras  # a runtime.keras: tf_keras run
+else:
+    import keras  # Keras 3 (the default on TensorFlow 2.16+), or 2.15's Keras 2
 cols = ["epoch", "loss", "accuracy", "val_loss", "val_accuracy", "learning_rate"]
 rows = [[[r[c] for c in cols] for r in csv.DictReader(open(f"{d}/metrics.csv"))] for d in sys.argv[1:]]
 assert rows[0] == rows[1], f"metrics.csv differ:\n{rows[0]}\n{rows[1]}"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything hvd_train needs into the stack's virtualenv (./.venv for the default
-# TensorFlow 2.21), idempotently: a second run installs nothing. The one install path:
-# `make demo`, `make test`, CI and the Dockerfile all call this script.
+# TensorFlow 2.21 on Python 3.11), idempotently: a second run installs nothing. The one install
+# path: `make demo`, `make test`, CI and the Dockerfile all call this script.
 #
 #   scripts/install.sh            # CPU build unless an NVIDIA GPU is present
 #   HVD_TRAIN_DEVICE=gpu scripts/install.sh   # force the CUDA build (Docker GPU image)
@@ -9,6 +9,7 @@
 #                                             # (2.21, 2.20, 2.19, 2.18, 2.15: scripts/stack.sh)
 #   HVD_TRAIN_KERAS_HUB=1 scripts/install.sh  # also KerasHub, for Keras 3 models built from
 #                                             # its classes (TensorFlow 2.16+; `make test` sets it)
+#   PYTHON=python3.13 scripts/install.sh      # on that Python, in .venv-py3.13 (scripts/stack.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -16,7 +17,7 @@ cd "$(dirname "$0")/.."
 . scripts/stack.sh
 stack_select || exit 1
 VENV=${VENV:-$STACK_VENV}
-PY=${PYTHON:-python3}
+PY=$STACK_PY
 HOROVOD_VERSION=0.28.1
 
 export TF_CPP_MIN_LOG_LEVEL=${TF_CPP_MIN_LOG_LEVEL:-2}
@@ -50,9 +51,16 @@ if [ -x "$VENV/bin/python" ] && [ "$held" != "$TF_STACK" ]; then
   held_venv=$(HVD_TRAIN_TF=$held stack_select 2>/dev/null && echo "$STACK_VENV")
   die "$VENV holds the TensorFlow $held stack, not HVD_TRAIN_TF=$TF_STACK's${held_venv:+ (HVD_TRAIN_TF=$held installs into $held_venv)}: remove $VENV, or unset VENV"
 fi
+# A PYTHON that does not run would otherwise fall back to the virtualenv of python3's version.
+[ -n "$PY_MINOR" ] || [ -z "${PYTHON:-}" ] \
+  || die "no Python at '$PY': set PYTHON to a Python ${STACK_PYTHONS// /, }"
 minor='import sys; print("%d.%d" % sys.version_info[:2])'
 py_minor=$("$VENV/bin/python" -c "$minor" 2>/dev/null || "$PY" -c "$minor" 2>/dev/null) \
   || die "no Python at '$PY': set PYTHON to a Python ${STACK_PYTHONS// /, }"
+if [ -n "$PY_MINOR" ] && [ "$py_minor" != "$PY_MINOR" ]; then
+  # e.g. a .venv made with PYTHON=python3.12 before each Python had its own virtualenv
+  die "$VENV holds Python $py_minor, not $PY ($PY_MINOR): remove $VENV, or set PYTHON to a Python $py_minor"
+fi
 case " $STACK_PYTHONS " in *" $py_minor "*) ;; *)
   die "Python $py_minor: TensorFlow $TF_VERSION has wheels for Python ${STACK_PYTHONS// /, } only; set PYTHON=python3.11 (or another of those)";;
 esac
@@ -93,9 +101,10 @@ pip() { quietly "$VENV/bin/python" -m pip "$@"; }
 have() { "$VENV/bin/python" - "$@" <<'PYEOF' 2>/dev/null
 import sys
 from importlib.metadata import version
+from packaging.requirements import Requirement  # TensorFlow's dependency, and pip's
 for spec in sys.argv[1:]:
-    name, want = spec.split("==")
-    if version(name) != want:
+    req = Requirement(spec)
+    if not req.specifier.contains(version(req.name), prereleases=True):
         sys.exit(1)
 PYEOF
 }
@@ -105,7 +114,13 @@ if [ "$device" = gpu ]; then tf_pkg=tensorflow; tf_req="tensorflow[and-cuda]==$T
 else tf_pkg=tensorflow-cpu; tf_req="tensorflow-cpu==$TF_VERSION"; fi
 if ! have "$tf_pkg==$TF_VERSION"; then
   say "installing $tf_req"; changed=1
-  pip install -q "$tf_req"
+  pip install -q "$tf_req" "$NUMPY_REQ"
+fi
+# numpy 2 from 2.18 (scripts/stack.sh); a virtualenv made when every stack had numpy 1 moves to it.
+numpy_what="numpy $("$VENV/bin/python" -c 'from importlib.metadata import version; print(version("numpy"))' 2>/dev/null || echo '?')"
+if ! have "$NUMPY_REQ"; then
+  say "installing $NUMPY_REQ (was $numpy_what)"; changed=1
+  pip install -q "$NUMPY_REQ"
 fi
 # TensorFlow 2.16+ brings Keras 3; Horovod's Keras API needs Keras 2: tf_keras. --no-deps: it
 # requires the `tensorflow` package, which would install a second copy beside tensorflow-cpu.
@@ -129,9 +144,11 @@ fi
 # --no-build-isolation: the build must see the installed TensorFlow. cmake<4: CMake 4 rejects
 # the Gloo that Horovod 0.28.1 bundles. The compiled wheel is kept in a cache outside the clone
 # ($HVD_TRAIN_CACHE, default ~/.cache/hvd_train), keyed by everything that changes the build:
-# Horovod's version, the TensorFlow package and version, the Python ABI, the machine, CPU or GPU
-# and the build flags. A second clone, or a second virtualenv of the same stack, installs it in
-# seconds; a changed key builds again. (pip's own wheel cache is keyed by the source alone, so it
+# Horovod's version, the TensorFlow package and version, the Python's version and ABI
+# (sys.implementation.cache_tag: cpython-311, cpython-313), the machine, CPU or GPU and the build
+# flags; not numpy, which Horovod's extension does not compile against. A second clone, or a
+# second virtualenv of the same stack and Python, installs it in seconds; a changed key builds
+# again. (pip's own wheel cache is keyed by the source alone, so it
 # would hand a build for one TensorFlow to another: --no-cache-dir.) scripts/patch_horovod.py
 # patches the installed files after the install, so the cached wheel is Horovod's own build.
 built_against() { "$VENV/bin/python" -c 'import horovod, json, os; print(json.load(open(os.path.join(os.path.dirname(horovod.__file__), "metadata.json")))["tensorflow"])' 2>/dev/null; }
@@ -184,9 +201,9 @@ if ! have "horovod==$HOROVOD_VERSION" || [ "$(built_against)" != "$TF_VERSION" ]
   ! have "horovod==$HOROVOD_VERSION" || pip uninstall -q -y horovod  # a build for another TensorFlow
   pip install -q "$wheel"
 fi
-# Seven changes to Horovod 0.28.1 (see the script), among them: horovodrun keeps a stopped
-# worker's exit code, checks once how Horovod was built, and ends a failed job in one line; the
-# all-reduce is traced without a tf.cond or autograph.
+# Eight changes to Horovod 0.28.1 (see the script), among them: horovodrun keeps a stopped
+# worker's exit code, checks once how Horovod was built, ends a failed job in one line, and
+# starts without distutils (Python 3.12+); the all-reduce is traced without a tf.cond or autograph.
 patched=$("$VENV/bin/python" scripts/patch_horovod.py) || die "cannot patch Horovod (see above)"
 [ -z "$patched" ] || while IFS= read -r line; do say "$line"; done <<< "$patched"
 
@@ -196,7 +213,8 @@ deps_stamp="$VENV/.hvd_train-deps.sha256"
 deps_sha=$(sha256sum pyproject.toml | cut -d' ' -f1)
 if [ "$(cat "$deps_stamp" 2>/dev/null)" != "$deps_sha" ]; then
   say "installing hvd_train and its dependencies"; changed=1
-  pip install -q -e ".[dev]"  # TensorFlow is not a dependency: the stack's, installed above, stays
+  # TensorFlow is not a dependency: the stack's, installed above, stays; so does its numpy.
+  pip install -q -e ".[dev]" "$NUMPY_REQ"
   echo "$deps_sha" > "$deps_stamp"
 fi
 
@@ -248,4 +266,5 @@ print(" ".join(sorted(names & {"tensorflow", "tensorflow-cpu", "tensorflow-gpu",
   hub_what="; keras-hub 0.32.0"
 fi
 [ "$changed" = 1 ] && what="installed" || what="nothing to install"
-say "$what: horovod $HOROVOD_VERSION with TensorFlow $TF_VERSION and $keras_what ($device) in $VENV; tensor operations: $ops$hub_what"
+numpy_what="numpy $("$VENV/bin/python" -c 'from importlib.metadata import version; print(version("numpy"))')"
+say "$what: horovod $HOROVOD_VERSION with TensorFlow $TF_VERSION, $keras_what and $numpy_what ($device, Python $py_minor) in $VENV; tensor operations: $ops$hub_what"

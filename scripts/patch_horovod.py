@@ -1,4 +1,4 @@
-"""Eight changes to Horovod 0.28.1, made by install.sh after Horovod is installed; each is
+"""Nine changes to Horovod 0.28.1, made by install.sh after Horovod is installed; each is
 made once, and a second run changes nothing (a file an earlier version of a change patched is
 brought up to date).
 
@@ -71,6 +71,15 @@ only one it tells horovodrun. Left on all interfaces: the services with which ho
 searches for a common interface when hosts on other machines name none (their purpose is to
 find which interfaces reach each other; `hvd-train launch` says so in one line), and mpirun's
 out-of-band listener (Open MPI's, not Horovod's).
+
+9. horovodrun imported distutils at start (horovod/runner/js_run.py: `from distutils.spawn
+import find_executable`, to ask whether IBM's jsrun is installed). distutils left the standard
+library in Python 3.12; on 3.12 and 3.13 the import worked only through the copy setuptools
+installs in its place, so a virtualenv without setuptools (Python 3.12's venv no longer brings
+it), or SETUPTOOLS_USE_DISTUTILS=stdlib, had no horovodrun at all. The line now imports the
+standard library's `shutil.which` under the same name, which answers the same question (is
+there a jsrun on PATH?) on every Python 3; made on every Python, so that the install is the same
+on all.
 
 Exit code 0: patched (now or before); 1: a file is neither Horovod 0.28.1's nor patched.
 
@@ -630,6 +639,16 @@ WORKER_SERVICE_NEW = """\
         return self._only_address()
 """
 
+JS_RUN_OLD = """\
+from distutils.spawn import find_executable
+"""
+
+JS_RUN_NEW = """\
+# hvd_train's change (scripts/patch_horovod.py): distutils left the standard library in Python 3.12.
+from shutil import which as find_executable
+"""
+
+
 PATCHES = [
     Patch(
         "horovod.runner.common.util.safe_shell_exec",
@@ -710,6 +729,12 @@ PATCHES = [
         WORKER_SERVICE_OLD,
         WORKER_SERVICE_NEW,
         "an Elastic worker listens on its interface's address, not on all",
+    ),
+    Patch(
+        "horovod.runner.js_run",
+        JS_RUN_OLD,
+        JS_RUN_NEW,
+        "horovodrun starts without distutils (gone from Python 3.12's standard library)",
     ),
 ]
 

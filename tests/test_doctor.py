@@ -7,6 +7,7 @@ import copy
 import json
 import os
 import pathlib
+import subprocess
 
 import pytest
 from harness import PYTHON, ROOT, run, start_up_lines
@@ -113,6 +114,7 @@ def test_this_machines_facts_have_no_problem(facts) -> None:
 def on_tensorflow(facts: dict, version: str, keras: str | None, tf_keras: str | None) -> dict:
     facts["tensorflow"].update(version=version, keras=keras, tf_keras=tf_keras)
     facts["horovod"]["built_against"]["tensorflow"] = version
+    facts["python"] = "3.11.7"  # every stack has wheels for it (this machine's may be 3.13)
     return facts
 
 
@@ -173,17 +175,32 @@ def test_no_tf_keras_is_a_warning_for_model_keras_tf_keras(facts) -> None:
 @pytest.mark.parametrize(
     ("python", "tf_version", "supported"),
     [("3.11.7", "2.15.1", True), ("3.12.1", "2.15.1", False), ("3.12.1", "2.19.1", True),
-     ("3.13.0", "2.21.0", False), ("3.12.1", "2.21.0", True), ("3.9.18", "2.21.0", False)],
+     ("3.13.0", "2.19.1", False), ("3.13.0", "2.20.0", True), ("3.13.0", "2.21.0", True),
+     ("3.14.0", "2.21.0", False), ("3.9.18", "2.21.0", False), ("3.13.0", "2.17.1", True)],
 )  # fmt: skip
 def test_python_versions_follow_the_stacks_wheels(facts, python, tf_version, supported) -> None:
-    facts["python"] = python
     stack = {v: (k, t) for v, k, t in STACK_KERASES}[tf_version]
     on_tensorflow(facts, tf_version, *stack)
+    facts["python"] = python
     said = [w for w in warnings_(facts) if w.startswith("Python ")]
     assert said == ([] if supported else [
         f"Python {python}: hvd_train supports 3.10-3.11 with TensorFlow 2.15, 3.10-3.12 with "
-        "2.18-2.21"
+        "2.18-2.19, 3.10-3.13 with 2.20-2.21"
     ])  # fmt: skip
+
+
+def test_the_doctor_knows_the_pythons_the_install_takes() -> None:
+    """The doctor's Pythons per stack are the ones scripts/stack.sh installs on."""
+    from hvd_train.doctor import NEWEST_PYTHON, STACKS
+
+    stack_sh = ROOT / "scripts" / "stack.sh"
+    script = f'for s in {" ".join(STACKS)}; do HVD_TRAIN_TF=$s; . "{stack_sh}"; stack_select; echo "$s $STACK_PYTHONS"; done'  # fmt: skip
+    lines = subprocess.run(
+        ["bash", "-c", script], capture_output=True, text=True, check=True
+    ).stdout
+    install = {s: pythons for s, _, pythons in (line.partition(" ") for line in lines.splitlines())}
+    doctor = {s: " ".join(f"3.{m}" for m in range(10, n + 1)) for s, n in NEWEST_PYTHON.items()}
+    assert install == doctor
 
 
 def test_extension_that_does_not_load_is_an_error(facts) -> None:

@@ -33,6 +33,10 @@ from hvd_train.runtime.binding import version_tuple
 SUPPORTED_TENSORFLOW = ("2.15.1", "2.18.1", "2.19.1", "2.20.0", "2.21.0")
 SUPPORTED_TEXT = "2.15.1, 2.18.1, 2.19.1, 2.20.0 or 2.21.0"
 STACKS = tuple(v.rpartition(".")[0] for v in SUPPORTED_TENSORFLOW)  # the HVD_TRAIN_TF values
+# The Pythons each stack's TensorFlow has wheels for, 3.10 to this minor (scripts/stack.sh's
+# STACK_PYTHONS; tests/test_doctor.py keeps the two the same).
+NEWEST_PYTHON = {"2.15": 11, "2.18": 12, "2.19": 12, "2.20": 13, "2.21": 13}
+PYTHONS_TEXT = "3.10-3.11 with TensorFlow 2.15, 3.10-3.12 with 2.18-2.19, 3.10-3.13 with 2.20-2.21"
 TESTED_HOROVOD = "0.28.1"
 # Horovod's compiled extensions, one per framework (horovod/<framework>/<name>*.so).
 _FRAMEWORK_LIBS = {"tensorflow": "mpi_lib", "torch": "mpi_lib_v2", "mxnet": "mpi_lib"}
@@ -191,12 +195,13 @@ def diagnose(facts: dict[str, Any]) -> list[Problem]:
 
 
 def _python_problems(facts: dict[str, Any]) -> list[Problem]:
-    # TensorFlow's wheels: 2.15 for Python 3.9-3.11, 2.18-2.19 for 3.9-3.12, 2.20-2.21 for
-    # 3.9/3.10-3.13; hvd_train's numpy<2 has no wheels for 3.13.
-    newest = 11 if version_tuple(facts["tensorflow"].get("version")) < (2, 16) else 12
-    if not (3, 10) <= version_tuple(facts["python"])[:2] <= (3, newest):
-        return [Problem("warning", f"Python {facts['python']}: hvd_train supports 3.10-3.11 with TensorFlow 2.15, 3.10-3.12 with 2.18-2.21")]  # fmt: skip
-    return []
+    # A TensorFlow with no stack of its own (or none) is warned about on its own: here only a
+    # Python that no stack has wheels for.
+    stack = ".".join(map(str, version_tuple(facts["tensorflow"].get("version"))[:2]))
+    newest = NEWEST_PYTHON.get(stack, max(NEWEST_PYTHON.values()))
+    if (3, 10) <= version_tuple(facts["python"])[:2] <= (3, newest):
+        return []
+    return [Problem("warning", f"Python {facts['python']}: hvd_train supports {PYTHONS_TEXT}")]
 
 
 def _tensorflow_problems(facts: dict[str, Any]) -> list[Problem]:

@@ -100,7 +100,9 @@ def results(
 def rate_and_final(history: dict[str, list[float]]) -> dict[str, Any]:
     times, examples = history.get("epoch_time_s", []), history.get("epoch_examples", [])
     skip = 1 if len(times) > 1 else 0  # a process's first epoch is warm-up (tracing)
-    rate = sum(examples[skip:]) / sum(times[skip:]) if times else 0.0
+    # float(): the times are the workers' mean, a numpy float32 that numpy 2 keeps through the
+    # division (numpy 1 made it a float64); summary.json takes Python floats only.
+    rate = float(sum(examples[skip:]) / sum(times[skip:])) if times else 0.0
     final = {k: float(v[-1]) for k, v in history.items() if v and k != "epoch_examples"}
     return {"train_examples_per_sec": rate, "final_metrics": final}
 

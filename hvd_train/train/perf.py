@@ -54,7 +54,9 @@ class StepTimer(Callback):
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         steps = self.steps[-1]
         self.windows.append((self._start, self._start + sum(steps)))
-        self.seconds.append(logs.get("epoch_time_s") or sum(steps))
+        # float(): the workers' mean, from MetricAverageCallback, is a numpy float32, which stays
+        # one through the arithmetic below under numpy 2 (and is no JSON for summary.json).
+        self.seconds.append(float(logs.get("epoch_time_s") or sum(steps)))
         if not steps:
             return
         logs["step_time_ms"] = 1000 * statistics.median(steps)
