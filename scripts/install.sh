@@ -122,11 +122,12 @@ if ! have "$NUMPY_REQ"; then
   say "installing $NUMPY_REQ (was $numpy_what)"; changed=1
   pip install -q "$NUMPY_REQ"
 fi
-# TensorFlow 2.16+ brings Keras 3; Horovod's Keras API needs Keras 2: tf_keras. --no-deps: it
-# requires the `tensorflow` package, which would install a second copy beside tensorflow-cpu.
+# TensorFlow 2.16+ brings Keras 3, which hvd_train trains by default; Keras 2 beside it is
+# tf_keras (runtime.keras: tf_keras). --no-deps: it requires the `tensorflow` package, which
+# would install a second copy beside tensorflow-cpu.
 keras_what="keras $("$VENV/bin/python" -c 'from importlib.metadata import version; print(version("keras"))' 2>/dev/null || echo '?')"
 if [ -n "$KERAS_REQ" ]; then
-  keras_what="${KERAS_REQ/==/ }"
+  keras_what="$keras_what, ${KERAS_REQ/==/ }"
   if ! have "$KERAS_REQ"; then
     say "installing $KERAS_REQ"; changed=1
     pip install -q --no-deps "$KERAS_REQ"

@@ -191,7 +191,7 @@ def test_python_versions_follow_the_stacks_wheels(facts, python, tf_version, sup
 
 def test_the_doctor_knows_the_pythons_the_install_takes() -> None:
     """The doctor's Pythons per stack are the ones scripts/stack.sh installs on."""
-    from hvd_train.doctor import NEWEST_PYTHON, STACKS
+    from hvd_train.commands.doctor import NEWEST_PYTHON, STACKS
 
     stack_sh = ROOT / "scripts" / "stack.sh"
     script = f'for s in {" ".join(STACKS)}; do HVD_TRAIN_TF=$s; . "{stack_sh}"; stack_select; echo "$s $STACK_PYTHONS"; done'  # fmt: skip
