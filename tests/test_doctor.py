@@ -120,8 +120,8 @@ def on_tensorflow(facts: dict, version: str, keras: str | None, tf_keras: str | 
 
 # Each stack with its Kerases: 2.15's own Keras 2, then Keras 3 and tf_keras of TF's minor.
 STACK_KERASES = [
-    ("2.15.1", "keras 2.15.0", None), ("2.18.1", "keras 3.8.0", "tf_keras 2.18.0"),
-    ("2.19.1", "keras 3.10.0", "tf_keras 2.19.0"), ("2.20.0", "keras 3.11.3", "tf_keras 2.20.1"),
+    ("2.15.1", "keras 2.15.0", None), ("2.18.1", "keras 3.15.1", "tf_keras 2.18.0"),
+    ("2.19.1", "keras 3.15.1", "tf_keras 2.19.0"), ("2.20.0", "keras 3.15.1", "tf_keras 2.20.1"),
     ("2.21.0", "keras 3.15.1", "tf_keras 2.21.0"),
 ]  # fmt: skip
 
@@ -151,7 +151,7 @@ def test_another_tensorflow_with_both_kerases_is_only_untested(facts, tf_version
 
 
 def test_tf_keras_of_another_minor_version_is_a_warning(facts) -> None:
-    on_tensorflow(facts, "2.18.1", "keras 3.8.0", "tf_keras 2.17.0")
+    on_tensorflow(facts, "2.18.1", "keras 3.15.1", "tf_keras 2.17.0")
     assert errors(facts) == []
     assert warnings_(facts) == ["tf_keras 2.17.0 with TensorFlow 2.18.1: tf_keras should match TensorFlow's minor version"]  # fmt: skip
 
@@ -179,8 +179,9 @@ def test_no_tf_keras_is_a_warning_for_model_keras_tf_keras(facts) -> None:
      ("3.14.0", "2.21.0", False), ("3.9.18", "2.21.0", False), ("3.13.0", "2.17.1", True)],
 )  # fmt: skip
 def test_python_versions_follow_the_stacks_wheels(facts, python, tf_version, supported) -> None:
-    stack = {v: (k, t) for v, k, t in STACK_KERASES}[tf_version]
-    on_tensorflow(facts, tf_version, *stack)
+    # A TensorFlow without a stack of its own (2.17) with the Kerases a 2.16+ install brings.
+    kerases = {v: (k, t) for v, k, t in STACK_KERASES}
+    on_tensorflow(facts, tf_version, *kerases.get(tf_version, ("keras 3.15.1", "tf_keras 2.17.0")))
     facts["python"] = python
     said = [w for w in warnings_(facts) if w.startswith("Python ")]
     assert said == ([] if supported else [
