@@ -297,6 +297,20 @@ class LoggingConfig:
     # [first, last] training step (1-based, counted over the run) to trace with TensorFlow's
     # profiler on rank 0, into <run.dir>/tensorboard/plugins/profile; [] is off.
     profile_steps: tuple[int, ...] = ()
+    # Rank 0 logs the run to MLflow (pip install 'hvd_train[mlflow]'): parameters, a point per
+    # epoch, the final metrics, summary.json, config.yaml and the model; one MLflow run per
+    # run.dir, continued by every resume (docs/tracking.md).
+    mlflow: bool = False
+    # The tracking server (http://host:5000) or store; "": the MLFLOW_TRACKING_URI variable,
+    # else MLflow's local default (sqlite:///mlflow.db in the working directory). A value here
+    # wins over the variable.
+    mlflow_tracking_uri: str = ""
+    # The experiment (created if missing); "": the MLFLOW_EXPERIMENT_NAME variable, else
+    # MLflow's Default. A value here wins over the variable.
+    mlflow_experiment_name: str = ""
+    # Upload the exported model (model.keras, or its SavedModel folder) as an artifact of a
+    # completed run; false: summary.json and config.yaml only.
+    mlflow_log_model: bool = True
 
 
 @dataclass(frozen=True)
