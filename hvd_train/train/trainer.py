@@ -30,6 +30,7 @@ from hvd_train.train.outcome import batches, complete, gradient_size, stop, summ
 from hvd_train.train.resume import resume
 from hvd_train.train.run_state import Run, Start, running
 from hvd_train.train.step import build_compiled_model
+from hvd_train.train.tracking import check_tracker, start_tracking
 
 Model = Any  # a Keras model of the active Keras
 
@@ -61,6 +62,7 @@ def train(
         startup.mark("horovod_init")
         if (finished := _nothing_to_train(finished_here)) is not None:
             return None, finished
+        check_tracker(cfg)  # logging.mlflow: a server that does not answer, before any write
         source = load_source(cfg)
         startup.mark("data")
         plan = derive(cfg, distributed.size(), source.num_train)
@@ -76,6 +78,9 @@ def train(
             start = resume(cfg, model, plan)
             run.signals.abandon = functools.partial(abandon, run.record, start)
             run.note_start(start, **gradient_size(cfg, model))
+            # One MLflow run per run.dir: this job continues it when it continues the training.
+            earlier = run.earlier_mlflow if start.checkpoint else {}
+            run.tracker = start_tracking(cfg, run.record, earlier)
             history = _fit(cfg, model, source, plan, start, run)
         except BaseException as e:
             cause = reading_cause(e)
@@ -117,6 +122,7 @@ def _open_run_dir(
     previous = read_summary(RunDir(cfg.run.dir).summary)
     if previous.get("status") in ENDINGS:
         run.earlier = [*previous.get("earlier_jobs", []), earlier_job(previous)]
+    run.earlier_mlflow = dict(previous.get("mlflow") or {})
     record = run.record = RunRecord(cfg.run.dir, run.base)
     # Hooks first: a stop that comes while the record starts is recorded.
     run.signals.on_signal = lambda signum: record.note(signal=signum)
@@ -176,8 +182,9 @@ def _fit(
 
     def wire(plan: Derived, epoch: int, step: int, leading: tuple = ()) -> RunCallbacks:
         run.callbacks = build_callbacks(
-            cfg, plan, model, source, run.signals, epoch, step, run.record, leading
-        )
+            cfg, plan, model, source, run.signals, epoch, step, run.record, leading,
+            run.tracker.sender if run.tracker else None,
+        )  # fmt: skip
         return run.callbacks
 
     if not cfg.elastic.enabled:
@@ -188,6 +195,8 @@ def _fit(
     # lost one's keeper has meanwhile written `failed`).
     if run.record is None and distributed.is_chief():
         run.record = RunRecord(cfg.run.dir, run.base)
+        earlier = read_summary(RunDir(cfg.run.dir).summary).get("mlflow") or {}
+        run.tracker = start_tracking(cfg, run.record, earlier)  # to end the run's MLflow run
     if run.record:
         last = run.callbacks.plan
         run.record.update(world_size=last.world_size, elastic=report, **batches(last))
