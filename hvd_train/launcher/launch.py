@@ -72,8 +72,6 @@ def attempts(cfg: Config, args: argparse.Namespace, np_: int) -> int:
     """Runs the job (`args` as `hvd-train launch` parsed them) until it completes, is stopped,
     fails for a reason a restart cannot fix, or has used `--max-restarts`; returns the exit
     code (see `_exit_code`)."""
-    if cfg.logging.mlflow:  # a tracking server that does not answer: one line, no job started
-        mlflow_run.check_reachable(mlflow_run.where(cfg.logging))
     summary_path = RunDir(cfg.run.dir).summary
     before = read_summary(summary_path)  # unchanged by a job that had nothing to train
     history: list[dict[str, Any]] = []

@@ -94,6 +94,9 @@ def client(uri: str | None) -> tuple[Any, str]:
     import mlflow
 
     logging.getLogger("mlflow").setLevel(logging.WARNING)
+    # Each retry of a request would be a warning line of urllib3's (MLflow's HTTP client): a
+    # server that went away is said once, by the Sender.
+    logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
     resolved = uri or mlflow.get_tracking_uri()  # the default made absolute: sqlite:////cwd/...
     return mlflow.MlflowClient(tracking_uri=resolved), resolved
 
