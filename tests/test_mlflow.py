@@ -138,7 +138,7 @@ def tracked(tmp_path_factory) -> dict:
 @needs_server
 @pytest.mark.multiworker
 def test_a_server_lost_mid_run_neither_stops_the_training_nor_goes_unrecorded(tracked) -> None:
-    """Job 1: the server killed after epoch 1. Training completes; rank 0 says so once on the
+    """Job 1, its server killed after epoch 1, trains to its end; rank 0 says so once on the
     console, and summary.json keeps why and the points it could not send (epochs 2 and 3)."""
     job = tracked["lost"]
     s = job["summary"]
@@ -189,8 +189,8 @@ def test_a_continued_run_is_one_finished_mlflow_run_whose_history_goes_on(tracke
 @needs_server
 @pytest.mark.multiworker
 def test_a_killed_worker_ends_the_mlflow_run_failed(tracked) -> None:
-    """Job 3, continued with train.epochs 6: rank 1 killed. The record says `failed`, and so
-    does the same MLflow run, which keeps every point, and summary.json, config.yaml and the
+    """Job 3, continued with train.epochs 6, its rank 1 killed: the record says `failed`, and
+    so does the same MLflow run, which keeps every point, and summary.json, config.yaml and the
     model job 2 sent."""
     job = tracked["killed"]
     s = job["summary"]
@@ -281,6 +281,8 @@ def test_a_lost_server_is_said_once_and_every_later_point_is_kept() -> None:
 
 
 def test_the_config_keys_win_over_mlflow_s_variables() -> None:
+    """logging.mlflow_tracking_uri and logging.mlflow_experiment_name win over
+    MLFLOW_TRACKING_URI and MLFLOW_EXPERIMENT_NAME; with neither, MLflow's own defaults."""
     environ = {"MLFLOW_TRACKING_URI": "http://env:5000", "MLFLOW_EXPERIMENT_NAME": "env"}
     assert mlflow_run.where(LoggingConfig(), environ) == mlflow_run.Where("http://env:5000", "env")
     keys = LoggingConfig(mlflow_tracking_uri="http://key:5000", mlflow_experiment_name="key")

@@ -287,7 +287,8 @@ class ElasticConfig:
 
 @dataclass(frozen=True)
 class LoggingConfig:
-    """What rank 0 writes besides metrics.csv and summary.json (docs/performance.md)."""
+    """What rank 0 writes besides metrics.csv and summary.json (docs/performance.md), and what
+    it logs to MLflow (docs/tracking.md)."""
 
     # <run.dir>/tensorboard, rank 0 only: Keras' epoch_loss, epoch_accuracy and
     # epoch_learning_rate (and validation/), plus throughput/examples_per_sec,
@@ -299,7 +300,7 @@ class LoggingConfig:
     profile_steps: tuple[int, ...] = ()
     # Rank 0 logs the run to MLflow (pip install 'hvd_train[mlflow]'): parameters, a point per
     # epoch, the final metrics, summary.json, config.yaml and the model; one MLflow run per
-    # run.dir, continued by every resume (docs/tracking.md).
+    # run.dir, which every job that resumes the run continues (docs/tracking.md).
     mlflow: bool = False
     # The tracking server (http://host:5000) or store; "": the MLFLOW_TRACKING_URI variable,
     # else MLflow's local default (sqlite:///mlflow.db in the working directory). A value here
