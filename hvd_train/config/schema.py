@@ -300,7 +300,7 @@ class LoggingConfig:
     profile_steps: tuple[int, ...] = ()
     # Rank 0 logs the run to MLflow (pip install 'hvd_train[mlflow]'): parameters, a point per
     # epoch, the final metrics, summary.json, config.yaml and the model; one MLflow run per
-    # run.dir, which every job that resumes the run continues (docs/tracking.md).
+    # run.dir, which every later job continues (but train.resume: never; docs/tracking.md).
     mlflow: bool = False
     # The tracking server (http://host:5000) or store; "": the MLFLOW_TRACKING_URI variable,
     # else MLflow's local default (sqlite:///mlflow.db in the working directory). A value here

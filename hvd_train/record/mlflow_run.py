@@ -3,9 +3,9 @@ following the record.
 
 With `logging.mlflow: true`, rank 0 logs its run to MLflow (what it logs: train/tracking.py;
 docs/tracking.md). The MLflow run's id is kept in summary.json's `mlflow` (summary.py `Mlflow`):
-a job that continues the run from a checkpoint (a resume, a raised train.epochs, a restart by
-`hvd-train launch`, a Slurm requeue) continues that MLflow run, and so does a reset of Horovod
-Elastic, in the same process. The MLflow run's status follows the record's (`STATUS`): rank 0
+every later job in run.dir (a resume, a raised train.epochs, a restart by `hvd-train launch`, a
+Slurm requeue) continues that MLflow run unless `train.resume: never` starts afresh, and so
+does a reset of Horovod Elastic, in the same process. The MLflow run's status follows the record's (`STATUS`): rank 0
 sets it at its end; when rank 0 could not (killed, ended by its stop watcher, the server away
 then), its keeper does once rank 0 has gone, and `hvd-train launch` does after it changed an
 ending (`follow_record`).

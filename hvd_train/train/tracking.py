@@ -2,8 +2,8 @@
 
 - At the start, before anything is written: the tracking server must answer (`check_tracker`,
   one line and exit code 2 on every rank when it does not).
-- Once training's start is known: the run's MLflow run, continued when this job continues the
-  run from a checkpoint (`start_tracking`); its parameters (the resolved config as dotted keys,
+- Once training's start is known: the run's MLflow run, the one of run.dir's record unless
+  `train.resume: never` starts the run afresh (`start_tracking`); its parameters (the resolved config as dotted keys,
   the worker count, the batches, the learning rates, the versions) and tags (controller,
   device, run.dir).
 - Every epoch: a point (step = the epoch) of each value the console line and metrics.csv hold
@@ -99,8 +99,8 @@ class Tracking:
 
 def start_tracking(cfg: Config, record: RunRecord | None, earlier: Mlflow) -> Tracking | None:
     """Rank 0 (the one with the record) opens the run's MLflow run: `earlier`'s (summary.json's
-    `mlflow` before this job) when the job continues the run from a checkpoint, else a new one;
-    summary.json's `mlflow` says which from here on. None without logging.mlflow."""
+    `mlflow` before this job, when it continues the run), else a new one; summary.json's
+    `mlflow` says which from here on. None without logging.mlflow."""
     if not cfg.logging.mlflow or record is None:
         return None
     sender = mlflow_run.start(

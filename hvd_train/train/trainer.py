@@ -78,8 +78,8 @@ def train(
             start = resume(cfg, model, plan)
             run.signals.abandon = functools.partial(abandon, run.record, start)
             run.note_start(start, **gradient_size(cfg, model))
-            # One MLflow run per run.dir: this job continues it when it continues the training.
-            earlier = run.earlier_mlflow if start.checkpoint else {}
+            # One MLflow run per run.dir: every job continues it, unless told to start afresh.
+            earlier = run.earlier_mlflow if cfg.train.resume != "never" else {}
             run.tracker = start_tracking(cfg, run.record, earlier)
             history = _fit(cfg, model, source, plan, start, run)
         except BaseException as e:
