@@ -53,8 +53,9 @@ def main(argv: list[str], prog: str = "hvd-train sweep") -> int:
     cfg = load_config(args.config, overrides)
     points = [Point(w, b) for b in args.batch_sizes for w in args.workers]
     refuse_what_this_host_cannot_run(cfg, points, args.oversubscribe)
-    os.makedirs(args.out, exist_ok=True)
+    # Before anything is written: a tracking server that does not answer is one line, exit 2.
     parent = SweepRun(cfg, args.out, args.command) if cfg.logging.mlflow else None
+    os.makedirs(args.out, exist_ok=True)
     rows = []
     for i, point in enumerate(points, 1):
         print(f"[sweep] {i}/{len(points)}: {point.workers} worker(s), batch {point.batch_size} "

@@ -152,6 +152,7 @@ def experiment_id(tracker: Any, name: str | None) -> str:
 
 
 def point(key: str, value: float, step: int) -> MetricPoint:
+    """A metric point at `step`, stamped now."""
     return {"key": key, "value": float(value), "step": step, "timestamp": int(time.time() * 1000)}
 
 
@@ -219,6 +220,8 @@ class Sender:
         self.log_points([point(k, v, step) for k, v in values.items()], at=f"epoch {step}")
 
     def log_points(self, points: list[MetricPoint], at: str) -> None:
+        """Hands `points` to the sending thread (`at`: where, for the note of a failure), or
+        keeps them when the run is lost."""
         with self._lock:
             if self.lost is None:
                 self._queue.put((points, at))
