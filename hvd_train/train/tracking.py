@@ -103,15 +103,19 @@ def start_tracking(cfg: Config, record: RunRecord | None, earlier: Mlflow) -> Tr
     `mlflow` says which from here on. None without logging.mlflow."""
     if not cfg.logging.mlflow or record is None:
         return None
-    sender = mlflow_run.start(
-        mlflow_run.where(cfg.logging),
-        name=os.path.basename(os.path.abspath(cfg.run.dir)),
-        continues=earlier,
-        params=params(cfg, record.summary),
-        tags=tags(cfg, record.summary),
-        say=distributed.log,
-        on_change=lambda fields: record.update(mlflow=fields),
-    )
+    try:
+        sender = mlflow_run.start(
+            mlflow_run.where(cfg.logging),
+            name=os.path.basename(os.path.abspath(cfg.run.dir)),
+            continues=earlier,
+            params=params(cfg, record.summary),
+            tags=tags(cfg, record.summary),
+            say=distributed.log,
+            on_change=lambda fields: record.update(mlflow=fields),
+        )
+    except Exception as e:  # no client at all (checked at the start, yet): never stop the run
+        distributed.log(f"warning: MLflow: {mlflow_run.cause(e)}; training goes on without it")
+        return None
     record.update(mlflow=sender.fields())
     record.note(mlflow_uri=sender.uri)  # the keeper ends the MLflow run if rank 0 cannot
     return Tracking(sender, cfg.run.dir, cfg.logging.mlflow_log_model)
