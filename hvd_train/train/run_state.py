@@ -38,7 +38,7 @@ class Run:
     base: dict[str, Any] = field(default_factory=dict)  # summary.json's opening fields
     callbacks: RunCallbacks | None = None  # the latest build (one per elastic membership)
     earlier: list[dict[str, Any]] = field(default_factory=list)  # jobs that trained run.dir
-    earlier_mlflow: dict[str, Any] = field(default_factory=dict)  # their summary.json's `mlflow`
+    earlier_mlflow: dict[str, Any] = field(default_factory=dict)  # the MLflow run it continues
     tracker: Tracking | None = None  # rank 0's MLflow run (logging.mlflow)
 
     def release(self) -> None:

@@ -78,9 +78,7 @@ def train(
             start = resume(cfg, model, plan)
             run.signals.abandon = functools.partial(abandon, run.record, start)
             run.note_start(start, **gradient_size(cfg, model))
-            # One MLflow run per run.dir: every job continues it, unless told to start afresh.
-            earlier = run.earlier_mlflow if cfg.train.resume != "never" else {}
-            run.tracker = start_tracking(cfg, run.record, earlier)
+            run.tracker = start_tracking(cfg, run.record, run.earlier_mlflow)
             history = _fit(cfg, model, source, plan, start, run)
         except BaseException as e:
             cause = reading_cause(e)
@@ -122,8 +120,12 @@ def _open_run_dir(
     previous = read_summary(RunDir(cfg.run.dir).summary)
     if previous.get("status") in ENDINGS:
         run.earlier = [*previous.get("earlier_jobs", []), earlier_job(previous)]
-    run.earlier_mlflow = dict(previous.get("mlflow") or {})
-    record = run.record = RunRecord(cfg.run.dir, run.base)
+    # One MLflow run per run.dir: every job continues it (but one told to start afresh), and
+    # the record names it from its start, so that an ending before MLflow opens keeps it.
+    if cfg.logging.mlflow and cfg.train.resume != "never" and previous.get("mlflow"):
+        run.earlier_mlflow = dict(previous["mlflow"])
+    carried = {"mlflow": run.earlier_mlflow} if run.earlier_mlflow else {}
+    record = run.record = RunRecord(cfg.run.dir, {**run.base, **carried})
     # Hooks first: a stop that comes while the record starts is recorded.
     run.signals.on_signal = lambda signum: record.note(signal=signum)
     run.signals.abandon = functools.partial(abandon, record, None)
