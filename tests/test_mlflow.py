@@ -48,12 +48,12 @@ def summary(run_dir: pathlib.Path) -> dict:
         return {}
 
 
-def wait_until(condition, what: str, proc=None, timeout: float = 240) -> None:
+def wait_until(condition, what: str, proc=None, timeout: float = 240, every: float = 0.02):
     deadline = time.monotonic() + timeout
     while not condition():
         assert proc is None or proc.poll() is None, f"the job ended before {what}"
         assert time.monotonic() < deadline, f"no {what} within {timeout} s"
-        time.sleep(0.02)
+        time.sleep(every)
 
 
 def ended(run_dir: pathlib.Path, proc) -> dict:
@@ -114,15 +114,16 @@ def tracked(tmp_path_factory) -> dict:
         seen["runs_after_continued"] = mlflow_runs(s.uri)
         run_id = seen["continued"]["summary"]["mlflow"]["run_id"]
         seen["history_after_continued"] = history(s.uri, run_id, "val_accuracy")
-        # 3: continued again; rank 1 killed as soon as rank 0 has continued the MLflow run.
+        # 3: continued again; rank 1 killed as soon as rank 0 has set the MLflow run running.
         proc = start(launch(run_dir, "train.epochs=6"), root, env)
         wait_until(lambda: summary(run_dir).get("status") == "running"
-                   and "mlflow" in summary(run_dir), "the MLflow run continued", proc)  # fmt: skip
+                   and {r.info.status for r in mlflow_runs(s.uri)} == {"RUNNING"},
+                   "the MLflow run continued", proc, every=0.2)  # fmt: skip
         os.kill(workers(str(run_dir))[1], signal.SIGKILL)
         seen["killed"] = ended(run_dir, proc)
         # The launcher has set the MLflow run's status, or rank 0's keeper is about to.
         wait_until(lambda: {r.info.status for r in mlflow_runs(s.uri)} != {"RUNNING"},
-                   "status of the MLflow run", timeout=60)  # fmt: skip
+                   "status of the MLflow run", timeout=60, every=0.2)  # fmt: skip
         seen["runs_after_killed"] = mlflow_runs(s.uri)
         seen["history"] = history(s.uri, run_id, "val_accuracy")
         seen["examples_per_sec"] = history(s.uri, run_id, "examples_per_sec")
