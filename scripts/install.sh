@@ -10,6 +10,10 @@
 #   HVD_TRAIN_KERAS_HUB=1 scripts/install.sh  # also KerasHub, for Keras 3 models built from
 #                                             # its classes (TensorFlow 2.16+; `make test` sets it)
 #   PYTHON=python3.13 scripts/install.sh      # on that Python, in .venv-py3.13 (scripts/stack.sh)
+#   HVD_TRAIN_MLFLOW=1 scripts/install.sh     # also MLflow's client, for logging.mlflow: the
+#                                             # extra hvd_train[mlflow] (docs/tracking.md)
+#   HVD_TRAIN_MLFLOW=server scripts/install.sh  # and a tracking server, for the tests (`make
+#                                             # test` sets it): full mlflow, in its own virtualenv
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -266,6 +270,50 @@ print(" ".join(sorted(names & {"tensorflow", "tensorflow-cpu", "tensorflow-gpu",
     || die "TensorFlow should be one wheel, $tf_pkg; $VENV has: $tf_wheels. Remove $VENV and run again"
   hub_what="; keras-hub 0.32.0"
 fi
+# --- optional: MLflow (HVD_TRAIN_MLFLOW=1 or server) ---
+# 1: the extra hvd_train[mlflow] (pyproject.toml): mlflow-skinny, MLflow's client without its
+# server and UI, and SQLAlchemy and Alembic for its local default store (sqlite:///mlflow.db).
+# server: also the tests' tracking server, full mlflow (pandas, pyarrow, scipy, Flask: 850 MB),
+# in a virtualenv of its own kept in the cache outside the clone, as Horovod's wheels are (once
+# per machine), and linked as $VENV/mlflow-server: none of it enters the training's virtualenv.
+mlflow_what=""
+case "${HVD_TRAIN_MLFLOW:-0}" in
+  0|"") ;;
+  1|server)
+    # The extra's pins, from the installed package's metadata (pyproject.toml, `mlflow = [...]`).
+    mlflow_reqs=$("$VENV/bin/python" -c 'from importlib.metadata import requires
+print(" ".join(r.split(";")[0].replace(" ", "") for r in requires("hvd_train") if "extra == \"mlflow\"" in r))')
+    # shellcheck disable=SC2086  # a list of requirements
+    if ! have $mlflow_reqs; then
+      say "installing hvd_train[mlflow]: ${mlflow_reqs// /, }"; changed=1
+      began=$SECONDS
+      pip install -q -e ".[mlflow]"
+      TF_CPP_MIN_LOG_LEVEL=3 "$VENV/bin/python" -c 'import mlflow' >> "$LOG" 2>&1 \
+        || die "mlflow does not import (full output: $LOG)"
+      say "installed hvd_train[mlflow] in $((SECONDS - began)) s"
+    fi
+    mlflow_version=$("$VENV/bin/python" -c 'from importlib.metadata import version; print(version("mlflow-skinny"))')
+    mlflow_what="; mlflow-skinny $mlflow_version"
+    if [ "$HVD_TRAIN_MLFLOW" = server ]; then
+      server="${HVD_TRAIN_CACHE:-${XDG_CACHE_HOME:-${HOME:-/tmp}/.cache}/hvd_train}/mlflow-server/mlflow-$mlflow_version-py$py_minor"
+      if [ ! -e "$server/.complete" ]; then  # made last: a half-made one is made again
+        say "installing mlflow $mlflow_version, the tests' tracking server, into a virtualenv of its own ($server; once per machine)"
+        changed=1
+        began=$SECONDS
+        rm -rf "$server"
+        mkdir -p "$(dirname "$server")"
+        quietly "$VENV/bin/python" -m venv "$server"
+        quietly "$server/bin/python" -m pip install -q "pip==24.3.1"
+        quietly "$server/bin/python" -m pip install -q "mlflow==$mlflow_version"
+        touch "$server/.complete"
+        say "installed the tracking server in $((SECONDS - began)) s ($(du -sm "$server" | cut -f1) MB)"
+      fi
+      ln -sfn "$server" "$VENV/mlflow-server"
+      mlflow_what="$mlflow_what, and its server ($VENV/mlflow-server)"
+    fi
+    ;;
+  *) die "HVD_TRAIN_MLFLOW must be 1 (the client) or server (also a tracking server, for the tests), got '$HVD_TRAIN_MLFLOW'";;
+esac
 [ "$changed" = 1 ] && what="installed" || what="nothing to install"
 numpy_what="numpy $("$VENV/bin/python" -c 'from importlib.metadata import version; print(version("numpy"))')"
-say "$what: horovod $HOROVOD_VERSION with TensorFlow $TF_VERSION, $keras_what and $numpy_what ($device, Python $py_minor) in $VENV; tensor operations: $ops$hub_what"
+say "$what: horovod $HOROVOD_VERSION with TensorFlow $TF_VERSION, $keras_what and $numpy_what ($device, Python $py_minor) in $VENV; tensor operations: $ops$hub_what$mlflow_what"

@@ -31,8 +31,9 @@ LAYERS: dict[str, set[str]] = {
 }
 # Layers that import without TensorFlow, Horovod or a Keras: the launchers read configs and
 # records and start jobs in a second; the commands' modules load TensorFlow only when they run.
+# Nor MLflow (a second of imports): it loads only where logging.mlflow is on.
 LIGHT = ("base", "config", "record", "launcher", "commands")
-HEAVY = ("tensorflow", "horovod", "keras", "tf_keras")
+HEAVY = ("tensorflow", "horovod", "keras", "tf_keras", "mlflow")
 
 
 def modules() -> dict[str, pathlib.Path]:
@@ -187,7 +188,7 @@ def test_no_import_cycles_inside_hvd_train() -> None:
 
 def test_the_light_layers_import_without_tensorflow_horovod_or_keras() -> None:
     """Every module of `LIGHT` (and cli.py), imported one after another in one fresh process
-    in which importing TensorFlow, Horovod, Keras 3 or tf_keras fails."""
+    in which importing TensorFlow, Horovod, Keras 3, tf_keras or MLflow fails."""
     light = [m for m in modules() if layer_of(m) in LIGHT or m == "hvd_train.cli"]
     script = (
         "import importlib, sys\n"
@@ -201,5 +202,7 @@ def test_the_light_layers_import_without_tensorflow_horovod_or_keras() -> None:
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           cwd=PACKAGE.parent, timeout=120)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == "", "imported TensorFlow, Horovod or a Keras:\n" + proc.stdout
+    assert proc.stdout.strip() == "", (
+        "imported TensorFlow, Horovod, a Keras or MLflow:\n" + proc.stdout
+    )
     assert len(light) > 30, light  # the test saw the modules it is about

@@ -1,4 +1,5 @@
-"""`hvd-train sweep`: refuses grids the host cannot run; runs a real 2-point grid end to end."""
+"""`hvd-train sweep`: refuses grids the host cannot run; runs a real 2-point grid end to end,
+logged to MLflow's local store where MLflow's client is installed."""
 
 from __future__ import annotations
 
@@ -9,6 +10,11 @@ import pathlib
 
 import pytest
 from harness import PYTHON, QUICKSTART, check, run
+from mlflow_server import QUIET, unavailable
+
+from hvd_train.record import mlflow_run
+
+NO_MLFLOW = unavailable(server=False)
 
 
 def sweep(args: list[str], cwd: pathlib.Path, timeout: float = 300):
@@ -39,14 +45,27 @@ def test_sweep_refuses_a_global_batch_that_does_not_divide(tmp_path: pathlib.Pat
     assert not (tmp_path / "out").exists()
 
 
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory) -> tuple[pathlib.Path, object]:
+    """A real grid of 2 points (1 and 2 workers, 2 epochs), in MLflow's local store (SQLite,
+    no server) where MLflow's client is installed."""
+    root = tmp_path_factory.mktemp("sweep")
+    tracked = [] if NO_MLFLOW else [
+        "--set", "logging.mlflow=true", "--set", "logging.mlflow_experiment_name=sweeps",
+        "--set", f"logging.mlflow_tracking_uri=sqlite:///{root}/mlflow.db"]  # fmt: skip
+    proc = check(run([PYTHON, "-m", "hvd_train", "sweep", "--config", str(QUICKSTART),
+                      "--workers", "1,2", "--batch-sizes", "32", "--out", "out",
+                      "--target-accuracy", "0.5", "--set", "train.epochs=2",
+                      "--set", "horovod.controller=mpi",  # the faster one on CPU
+                      "--set", "logging.tensorboard=false", "--set", "train.verbose=false",
+                      *tracked], root, timeout=300, env=QUIET))  # fmt: skip
+    return root, proc
+
+
 @pytest.mark.multiworker
-def test_sweep_runs_every_point_and_writes_table_and_plots(tmp_path: pathlib.Path) -> None:
+def test_sweep_runs_every_point_and_writes_table_and_plots(swept) -> None:
     target = 0.5
-    proc = check(sweep(["--workers", "1,2", "--batch-sizes", "32", "--out", "out",
-                        "--target-accuracy", str(target), "--set", "train.epochs=2",
-                        "--set", "horovod.controller=mpi",  # the faster one on CPU
-                        "--set", "logging.tensorboard=false", "--set", "train.verbose=false"],
-                       tmp_path))  # fmt: skip
+    tmp_path, proc = swept
     out = tmp_path / "out"
     with open(out / "scaling.csv") as f:
         rows = list(csv.DictReader(f))
@@ -85,3 +104,25 @@ def test_sweep_runs_every_point_and_writes_table_and_plots(tmp_path: pathlib.Pat
                for line in table) == 2  # fmt: skip
     for png in ("speedup.png", "accuracy_vs_time.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", png
+
+
+@pytest.mark.multiworker
+@pytest.mark.skipif(NO_MLFLOW is not None, reason=str(NO_MLFLOW))
+def test_each_point_is_an_mlflow_run_under_the_sweeps_run(swept) -> None:
+    """The sweep's own MLflow run, FINISHED with the reports, is the parent of one run per
+    point, each named after its folder and tagged with it."""
+    root, _ = swept
+    tracker, _ = mlflow_run.client(f"sqlite:///{root}/mlflow.db")
+    experiment = tracker.get_experiment_by_name("sweeps").experiment_id
+    runs = {r.info.run_name: r for r in tracker.search_runs([experiment])}
+    assert sorted(runs) == ["out", "w1_b32", "w2_b32"], sorted(runs)
+    parent = runs.pop("out")
+    assert parent.info.status == "FINISHED", parent.info
+    files = sorted(a.path for a in tracker.list_artifacts(parent.info.run_id))
+    assert files == ["accuracy_vs_time.png", "scaling.csv", "scaling.md", "speedup.png"], files
+    for name, point in runs.items():
+        assert point.data.tags["mlflow.parentRunId"] == parent.info.run_id, point.data.tags
+        assert point.data.tags["run.dir"] == str(root / "out" / "points" / name)
+        assert point.info.status == "FINISHED" and point.data.params["world_size"] == name[1]
+        summary = json.loads((root / "out" / "points" / name / "summary.json").read_text())
+        assert summary["mlflow"]["parent_run_id"] == parent.info.run_id, summary["mlflow"]

@@ -10,6 +10,7 @@ import shlex
 from hvd_train.config import add_config_arguments, load_config
 from hvd_train.launcher.sweep import (
     Point,
+    SweepRun,
     add_speedups,
     read_point,
     refuse_what_this_host_cannot_run,
@@ -52,6 +53,8 @@ def main(argv: list[str], prog: str = "hvd-train sweep") -> int:
     cfg = load_config(args.config, overrides)
     points = [Point(w, b) for b in args.batch_sizes for w in args.workers]
     refuse_what_this_host_cannot_run(cfg, points, args.oversubscribe)
+    # Before anything is written: a tracking server that does not answer is one line, exit 2.
+    parent = SweepRun(cfg, args.out, args.command) if cfg.logging.mlflow else None
     os.makedirs(args.out, exist_ok=True)
     rows = []
     for i, point in enumerate(points, 1):
@@ -63,6 +66,8 @@ def main(argv: list[str], prog: str = "hvd-train sweep") -> int:
     add_speedups(rows)
     write_reports(rows, args)
     failed = [r for r in rows if r["status"] != "ok"]
+    if parent:
+        parent.end(args.out, ok=not failed)
     print(f"[sweep] {len(rows) - len(failed)}/{len(rows)} points done; see "
           f"{os.path.join(args.out, 'scaling.md')}", flush=True)  # fmt: skip
     return 1 if failed else 0

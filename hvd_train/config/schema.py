@@ -287,7 +287,8 @@ class ElasticConfig:
 
 @dataclass(frozen=True)
 class LoggingConfig:
-    """What rank 0 writes besides metrics.csv and summary.json (docs/performance.md)."""
+    """What rank 0 writes besides metrics.csv and summary.json (docs/performance.md), and what
+    it logs to MLflow (docs/tracking.md)."""
 
     # <run.dir>/tensorboard, rank 0 only: Keras' epoch_loss, epoch_accuracy and
     # epoch_learning_rate (and validation/), plus throughput/examples_per_sec,
@@ -297,6 +298,20 @@ class LoggingConfig:
     # [first, last] training step (1-based, counted over the run) to trace with TensorFlow's
     # profiler on rank 0, into <run.dir>/tensorboard/plugins/profile; [] is off.
     profile_steps: tuple[int, ...] = ()
+    # Rank 0 logs the run to MLflow (pip install 'hvd_train[mlflow]'): parameters, a point per
+    # epoch, the final metrics, summary.json, config.yaml and the model; one MLflow run per
+    # run.dir, which every later job continues (but train.resume: never; docs/tracking.md).
+    mlflow: bool = False
+    # The tracking server (http://host:5000) or store; "": the MLFLOW_TRACKING_URI variable,
+    # else MLflow's local default (sqlite:///mlflow.db in the working directory). A value here
+    # wins over the variable.
+    mlflow_tracking_uri: str = ""
+    # The experiment (created if missing); "": the MLFLOW_EXPERIMENT_NAME variable, else
+    # MLflow's Default. A value here wins over the variable.
+    mlflow_experiment_name: str = ""
+    # Upload the exported model (model.keras, or its SavedModel folder) as an artifact of a
+    # completed run; false: summary.json and config.yaml only.
+    mlflow_log_model: bool = True
 
 
 @dataclass(frozen=True)

@@ -46,7 +46,7 @@ from hvd_train.config import Config
 from hvd_train.launcher import horovodrun
 from hvd_train.launcher.horovodrun import on_loopback
 from hvd_train.launcher.supervise import Supervisor
-from hvd_train.record import rundir
+from hvd_train.record import mlflow_run, rundir
 from hvd_train.record.layout import RunDir
 from hvd_train.record.stops import STOP_SIGNALS
 from hvd_train.record.summary import early_summary, read_summary, write_summary
@@ -102,6 +102,7 @@ def attempts(cfg: Config, args: argparse.Namespace, np_: int) -> int:
         history.append(failure)
         if ours:
             _mark_ended(summary_path, failure, supervisor.stop_signal, cfg, np_)
+            _follow_in_mlflow(cfg)
         reason = _no_restart_reason(failure, summary_path, supervisor.stop_signal)
         last = attempt == args.max_restarts or bool(reason)
         hosts = None if cfg.elastic.enabled else args.hosts or f"localhost:{np_}"
@@ -309,6 +310,17 @@ def _mark_ended(
         write_summary(path, summary)
     except OSError as e:
         say(f"cannot write {path}: {e.strerror or e}")
+
+
+def _follow_in_mlflow(cfg: Config) -> None:
+    """With logging.mlflow, the run's MLflow run ends as the record the launcher just wrote says
+    (a worker killed first makes it FAILED also when rank 0 recorded a stop)."""
+    if not cfg.logging.mlflow:
+        return
+    try:
+        mlflow_run.follow_record(cfg.run.dir, mlflow_run.where(cfg.logging).uri)
+    except Exception as e:
+        say(f"cannot set the status of the run's MLflow run: {mlflow_run.cause(e)}")
 
 
 def _died(failure: dict[str, Any]) -> bool:

@@ -20,8 +20,11 @@ from dataclasses import dataclass
 from hvd_train.base.errors import ConfigError, UserError
 from hvd_train.config import Config, check, load_config
 from hvd_train.launcher import horovodrun
+from hvd_train.record import mlflow_run
 from hvd_train.record.layout import RunDir
 
+# What a sweep writes in its --out folder.
+REPORTS = ("scaling.csv", "scaling.md", "speedup.png", "accuracy_vs_time.png")
 COLUMNS = [
     "workers", "per_worker_batch", "global_batch", "examples_per_sec",
     "examples_per_sec_per_worker", "speedup", "efficiency", "best_val_accuracy",
@@ -144,19 +147,49 @@ def add_speedups(rows: list[dict]) -> None:
         row["efficiency"] = row["speedup"] * base["workers"] / row["workers"]
 
 
+# --------------------------------------------------------------------------- MLflow
+
+
+class SweepRun:
+    """With logging.mlflow, the sweep's own MLflow run: each point's run is its child (the
+    points' rank 0 read its id from PARENT_RUN), and it gets the reports at the end."""
+
+    def __init__(self, cfg: Config, out: str, command: str):
+        """Raises UserError (exit code 2) when the tracking server does not answer."""
+        place = mlflow_run.where(cfg.logging)
+        mlflow_run.check_reachable(place)
+        self.tracker, _ = mlflow_run.client(place.uri)
+        experiment = mlflow_run.experiment_id(self.tracker, place.experiment)
+        name = os.path.basename(os.path.abspath(out))
+        run = self.tracker.create_run(experiment, run_name=name, tags={"hvd_train.sweep": command})
+        self.run_id = run.info.run_id
+        os.environ[mlflow_run.PARENT_RUN] = self.run_id  # the points' jobs inherit it
+
+    def end(self, out: str, ok: bool) -> None:
+        """The reports as artifacts; FINISHED when every point finished, else FAILED."""
+        try:
+            for name in REPORTS:
+                self.tracker.log_artifact(self.run_id, os.path.join(out, name))
+            self.tracker.set_terminated(self.run_id, "FINISHED" if ok else "FAILED")
+        except Exception as e:
+            print(f"[sweep] cannot end the sweep's MLflow run {self.run_id}: "
+                  f"{mlflow_run.cause(e)}", flush=True)  # fmt: skip
+
+
 # --------------------------------------------------------------------------- reports
 
 
 def write_reports(rows: list[dict], args: argparse.Namespace) -> None:
-    with open(os.path.join(args.out, "scaling.csv"), "w", newline="") as f:
+    table, page, speedup, accuracy = (os.path.join(args.out, name) for name in REPORTS)
+    with open(table, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(COLUMNS)
         for r in rows:
             w.writerow(["" if r.get(c) is None else _fmt(r.get(c)) for c in COLUMNS])
-    with open(os.path.join(args.out, "scaling.md"), "w") as f:
+    with open(page, "w") as f:
         f.write(markdown(rows, args))
-    plot_speedup(rows, os.path.join(args.out, "speedup.png"))
-    plot_accuracy(rows, os.path.join(args.out, "accuracy_vs_time.png"), args.target_accuracy)
+    plot_speedup(rows, speedup)
+    plot_accuracy(rows, accuracy, args.target_accuracy)
 
 
 def markdown(rows: list[dict], args: argparse.Namespace) -> str:

@@ -3,9 +3,11 @@
 Rank 0's RunRecord starts it (`python -m hvd_train.record.keeper RUN_DIR PID`) outside the
 job's process tree. It waits for rank 0 to end; when summary.json still says `running`, rank 0
 died without its final word, and the keeper writes `failed` or `interrupted` itself, frees the
-reserve and releases rank 0's hold on run.dir.
+reserve and releases rank 0's hold on run.dir. Then, with logging.mlflow, it sets the run's
+MLflow run to the record's ending, unless rank 0 said it had (mlflow_run.follow_record).
 
-Standard library only: it starts in a moment and holds no TensorFlow.
+Standard library only: it starts in a moment and holds no TensorFlow (MLflow loads only when
+the MLflow run is left for it to end).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import time
 from typing import Any
 
 from hvd_train.base.errors import NO_STATUS
-from hvd_train.record import rundir
+from hvd_train.record import mlflow_run, rundir
 from hvd_train.record.layout import RunDir
 from hvd_train.record.run_record import free_reserve
 from hvd_train.record.summary import read_summary, write_summary
@@ -34,12 +36,14 @@ def keep(run_dir: str, pid: int) -> None:
     for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):  # it ends when rank 0 has
         signal.signal(sig, signal.SIG_IGN)
     stop_signal = 0
+    mlflow: dict[str, str] = {}  # rank 0's MLflow run: its URI, and the status rank 0 set
     for line in sys.stdin:  # until rank 0's end of the pipe closes: it has ended
         try:
             event = json.loads(line)
         except ValueError:
             continue
         stop_signal = stop_signal or int(event.get("signal", 0))
+        mlflow.update({k: v for k, v in event.items() if k.startswith("mlflow_")})
     if not _wait_gone(pid):
         return  # rank 0's process lives on (it ran train() and goes on): its run.dir, its job
     path = RunDir(run_dir).summary
@@ -55,11 +59,30 @@ def keep(run_dir: str, pid: int) -> None:
             said = f"[hvd_train] cannot write {path}: {e}"
     free_reserve(run_dir)
     _release(run_dir, pid)
-    try:  # last: the launcher that read rank 0's output may be gone with it
+    try:  # the launcher that read rank 0's output may be gone with it
         if said:
             print(said, file=sys.stderr, flush=True)
     except OSError:
         pass
+    _end_mlflow_run(run_dir, mlflow)
+
+
+def _end_mlflow_run(run_dir: str, mlflow: dict[str, str]) -> None:
+    """With logging.mlflow, the MLflow run's status as the record ends, unless rank 0 set it
+    (`mlflow_ended`). Last: it may take a few seconds, and no one waits for it."""
+    summary = read_summary(RunDir(run_dir).summary)
+    run = summary.get("mlflow") or {}
+    want = mlflow_run.STATUS.get(summary.get("status", ""))
+    if not run.get("run_id") or not want or mlflow.get("mlflow_ended") == want:
+        return
+    try:
+        mlflow_run.follow_record(run_dir, mlflow.get("mlflow_uri"))
+    except Exception as e:
+        try:
+            print(f"[hvd_train] cannot set the MLflow run {run['run_id']} to {want}: "
+                  f"{mlflow_run.cause(e)}", file=sys.stderr, flush=True)  # fmt: skip
+        except OSError:
+            pass
 
 
 def ended_without_rank0(summary: dict[str, Any], pid: int, stop_signal: int) -> dict[str, Any]:

@@ -88,6 +88,26 @@ class EarlierJob(TypedDict, total=False):
     wall_time_s: float
 
 
+class MetricPoint(TypedDict):
+    """One metric point, as MLflow keeps it."""
+
+    key: str
+    value: float
+    step: int  # the epoch, 1-based
+    timestamp: int  # milliseconds since 1970, when rank 0 had it
+
+
+class Mlflow(TypedDict, total=False):
+    """The run's MLflow run, with `logging.mlflow: true` (record/mlflow_run.py)."""
+
+    run_id: str  # one per run.dir: every job that continues the run continues it
+    experiment_id: str
+    tracking_uri: str  # where it is kept (without a password a URI may hold)
+    parent_run_id: str  # hvd-train sweep's run of the whole grid
+    lost: str  # the tracking server stopped answering in this job: when and why, once
+    unsent_metrics: list[MetricPoint]  # the points not sent; a job that continues sends them
+
+
 class Summary(TypedDict, total=False):
     """summary.json: every field any writer puts in it. A record holds a subset: the opening
     fields from the start, the results at the end, the cause for an ending but `completed`."""
@@ -117,6 +137,7 @@ class Summary(TypedDict, total=False):
     trained_from: Position  # where this job began training
     earlier_jobs: list[EarlierJob]  # the jobs that trained this run before, oldest first
     elastic: Elastic  # under Horovod Elastic
+    mlflow: Mlflow  # with logging.mlflow: true
     # The results (train/trainer.py, data/diagnostics.py, train/perf.py).
     stopped_at: Position | None  # where a stop left training: where the next run continues
     stopped_early: StoppedEarly  # a user's callback ended the run (still `completed`)

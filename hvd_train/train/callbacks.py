@@ -21,6 +21,7 @@ from hvd_train.config import CheckpointConfig, Config, Derived
 from hvd_train.data.diagnostics import advice_for
 from hvd_train.data.pipeline import Source
 from hvd_train.record.layout import RunDir
+from hvd_train.record.mlflow_run import Sender
 from hvd_train.record.run_record import RunRecord
 from hvd_train.record.stops import StopSignals
 from hvd_train.runtime import binding, distributed
@@ -139,6 +140,25 @@ class MetricsCSV(Callback):
         row = {**logs, "epoch": epoch + 1}
         with open(self.path, "a", newline="") as f:
             csv.writer(f).writerow([_fmt(row.get(c, "")) for c in METRICS_COLUMNS])
+
+
+class MlflowEpochs(Callback):
+    """Hands each completed epoch's values to rank 0's MLflow run (step = the epoch, 1-based):
+    the model's metrics, the learning rate, examples/s, the step time, the epoch's seconds,
+    the input wait: what the console line and metrics.csv hold. The sender's thread sends
+    them: the step never waits for MLflow. An epoch a stop cut short is left out, as
+    metrics.csv leaves it out."""
+
+    def __init__(self, sender: Sender, control: RunControl):
+        super().__init__()
+        self.sender, self.control = sender, control
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        if self.control.stopped_mid_epoch():
+            return
+        values = {k: float(v) for k, v in (logs or {}).items()
+                  if k != "epoch_examples" and _is_number(v)}  # fmt: skip
+        self.sender.log_epoch(epoch + 1, values)
 
 
 class Checkpointer(Callback):
@@ -440,6 +460,7 @@ def build_callbacks(
     first_step: int,
     record: RunRecord | None = None,
     leading: tuple[Any, ...] = (),
+    mlflow: Sender | None = None,
 ) -> RunCallbacks:
     """Every callback of the run, built and placed in the one order that works (see below).
 
@@ -455,6 +476,8 @@ def build_callbacks(
             a survivor that became rank 0 under Horovod Elastic). Defaults to None.
         leading: callbacks that run before all of these: Horovod Elastic's state commit and
             position tracking. Defaults to none.
+        mlflow: rank 0's MLflow run (logging.mlflow; train/tracking.py), which gets each
+            epoch's values. Defaults to None (none).
 
     Raises:
         ConfigError: a `callbacks:` item that cannot be built (user_callbacks).
@@ -480,6 +503,9 @@ def build_callbacks(
             store, control, plan, cfg.checkpoint, cfg.train.epochs, cfg.runtime.seed, best_path,
             random,
         )  # fmt: skip
+    chief = (
+        _chief_callbacks(cfg, plan, control, epoch, checkpointer, mlflow) if checkpointer else []
+    )
     # Keras runs callbacks in list order at each event, all on the same `logs` dict, so later
     # callbacks see what earlier ones wrote. The order, and why:
     callbacks = [
@@ -516,8 +542,8 @@ def build_callbacks(
         # The learning-rate warm-up is not a callback: it lives in the optimizer's schedule
         # (schedules.WarmupScaled), scaled by the worker count and stepped per batch.
         # Side effects on rank 0 only (none is a collective): console, files, TensorBoard,
-        # checkpoints, the record.
-        *(_chief_callbacks(cfg, plan, control, epoch, checkpointer) if checkpointer else []),
+        # MLflow, checkpoints, the record.
+        *chief,
         # Last: the record follows what the callbacks before it wrote.
         *([RecordProgress(record, control, checkpointer)] if record else []),
     ]
@@ -539,11 +565,16 @@ def require_tensorboard(cfg: Config) -> None:
 
 
 def _chief_callbacks(
-    cfg: Config, plan: Derived, control: RunControl, epoch: int, checkpointer: Checkpointer
+    cfg: Config,
+    plan: Derived,
+    control: RunControl,
+    epoch: int,
+    checkpointer: Checkpointer,
+    mlflow: Sender | None = None,
 ) -> list[Any]:
     """Rank 0's: the console after everything that fills the logs (Keras' bar on a terminal
     when asked for, fit_from then turns it on; else one line per epoch), metrics.csv,
-    TensorBoard, the checkpoints, the profiler."""
+    TensorBoard, MLflow, the checkpoints, the profiler."""
     run_dir = RunDir(cfg.run.dir)
     callbacks: list[Any] = []
     if wants_progress_bar(cfg.train.verbose):
@@ -553,6 +584,8 @@ def _chief_callbacks(
     callbacks.append(MetricsCSV(run_dir.metrics, control, epoch))
     if cfg.logging.tensorboard:
         callbacks.append(TensorBoard(run_dir.tensorboard))
+    if mlflow is not None:
+        callbacks.append(MlflowEpochs(mlflow, control))
     callbacks.append(checkpointer)
     if cfg.logging.profile_steps:
         first, last = cfg.logging.profile_steps

@@ -13,6 +13,7 @@ from hvd_train.record import rundir
 from hvd_train.record.run_record import RunRecord
 from hvd_train.record.stops import StopSignals
 from hvd_train.train.callbacks import Checkpointer, RunCallbacks
+from hvd_train.train.tracking import Tracking
 
 
 @dataclass(frozen=True)
@@ -37,21 +38,41 @@ class Run:
     base: dict[str, Any] = field(default_factory=dict)  # summary.json's opening fields
     callbacks: RunCallbacks | None = None  # the latest build (one per elastic membership)
     earlier: list[dict[str, Any]] = field(default_factory=list)  # jobs that trained run.dir
+    earlier_mlflow: dict[str, Any] = field(default_factory=dict)  # the MLflow run it continues
+    tracker: Tracking | None = None  # rank 0's MLflow run (logging.mlflow)
 
     def release(self) -> None:
         for claim in self.claims:
             claim.release()
 
     def end_record(self, **fields: Any) -> None:
-        """Rank 0: the run's final summary.json (once; a stop already recorded wins)."""
+        """Rank 0: the run's final summary.json (once; a stop already recorded wins).
+
+        With logging.mlflow, a completed run's last points and files go to MLflow first, so that
+        summary.json says what could not be sent; then summary.json itself and the MLflow run's
+        ending. A stop or a failure, which the launcher may kill seconds later, is recorded
+        first: MLflow gets what it can after that.
+        """
         if not self.record:
             return
         fields["wall_time_s"] = time.perf_counter() - self.started
         if self.checkpointer is not None:
             fields["last_checkpoint"] = self.checkpointer.last
             fields["best_model_path"] = self.checkpointer.best_model
+        tracker, self.tracker = self.tracker, None  # once, also when a write below fails
+        completed = fields.get("status") == "completed"
         try:
-            self.record.end(**fields)
+            if tracker and not self.record.ended:
+                fields["mlflow"] = (
+                    tracker.before_end({**self.record.summary, **fields})
+                    if completed
+                    else tracker.sender.fields()
+                )
+            if self.record.end(**fields) and tracker:
+                if not completed:
+                    tracker.before_end(self.record.summary)
+                # The keeper ends the MLflow run when rank 0 did not (mlflow_run.follow_record).
+                self.record.note(mlflow_ended=tracker.after_end(self.record.summary["status"]))
         finally:
             self.record.close()
 

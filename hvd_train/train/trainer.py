@@ -30,6 +30,7 @@ from hvd_train.train.outcome import batches, complete, gradient_size, stop, summ
 from hvd_train.train.resume import resume
 from hvd_train.train.run_state import Run, Start, running
 from hvd_train.train.step import build_compiled_model
+from hvd_train.train.tracking import check_tracker, start_tracking
 
 Model = Any  # a Keras model of the active Keras
 
@@ -61,6 +62,7 @@ def train(
         startup.mark("horovod_init")
         if (finished := _nothing_to_train(finished_here)) is not None:
             return None, finished
+        check_tracker(cfg)  # logging.mlflow: a server that does not answer, before any write
         source = load_source(cfg)
         startup.mark("data")
         plan = derive(cfg, distributed.size(), source.num_train)
@@ -78,6 +80,7 @@ def train(
             # The model's Keras, which a factory's model may have switched (runtime.keras: auto).
             run.base["versions"] = distributed.versions()
             run.note_start(start, versions=run.base["versions"], **gradient_size(cfg, model))
+            run.tracker = start_tracking(cfg, run.record, run.earlier_mlflow)
             history = _fit(cfg, model, source, plan, start, run)
         except BaseException as e:
             cause = reading_cause(e)
@@ -119,7 +122,12 @@ def _open_run_dir(
     previous = read_summary(RunDir(cfg.run.dir).summary)
     if previous.get("status") in ENDINGS:
         run.earlier = [*previous.get("earlier_jobs", []), earlier_job(previous)]
-    record = run.record = RunRecord(cfg.run.dir, run.base)
+    # One MLflow run per run.dir: every job continues it (but one told to start afresh), and
+    # the record names it from its start, so that an ending before MLflow opens keeps it.
+    if cfg.logging.mlflow and cfg.train.resume != "never" and previous.get("mlflow"):
+        run.earlier_mlflow = dict(previous["mlflow"])
+    carried = {"mlflow": run.earlier_mlflow} if run.earlier_mlflow else {}
+    record = run.record = RunRecord(cfg.run.dir, {**run.base, **carried})
     # Hooks first: a stop that comes while the record starts is recorded.
     run.signals.on_signal = lambda signum: record.note(signal=signum)
     run.signals.abandon = functools.partial(abandon, record, None)
@@ -178,8 +186,9 @@ def _fit(
 
     def wire(plan: Derived, epoch: int, step: int, leading: tuple = ()) -> RunCallbacks:
         run.callbacks = build_callbacks(
-            cfg, plan, model, source, run.signals, epoch, step, run.record, leading
-        )
+            cfg, plan, model, source, run.signals, epoch, step, run.record, leading,
+            run.tracker.sender if run.tracker else None,
+        )  # fmt: skip
         return run.callbacks
 
     if not cfg.elastic.enabled:
@@ -190,6 +199,8 @@ def _fit(
     # lost one's keeper has meanwhile written `failed`).
     if run.record is None and distributed.is_chief():
         run.record = RunRecord(cfg.run.dir, run.base)
+        earlier = read_summary(RunDir(cfg.run.dir).summary).get("mlflow") or {}
+        run.tracker = start_tracking(cfg, run.record, earlier)  # to end the run's MLflow run
     if run.record:
         last = run.callbacks.plan
         run.record.update(world_size=last.world_size, elastic=report, **batches(last))
