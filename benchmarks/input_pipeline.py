@@ -41,15 +41,15 @@ COMMON = [
 
 def write_jpeg_folder(root: pathlib.Path, train_per_class: int = 500, val_per_class: int = 80):
     """Digits upscaled to 32x32, tinted and noised per image (so the JPEGs are not trivial)."""
-    from sklearn.datasets import load_digits
+    from hvd_train.data import digits
 
-    digits = load_digits()
+    images, labels = digits.load()
     rng = np.random.default_rng(0)
     for split, per_class in (("train", train_per_class), ("val", val_per_class)):
         for c in range(10):
             folder = root / split / f"class_{c}"
             folder.mkdir(parents=True, exist_ok=True)
-            pool = digits.images[digits.target == c]
+            pool = images[labels == c]
             for i in range(per_class):
                 grey = np.kron(pool[i % len(pool)] / 16.0, np.ones((4, 4)))
                 tint = rng.uniform(0.3, 1.0, 3)

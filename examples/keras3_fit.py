@@ -4,12 +4,13 @@ From the repository root: horovodrun -np 2 -H localhost:2 --gloo python examples
 """
 
 import keras
-from sklearn.datasets import load_digits
 
 from hvd_train import keras3 as hvdk
+from hvd_train.data import digits
 
 hvdk.init()  # Horovod: start, and one GPU per worker (by local rank) where there are GPUs
-x, y = load_digits(return_X_y=True)  # 8x8 digits shipped in scikit-learn: nothing downloaded
+x, y = digits.load()  # 8x8 digits shipped with hvd_train: nothing downloaded
+x = x.reshape(len(x), 64)
 batch = 32
 steps = len(x) // (batch * hvdk.size())  # Horovod: as many full batches on every worker
 shard = slice(hvdk.rank(), steps * batch * hvdk.size(), hvdk.size())  # each worker its own examples

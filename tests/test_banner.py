@@ -47,6 +47,6 @@ def test_learning_rate_label_says_what_derive_did(overrides, workers, label) -> 
 def test_weights_note_names_the_file_loaded_only_when_one_is(tmp_path: pathlib.Path) -> None:
     path = tmp_path / "mobilenet_v2_notop.h5"
     cfg = load_config(None, ["model.name=mobilenet_v2", f"model.weights={path}"])
-    assert weights_note(cfg) == f"model.weights: loaded {path} into the mobilenet_v2 base"
-    assert weights_note(load_config(None, ["model.name=mobilenet_v2"])) is None
-    assert weights_note(load_config(None, [])) is None
+    assert weights_note(cfg.model) == f"model.weights: loaded {path} into the mobilenet_v2 base"
+    assert weights_note(load_config(None, ["model.name=mobilenet_v2"]).model) is None
+    assert weights_note(load_config(None, []).model) is None

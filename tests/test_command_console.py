@@ -145,7 +145,7 @@ def test_start_up_lines_are_told_from_tensorflows_warnings_and_pythons() -> None
         "  import y\n"
         "I0526 10:00:01.123456    9138 port.cc:153] oneDNN custom operations are on.\n"
     )
-    start_up, rest = logs._split_start_up(printed)
+    start_up, rest = logs.split_start_up(printed)
     lines = printed.splitlines(keepends=True)
     assert start_up == "".join(lines[:4] + lines[7:])
     assert rest == "".join(lines[4:7])

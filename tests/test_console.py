@@ -271,7 +271,7 @@ def test_only_keras_first_batch_timing_warning_is_dropped_and_only_during_fit() 
     other = "Callback method `on_train_batch_begin` is slow compared to the batch time"
     tf.get_logger().addHandler(handler)
     try:
-        with fitting._without_first_batch_timing_warning():
+        with fitting.without_first_batch_timing_warning():
             tf.get_logger().warning(slow)
             tf.get_logger().warning(other)
         tf.get_logger().warning(slow)

@@ -43,7 +43,7 @@ def folder_config(root: pathlib.Path, *overrides: str):
 def test_on_corrupt_error_names_every_unreadable_file_up_to_a_cap(tmp_path) -> None:
     planted = write_folder(tmp_path / "imgs", {0: list(range(12)), 1: list(range(13))})  # 25
     with pytest.raises(DataError) as info:
-        sources._select_folder(folder_config(tmp_path / "imgs"))
+        sources.select_folder(folder_config(tmp_path / "imgs"))
     lines = str(info.value).splitlines()
     assert lines[0] == (
         "data.train_dir: 25 files are not readable images; remove them, or set "
@@ -109,15 +109,15 @@ def test_tfrecords_written_without_bad_files_split_as_the_folder_does(tmp_path, 
     for path in planted:
         assert f"\n  {path}: not a JPEG or PNG image" in out
 
-    folder = sources._select_folder(folder_config(src, "data.on_corrupt=skip", *caps))
+    folder = sources.select_folder(folder_config(src, "data.on_corrupt=skip", *caps))
     want = selected(folder, lambda p: str(pathlib.Path(p).relative_to(src)))
     records = tfrecords.read_folder(str(tmp_path / "tfr" / "train"), "data.train_dir")
     cfg = folder_config(tmp_path / "tfr" / "train", "data.source=tfrecord", *caps)
     relative = lambda i: re.search(r"\((.*)\)$", records.name(i)).group(1)  # noqa: E731
-    got = selected(sources._select_records(cfg, records, None), relative)
+    got = selected(sources.select_records(cfg, records, None), relative)
     assert got == want
     assert want[1] and (caps or len(want[0]) + len(want[1]) == 95)  # every good image used
 
     # the listing in skipped.txt is what makes them equal: without it the split moves
     blind = records.__class__(**{**vars(records), "left_out": ()})
-    assert selected(sources._select_records(cfg, blind, None), relative) != want
+    assert selected(sources.select_records(cfg, blind, None), relative) != want

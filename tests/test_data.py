@@ -6,6 +6,7 @@ Real jobs throughout: `python -m hvd_train` for one worker, horovodrun (Gloo) fo
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 import os
 import pathlib
@@ -31,12 +32,12 @@ ID_CLASS_SIZES = (23, 31, 17, 26)
 
 
 def write_digits(root: pathlib.Path) -> pathlib.Path:
-    """scikit-learn's 1,797 digits as 16x16 class folders: JPEG and PNG; grey, RGB and RGBA;
+    """The 1,797 shipped digits as 16x16 class folders: JPEG and PNG; grey, RGB and RGBA;
     a few at other sizes (resized on decode)."""
-    from sklearn.datasets import load_digits
+    from hvd_train.data import digits
 
-    digits = load_digits()
-    for i, (img, label) in enumerate(zip(digits.images, digits.target, strict=True)):
+    images, labels = digits.load()
+    for i, (img, label) in enumerate(zip(images, labels, strict=True)):
         folder = root / f"digit_{label}"
         folder.mkdir(parents=True, exist_ok=True)
         im = Image.fromarray((img * 255 / 16).astype(np.uint8)).resize((16, 16))
@@ -424,18 +425,20 @@ def test_file_urls_go_through_gfile_and_read_what_local_paths_read(data) -> None
     assert "gfile image_folder:" in proc.stdout and "gfile tfrecord:" in proc.stdout, proc.stdout
 
 
-def test_digits_read_from_their_file_are_scikit_learns_load_digits() -> None:
-    """The quickstart's digits come from the CSV scikit-learn ships, read without importing
-    scikit-learn's datasets: the same images, labels and types as `load_digits` gives."""
-    from sklearn.datasets import load_digits
+def test_the_shipped_digits_are_the_uci_test_set_scikit_learn_ships() -> None:
+    """The quickstart's digits come from the file hvd_train ships, byte for byte scikit-learn's
+    digits.csv.gz (1.5.2): 1,797 8x8 images of whole pixel counts 0 to 16, 174 to 183 of each
+    digit, read into the types `load_digits` gives (float64 images, int64 labels)."""
+    from hvd_train.data import digits
 
-    from hvd_train.data.sources import _digits_arrays
-
-    expected = load_digits()
-    images, target = _digits_arrays()
-    assert images.dtype == expected.images.dtype and target.dtype == expected.target.dtype
-    np.testing.assert_array_equal(images, expected.images)
-    np.testing.assert_array_equal(target, expected.target)
+    sha256 = hashlib.sha256(pathlib.Path(digits.PATH).read_bytes()).hexdigest()
+    assert sha256 == "09f66e6debdee2cd2b5ae59e0d6abbb73fc2b0e0185d2e1957e9ebb51e23aa22"
+    images, labels = digits.load()
+    assert images.shape == (1797, 8, 8) and images.dtype == np.float64
+    assert labels.shape == (1797,) and labels.dtype == np.int64
+    assert images.min() == 0 and images.max() == 16 and np.all(images == np.round(images))
+    counts = np.bincount(labels, minlength=10).tolist()
+    assert counts == [178, 182, 177, 183, 181, 182, 181, 179, 174, 180]
 
 
 def test_a_shard_cut_short_under_a_running_job_ends_it_with_a_data_error(data, tmp_path) -> None:

@@ -10,7 +10,7 @@ from harness import QUICKSTART
 
 from hvd_train.config import derive, load_config
 from hvd_train.runtime.schedules import lr_multiplier
-from hvd_train.train.elastic import _rescale_learning_rate
+from hvd_train.train.elastic import rescale_learning_rate
 from hvd_train.train.step import make_optimizer
 
 
@@ -23,7 +23,7 @@ def test_a_smaller_world_trains_at_its_own_rate_and_keeps_the_multiplier() -> No
     model.fit(x, y, verbose=0)  # the step is traced with two workers' rates
     assert float(model.optimizer.learning_rate) == pytest.approx(two.scaled_lr)
     lr_multiplier(model.optimizer).assign(0.5)  # as ReduceLROnPlateau, or a resumed run, left it
-    _rescale_learning_rate(model, cfg, one)
+    rescale_learning_rate(model, cfg, one)
     model.fit(x, y, verbose=0)
     assert one.scaled_lr == pytest.approx(two.scaled_lr / 2)
     assert float(model.optimizer.learning_rate) == pytest.approx(one.scaled_lr * 0.5)

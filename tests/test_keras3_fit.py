@@ -187,7 +187,7 @@ def test_under_mixed_float16_the_loss_scaler_goes_inside_the_averaging() -> None
         keras.mixed_precision.set_global_policy(before)
     model.compile(optimizer, "mse")
     assert model.optimizer is optimizer  # compile found its loss scaler
-    assert isinstance(optimizer, keras3._Averaging)
+    assert isinstance(optimizer, keras3.Averaging)
     assert isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
     assert type(optimizer.inner_optimizer) is keras.optimizers.SGD
     plain = keras3.DistributedOptimizer(keras.optimizers.SGD(0.1))  # float32: no loss scaling

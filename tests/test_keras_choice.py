@@ -143,7 +143,7 @@ def test_tensorboard_missing_is_one_line_before_training(monkeypatch) -> None:
     from hvd_train.config import load_config
     from hvd_train.train.callbacks import require_tensorboard
 
-    require_tensorboard(load_config(QUICKSTART))  # installed on every stack by install.sh
+    require_tensorboard(load_config(QUICKSTART).logging)  # installed on every stack by install.sh
     found = importlib.util.find_spec
     monkeypatch.setattr(
         importlib.util,
@@ -153,5 +153,5 @@ def test_tensorboard_missing_is_one_line_before_training(monkeypatch) -> None:
     with pytest.raises(UserError, match=r"^logging.tensorboard is true, but the tensorboard "
                        r"package is not installed .*: pip install tensorboard, or set "
                        r"logging.tensorboard: false$"):  # fmt: skip
-        require_tensorboard(load_config(QUICKSTART))
-    require_tensorboard(load_config(QUICKSTART, ["logging.tensorboard=false"]))
+        require_tensorboard(load_config(QUICKSTART).logging)
+    require_tensorboard(load_config(QUICKSTART, ["logging.tensorboard=false"]).logging)

@@ -106,7 +106,7 @@ def test_the_launcher_makes_the_record_say_how_the_attempt_ended(
         run_dir.mkdir()
         path.write_text(json.dumps(before))
     cfg = load_config(str(QUICKSTART), [f"run.dir={run_dir}"])
-    launch._mark_ended(str(path), failure, stop, cfg, 2)
+    launch.mark_ended(str(path), failure, stop, cfg, 2)
     got = json.loads(path.read_text())
     assert {k: got.get(k) for k in after} == after, got
     if after["status"] == "failed":
@@ -123,7 +123,7 @@ def test_the_launcher_writes_no_record_where_the_job_was_refused(tmp_path, case)
         (run_dir / "notes.txt").write_text("mine")
     failure = _failure(0, 2 if case == "user error" else 137)
     cfg = load_config(str(QUICKSTART), [f"run.dir={run_dir}"])
-    launch._mark_ended(str(run_dir / "summary.json"), failure, 0, cfg, 2)
+    launch.mark_ended(str(run_dir / "summary.json"), failure, 0, cfg, 2)
     assert not (run_dir / "summary.json").exists()
 
 

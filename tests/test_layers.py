@@ -206,3 +206,62 @@ def test_the_light_layers_import_without_tensorflow_horovod_or_keras() -> None:
         "imported TensorFlow, Horovod, a Keras or MLflow:\n" + proc.stdout
     )
     assert len(light) > 30, light  # the test saw the modules it is about
+
+
+def private_uses(path: pathlib.Path) -> list[str]:
+    """Where `path` reaches for a private name of hvd_train: `from hvd_train.x import _y`, or
+    `m._y` / `setattr(m, "_y", ...)` on a name it imported from hvd_train. Dunders are public."""
+    tree = ast.parse(path.read_text(), str(path))
+    bound: set[str] = set()  # names this file bound by importing from hvd_train
+    found: list[str] = []
+
+    def private(name: str) -> bool:
+        return name.startswith("_") and not name.startswith("__")
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("hvd_train"):
+            for alias in node.names:
+                if private(alias.name):
+                    found.append(f"{path.name}:{node.lineno} imports {node.module}.{alias.name}")
+                bound.add(alias.asname or alias.name)
+        elif isinstance(node, ast.Import):
+            bound.update(a.asname or a.name.split(".")[0] for a in node.names
+                         if a.name.startswith("hvd_train"))  # fmt: skip
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and private(node.attr):
+            root = node.value
+            while isinstance(root, ast.Attribute):
+                root = root.value
+            if isinstance(root, ast.Name) and root.id in bound:
+                found.append(f"{path.name}:{node.lineno} uses {ast.unparse(node)}")
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+              and node.func.attr == "setattr" and len(node.args) >= 2
+              and isinstance(node.args[0], ast.Name) and node.args[0].id in bound
+              and isinstance(node.args[1], ast.Constant) and private(str(node.args[1].value))):  # fmt: skip
+            found.append(
+                f"{path.name}:{node.lineno} patches {node.args[0].id}.{node.args[1].value}"
+            )
+    return sorted(found, key=lambda use: int(use.split(":")[1].split()[0]))
+
+
+def test_tests_use_only_public_names_of_hvd_train() -> None:
+    """A test pinned to a private name breaks when the code is reorganised without a change in
+    behaviour; what a test needs is public."""
+    tests = pathlib.Path(__file__).resolve().parent
+    found = [use for path in sorted(tests.rglob("*.py")) for use in private_uses(path)]
+    assert not found, "tests reaching into private names:\n" + "\n".join(found)
+
+
+def test_the_private_name_finder_finds_each_kind(tmp_path) -> None:
+    module = tmp_path / "test_x.py"
+    module.write_text(
+        "import hvd_train.train.trainer as t\nfrom hvd_train.data import sources\n"
+        "from hvd_train.base.errors import _hidden, DataError\n"
+        "def test(monkeypatch):\n    t._lr_label()\n    sources.select_folder.__name__\n"
+        "    monkeypatch.setattr(sources, '_cache', None)\n    DataError.__mro__\n"
+    )
+    assert private_uses(module) == [
+        "test_x.py:3 imports hvd_train.base.errors._hidden",
+        "test_x.py:5 uses t._lr_label",
+        "test_x.py:7 patches sources._cache",
+    ]

@@ -116,15 +116,15 @@ def test_where_horovodrun_must_search_for_an_interface_launch_says_so_in_one_lin
     job, said before it starts."""
     cfg = load_config(QUICKSTART)
     for hosts in (None, "localhost:2", "127.0.0.1:1,localhost:1"):  # lo: nothing to search
-        assert probe_note(cfg, hosts, "") is None
-    assert probe_note(cfg, "node-a:2,node-b:2", "eth1") is None  # named
-    note = probe_note(cfg, "node-a:2,node-b:2", "")
+        assert probe_note(cfg.elastic, hosts, "") is None
+    assert probe_note(cfg.elastic, "node-a:2,node-b:2", "eth1") is None  # named
+    note = probe_note(cfg.elastic, "node-a:2,node-b:2", "")
     assert note.startswith("no --network-interface: unless these hosts are all this machine, "
                            "horovodrun finds their common interface through services listening "
                            "on all interfaces of every host while it starts"), note  # fmt: skip
     elastic = load_config(QUICKSTART, ["elastic.enabled=true", "elastic.discovery_script=d.sh"])
-    assert "unless the discovery script's hosts are all" in probe_note(elastic, None, "")
-    assert probe_note(elastic, None, "eth1") is None
+    assert "unless the discovery script's hosts are all" in probe_note(elastic.elastic, None, "")
+    assert probe_note(elastic.elastic, None, "eth1") is None
 
 
 def test_an_elastic_job_talks_on_the_interface_it_is_given(tmp_path) -> None:

@@ -306,7 +306,7 @@ def test_every_applications_name_has_its_base_and_preprocessing() -> None:
     from hvd_train import config
     from hvd_train.train import models
 
-    assert set(models._BASES) == set(config.APPLICATIONS) == set(models._PREPROCESS)
+    assert set(models.BASES) == set(config.APPLICATIONS) == set(models.PREPROCESS)
 
 
 def test_a_factory_that_raises_at_import_is_named_by_file_and_line(tmp_path, monkeypatch) -> None:

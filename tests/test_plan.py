@@ -270,6 +270,6 @@ def test_the_trainer_records_the_trainable_parameters_and_their_bytes(
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(5), frozen])
     frozen.trainable = False
     cfg = types.SimpleNamespace(horovod=types.SimpleNamespace(compression=compression))
-    got = gradient_size(cfg, model)
+    got = gradient_size(cfg.horovod, model)
     assert got == {"trainable_parameters": 4 * 5 + 5, "gradient_dtype": dtype,
                    "gradient_bytes": (4 * 5 + 5) * size}  # fmt: skip

@@ -80,7 +80,7 @@ def test_the_listing_is_cached_until_a_folder_changes(folder, tmp_path, monkeypa
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     first = images.list_class_folders(str(folder), "x")
     assert os.path.exists(images.listing_cache_path(str(folder)))
-    monkeypatch.setattr(images, "_images_under", lambda _: pytest.fail("listed again"))
+    monkeypatch.setattr(images, "images_under", lambda _: pytest.fail("listed again"))
     assert images.list_class_folders(str(folder), "x") == first
     monkeypatch.undo()
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
@@ -94,7 +94,7 @@ def test_a_file_cut_short_or_rewritten_after_indexing_is_a_clear_error(records_d
     read is cut short; rewritten with other records, a record no longer matches the index."""
     records = tfrecords.read_folder(str(records_dir), "data.train_dir")
     shards = sorted(records_dir.glob("*.tfrecord"))
-    tfrecords._handles.clear()  # descriptors opened by earlier tests' reads of other folders
+    tfrecords.close_files()  # descriptors opened by earlier tests' reads of other folders
     last = int(np.argmax(records.offsets * (records.file_of == 0)))  # shard 0's last record
     os.truncate(shards[0], shards[0].stat().st_size - 1)
     with pytest.raises(DataError, match=r"is cut short \(\d+ of \d+ bytes\): the file is shorter"):
@@ -116,7 +116,7 @@ def test_a_file_written_in_place_while_read_is_a_clear_error_and_a_replaced_one_
     when the job opened it: exact, whatever the new file holds."""
     records = tfrecords.read_folder(str(records_dir), "data.train_dir")
     shards = sorted(records_dir.glob("*.tfrecord"))
-    tfrecords._handles.clear()  # descriptors opened by earlier tests' reads of other folders
+    tfrecords.close_files()  # descriptors opened by earlier tests' reads of other folders
     for shard in shards[:2]:
         os.utime(shard, ns=(0, 0))  # written long ago: a write now is seen in its time
     first = [int(np.flatnonzero(records.file_of == k)[0]) for k in (0, 1)]

@@ -116,17 +116,19 @@ def test_record_of_an_early_stop_and_of_a_signal_at_the_same_epoch() -> None:
     cfg = load_config(None, ["train.epochs=10"])
     early = types.SimpleNamespace(stopped_early={"epoch": 3, "by": "EarlyStopping"})
     history = {"epoch_time_s": [1.0, 1.0, 1.0], "epoch_examples": [10, 10, 10]}
-    ended = results(history, cfg, _control(), early)
+    ended = results(history, cfg.train, _control(), early)
     assert (ended["status"], ended["epochs_completed"], ended["stopped_early"]) == (
         "completed", 3, {"epoch": 3, "by": "EarlyStopping"}
     )  # fmt: skip
     for user in (None, types.SimpleNamespace(stopped_early={"epoch": 10, "by": "X"})):
-        full = results(history, cfg, _control(), user)  # a stop at the last epoch is no early one
+        full = results(
+            history, cfg.train, _control(), user
+        )  # a stop at the last epoch is no early one
         assert (full["status"], full["epochs_completed"], "stopped_early" in full) == (
             "completed", 10, False
         )  # fmt: skip
     # SIGTERM (15) agreed at the same epoch end: the run was stopped, not finished.
-    stopped = results(history, cfg, _control(stopped_at=(3, 0), signum=15), early)
+    stopped = results(history, cfg.train, _control(stopped_at=(3, 0), signum=15), early)
     assert (stopped["status"], stopped["stopped_by"], "stopped_early" in stopped) == (
         "interrupted", "SIGTERM", False
     )  # fmt: skip

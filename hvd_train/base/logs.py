@@ -147,7 +147,7 @@ def quiet_tensorflow(log: Callable[[int], str] | None = None, command: str = "")
         except BaseException:
             _to_console(_restore_stderr(saved, caught), end="")  # all of it, then the error
             raise
-        _s.start_up, rest = _split_start_up(_restore_stderr(saved, caught))
+        _s.start_up, rest = split_start_up(_restore_stderr(saved, caught))
     _to_console(rest, end="")
 
 
@@ -159,7 +159,7 @@ _ABSL_RECORD = re.compile(r"[IWEF]\d{4} [\d:.]+ +\d+ [^ \]]+:\d+\] ")
 _PYTHON_WARNING = re.compile(r".+:\d+: \w+: ")
 
 
-def _split_start_up(text: str) -> tuple[str, str]:
+def split_start_up(text: str) -> tuple[str, str]:
     """(TensorFlow's start-up lines, everything else) of what its import printed: warnings
     and errors (W, E records) and Python's warnings are not start-up lines."""
     start_up, rest, in_info = [], [], False

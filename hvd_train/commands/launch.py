@@ -72,9 +72,9 @@ def main(argv: list[str], prog: str) -> int:
         args.hosts = slurm.horovodrun_hosts(allocation)
         args.np = args.np or sum(slots for _, slots in allocation)
     gpus = horovodrun.count_gpus()
-    np_ = args.np or horovodrun.workers(cfg, gpus)
+    np_ = args.np or horovodrun.workers(cfg.launch, gpus)
     notes = [horovodrun.shared_cpu_note(cfg, np_, args.hosts, gpus, args.controller),
-             horovodrun.probe_note(cfg, args.hosts, args.nics or "")]  # fmt: skip
+             horovodrun.probe_note(cfg.elastic, args.hosts, args.nics or "")]  # fmt: skip
     for note in filter(None, notes):
         launch.say(note)
     if args.print_command:

@@ -54,7 +54,7 @@ def main(argv: list[str], prog: str = "hvd-train sweep") -> int:
     points = [Point(w, b) for b in args.batch_sizes for w in args.workers]
     refuse_what_this_host_cannot_run(cfg, points, args.oversubscribe)
     # Before anything is written: a tracking server that does not answer is one line, exit 2.
-    parent = SweepRun(cfg, args.out, args.command) if cfg.logging.mlflow else None
+    parent = SweepRun(cfg.logging, args.out, args.command) if cfg.logging.mlflow else None
     os.makedirs(args.out, exist_ok=True)
     rows = []
     for i, point in enumerate(points, 1):

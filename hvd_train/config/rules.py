@@ -5,7 +5,7 @@ from __future__ import annotations
 import typing
 
 from hvd_train.base.errors import ConfigError
-from hvd_train.config.schema import ApplicationName, Config, DataConfig, _check_spec
+from hvd_train.config.schema import ApplicationName, Config, DataConfig, ModelConfig, _check_spec
 from hvd_train.config.typed_yaml import SHORT_REPR
 
 
@@ -50,7 +50,7 @@ def check(cfg: Config, world_size: int) -> None:
             "memory; use data.read: exact, or data.source image_folder or tfrecord"
         )
     _check_schedule(cfg)
-    _check_model(cfg)
+    _check_model(cfg.model)
     steps = list(cfg.logging.profile_steps)
     if steps and (len(steps) != 2 or steps[0] > steps[1]):
         raise ConfigError(
@@ -124,8 +124,7 @@ def _check_schedule(cfg: Config) -> None:
         )
 
 
-def _check_model(cfg: Config) -> None:
-    m = cfg.model
+def _check_model(m: ModelConfig) -> None:
     if m.name in APPLICATIONS and not m.factory:
         return
     which = f"model.factory {SHORT_REPR.repr(m.factory)}" if m.factory else f"model.name {m.name!r}"

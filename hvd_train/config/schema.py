@@ -110,8 +110,8 @@ class DataConfig:
     """Where the examples come from and how each worker reads them (docs/data.md)."""
 
     # synthetic: random inputs with learnable labels, made once in memory (speed runs measure
-    # the model, not the data). digits: scikit-learn's 8x8 handwritten digits, shipped inside
-    # it (no download). image_folder: one sub-folder of JPEG/PNG files per class; tfrecord:
+    # the model, not the data). digits: the UCI 8x8 handwritten digits, shipped inside
+    # hvd_train (no download). image_folder: one sub-folder of JPEG/PNG files per class; tfrecord:
     # *.tfrecord files from hvd-train convert-tfrecord.
     source: Literal["synthetic", "digits", "image_folder", "tfrecord"] = "synthetic"
     # [height, width] (or [features] for synthetic): synthetic's size; images are resized to it.

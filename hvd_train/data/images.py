@@ -73,7 +73,7 @@ def list_class_folders(root: str, key: str) -> ClassFolders:
         )
     files, ignored = [], 0
     for name in classes:
-        found, skipped = _images_under(_join(root, name))
+        found, skipped = images_under(_join(root, name))
         if not found:
             raise DataError(
                 f"{key}: class folder {_join(root, name)} has no .jpg, .jpeg or .png "
@@ -89,10 +89,6 @@ def list_class_folders(root: str, key: str) -> ClassFolders:
 def images_under(folder: str) -> tuple[list[str], int]:
     """Every .jpg/.jpeg/.png under `folder`, recursively (hidden folders left out), sorted,
     and how many other files it holds."""
-    return _images_under(folder)
-
-
-def _images_under(folder: str) -> tuple[list[str], int]:
     found, ignored = [], 0
     # os.walk reads a local folder 20 times faster than tf.io.gfile.walk (no stat per file).
     walk = os.walk if not is_url(folder) else _gfile().walk

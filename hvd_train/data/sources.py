@@ -15,9 +15,6 @@ corrupt file is met mid-epoch. The pipeline imports this module, never the rever
 
 from __future__ import annotations
 
-import gzip
-import importlib.util
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
@@ -25,8 +22,8 @@ import numpy as np
 import tensorflow as tf
 
 from hvd_train.base.errors import DataError
-from hvd_train.config import Config
-from hvd_train.data import images
+from hvd_train.config import Config, DataConfig
+from hvd_train.data import digits, images
 
 
 @dataclass(frozen=True)
@@ -99,30 +96,14 @@ def _synthetic(cfg: Config) -> Source:
 
 
 def _digits(cfg: Config) -> Source:
-    """scikit-learn's 1,797 8x8 handwritten digits (shipped in the package), split by seed."""
-    images, target = _digits_arrays()
-    x = (images.astype(np.float32) / 16.0)[..., None]
+    """The 1,797 8x8 handwritten digits shipped with hvd_train (data/digits.py), split by seed."""
+    pixels, target = digits.load()
+    x = (pixels.astype(np.float32) / 16.0)[..., None]
     y = target.astype(np.int32)
     order = np.random.default_rng(cfg.runtime.seed).permutation(len(x))
     n_val = int(round(len(x) * cfg.data.validation_fraction))
     val, train = order[:n_val], order[n_val:]
     return Source(x[train], y[train], x[val], y[val], 10)
-
-
-def _digits_arrays() -> tuple[np.ndarray, np.ndarray]:
-    """The digits' 8x8 images and labels, as scikit-learn's `load_digits` reads them (the same
-    `np.loadtxt` of its digits.csv.gz), without importing scikit-learn's datasets (a second of
-    every job's start-up here); through `load_digits` where the file is not where it was."""
-    spec = importlib.util.find_spec("sklearn")  # finds the package; imports nothing
-    path = os.path.join(spec.submodule_search_locations[0], "datasets", "data", "digits.csv.gz")
-    if not os.path.exists(path):
-        from sklearn.datasets import load_digits
-
-        digits = load_digits()
-        return digits.images, digits.target
-    with gzip.open(path, "rt", encoding="utf-8") as f:
-        data = np.loadtxt(f, delimiter=",")
-    return data[:, :-1].reshape(-1, 8, 8), data[:, -1].astype(int)
 
 
 def cache_in_memory(source: Source) -> Source:
@@ -240,22 +221,22 @@ class Chosen:
     description: str
 
 
-def _chosen(cfg: Config, sel: Selection, refs, train_items, val_items) -> Chosen:
+def _chosen(data: DataConfig, sel: Selection, refs, train_items, val_items) -> Chosen:
     def labels(part: list) -> np.ndarray:
         return np.array([c for _, c in part], np.int32)
 
     return Chosen(
         refs, np.asarray(train_items, np.int64), labels(sel.train),
         np.asarray(val_items, np.int64), labels(sel.val), len(sel.class_names),
-        tuple(name for name, _ in sel.skipped), _describe(cfg, sel),
+        tuple(name for name, _ in sel.skipped), _describe(data, sel),
     )  # fmt: skip
 
 
 def _chosen_files(cfg: Config) -> Chosen:
-    sel = _select_folder(cfg)
+    sel = select_folder(cfg)
     paths = Strings.of([p for p, _ in sel.train] + [p for p, _ in sel.val])
     n = len(sel.train)
-    return _chosen(cfg, sel, paths, np.arange(n), np.arange(n, len(paths)))
+    return _chosen(cfg.data, sel, paths, np.arange(n), np.arange(n, len(paths)))
 
 
 def _chosen_records(cfg: Config) -> Chosen:
@@ -264,15 +245,14 @@ def _chosen_records(cfg: Config) -> Chosen:
     d = cfg.data
     train = tfrecords.read_folder(d.train_dir, "data.train_dir")
     val = tfrecords.read_folder(d.val_dir, "data.val_dir") if d.val_dir else None
-    sel = _select_records(cfg, train, val)
+    sel = select_records(cfg, train, val)
     val_start = len(train.labels) if val is not None else 0  # val records follow train's
     records = tfrecords.join(train, val) if val is not None else train
     val_items = np.asarray([i for i, _ in sel.val], np.int64) + val_start
-    return _chosen(cfg, sel, records, [i for i, _ in sel.train], val_items)
+    return _chosen(cfg.data, sel, records, [i for i, _ in sel.train], val_items)
 
 
-def _describe(cfg: Config, sel: Selection) -> str:
-    d = cfg.data
+def _describe(d: DataConfig, sel: Selection) -> str:
     held = f"from {d.val_dir}" if d.val_dir else f"{d.validation_fraction:g} of each class held out"
     h, w = d.image_size
     line = (
@@ -287,7 +267,7 @@ def _describe(cfg: Config, sel: Selection) -> str:
 # --------------------------------------------------------------------------- image_folder
 
 
-def _select_folder(cfg: Config) -> Selection:
+def select_folder(cfg: Config) -> Selection:
     d = cfg.data
     train = images.list_class_folders(d.train_dir, "data.train_dir")
     names = train.class_names
@@ -368,7 +348,7 @@ def _flatten(per_class: Sequence[Sequence]) -> list:
 # --------------------------------------------------------------------------- tfrecord
 
 
-def _select_records(cfg: Config, train, val) -> Selection:
+def select_records(cfg: Config, train, val) -> Selection:
     names = train.class_names
     if val is not None:
         _same_classes(names, val.class_names, cfg.data.val_dir)

@@ -270,6 +270,15 @@ _handles_lock = threading.Lock()
 _remote = threading.local()
 
 
+def close_files() -> None:
+    """Closes the descriptors this process holds on local shards: the next read of each opens
+    it anew (tests that rewrite shards)."""
+    with _handles_lock:
+        for fd, _ in _handles.values():
+            os.close(fd)
+        _handles.clear()
+
+
 def _pread(path: str, offset: int, size: int) -> bytes:
     """`size` bytes at `offset`: os.pread on one shared descriptor for local files (thread
     safe, no seek), else a `tf.io.gfile.GFile` per thread and file (gs://, s3://).

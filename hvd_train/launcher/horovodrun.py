@@ -18,7 +18,7 @@ import subprocess
 import sys
 
 from hvd_train.base.errors import ConfigError
-from hvd_train.config import Config
+from hvd_train.config import Config, ElasticConfig, LaunchConfig
 from hvd_train.record.layout import RunDir
 
 # Open MPI on a job whose ranks all run on this machine: only its same-host transports (shared
@@ -100,10 +100,10 @@ def command(
     return cmd, job_env()
 
 
-def workers(cfg: Config, gpus: int | None = None) -> int:
+def workers(launch: LaunchConfig, gpus: int | None = None) -> int:
     """The default worker count here: one per GPU (`gpus`, counted when not given), else
     `launch.cpu_workers`."""
-    return (count_gpus() if gpus is None else gpus) or cfg.launch.cpu_workers
+    return (count_gpus() if gpus is None else gpus) or launch.cpu_workers
 
 
 def shared_cpu_note(
@@ -130,7 +130,7 @@ def shared_cpu_note(
     )
 
 
-def probe_note(cfg: Config, hosts: str | None, nics: str) -> str | None:
+def probe_note(elastic: ElasticConfig, hosts: str | None, nics: str) -> str | None:
     """One line before a job that may leave horovodrun to find its network interface, else None.
 
     With hosts on other machines and no interface named, horovodrun finds the one they have in
@@ -140,9 +140,9 @@ def probe_note(cfg: Config, hosts: str | None, nics: str) -> str | None:
     (scripts/patch_horovod.py). An elastic job's hosts come from its discovery script, unknown
     here.
     """
-    if nics or not (cfg.elastic.enabled or (hosts and not on_loopback(hosts))):
+    if nics or not (elastic.enabled or (hosts and not on_loopback(hosts))):
         return None
-    which = "the discovery script's hosts" if cfg.elastic.enabled else "these hosts"
+    which = "the discovery script's hosts" if elastic.enabled else "these hosts"
     return (
         f"no --network-interface: unless {which} are all this machine, horovodrun finds "
         "their common interface through services listening on all interfaces of every host "

@@ -101,7 +101,7 @@ def attempts(cfg: Config, args: argparse.Namespace, np_: int) -> int:
         failure.update(attempt=attempt + 1, exit_code=code, time=time.time())
         history.append(failure)
         if ours:
-            _mark_ended(summary_path, failure, supervisor.stop_signal, cfg, np_)
+            mark_ended(summary_path, failure, supervisor.stop_signal, cfg, np_)
             _follow_in_mlflow(cfg)
         reason = _no_restart_reason(failure, summary_path, supervisor.stop_signal)
         last = attempt == args.max_restarts or bool(reason)
@@ -275,9 +275,7 @@ def _no_restart_reason(failure: dict[str, Any], summary_path: str, stop_signal: 
     return cls.recurs if cls else ""
 
 
-def _mark_ended(
-    path: str, failure: dict[str, Any], stop_signal: int, cfg: Config, np_: int
-) -> None:
+def mark_ended(path: str, failure: dict[str, Any], stop_signal: int, cfg: Config, np_: int) -> None:
     """summary.json tells how the attempt ended, with the first failure as its cause.
 
     Rank 0 (or the keeper it left behind) has usually written the ending; the launcher knows

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 
 from hvd_train.base.errors import ConfigError, UserError
-from hvd_train.config import Config, check, load_config
+from hvd_train.config import Config, LoggingConfig, check, load_config
 from hvd_train.launcher import horovodrun
 from hvd_train.record import mlflow_run
 from hvd_train.record.layout import RunDir
@@ -154,9 +154,9 @@ class SweepRun:
     """With logging.mlflow, the sweep's own MLflow run: each point's run is its child (the
     points' rank 0 read its id from PARENT_RUN), and it gets the reports at the end."""
 
-    def __init__(self, cfg: Config, out: str, command: str):
+    def __init__(self, logs: LoggingConfig, out: str, command: str):
         """Raises UserError (exit code 2) when the tracking server does not answer."""
-        place = mlflow_run.where(cfg.logging)
+        place = mlflow_run.where(logs)
         mlflow_run.check_reachable(place)
         self.tracker, _ = mlflow_run.client(place.uri)
         experiment = mlflow_run.experiment_id(self.tracker, place.experiment)

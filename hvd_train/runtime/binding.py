@@ -115,6 +115,11 @@ def activate(name: str) -> ModuleType:
     return _active
 
 
+def chosen() -> ModuleType | None:
+    """The binding `activate` made active, or None while none has been."""
+    return _active
+
+
 def active() -> ModuleType:
     """The binding this process trains with (the default one until `activate` chose)."""
     return _active or activate(default())

@@ -80,7 +80,7 @@ def init() -> None:
 # --------------------------------------------------------------------------- the optimizer
 
 
-class _Averaging:
+class Averaging:
     """Mixed in before a Keras 3 optimizer class: `apply` averages the gradients over the
     workers, then the optimizer's own `apply` runs on the averages. With `accumulation` A > 1,
     A batches' gradients are summed locally and all-reduced once, as one update of the mean
@@ -111,7 +111,7 @@ class _Averaging:
 
         def update() -> None:
             means = [total / self._hvd_accumulation for total in self._hvd_sums]
-            super(_Averaging, self).apply(self._hvd_average(means), trainable_variables)
+            super(Averaging, self).apply(self._hvd_average(means), trainable_variables)
             for total in self._hvd_sums:
                 total.assign(tf.zeros_like(total))
 
@@ -141,9 +141,9 @@ class _Averaging:
 
 @functools.cache
 def _averaging_class(base: type) -> type:
-    """`base` with `_Averaging` mixed in, under `base`'s own name and module: saved with a
+    """`base` with `Averaging` mixed in, under `base`'s own name and module: saved with a
     model, it loads as the plain optimizer, with neither Horovod nor hvd_train installed."""
-    cls = type(base.__name__, (_Averaging, base), {})
+    cls = type(base.__name__, (Averaging, base), {})
     cls.__module__, cls.__qualname__ = base.__module__, base.__qualname__
     return cls
 

@@ -12,15 +12,15 @@ from typing import Any
 
 import tensorflow as tf
 
-from hvd_train.config import Config, Derived
+from hvd_train.config import Config, Derived, RuntimeConfig
 from hvd_train.runtime import binding, distributed
 
 
-def before_init(cfg: Config) -> None:
+def before_init(runtime: RuntimeConfig) -> None:
     """What must happen before `hvd.init()` and before TensorFlow creates its thread pools."""
-    if distributed.binds_cores(cfg.runtime.bind_cores):
+    if distributed.binds_cores(runtime.bind_cores):
         distributed.bind_cores()
-    if cfg.runtime.jit_compile:
+    if runtime.jit_compile:
         _prepare_xla()
 
 
@@ -61,15 +61,15 @@ def horovod_has_xla_ops(lib: pathlib.Path | None = None) -> bool:
         return data.find(b"CallbackHVDAllreduce") >= 0
 
 
-def jit_compile(cfg: Config, device: str) -> bool:
+def jit_compile(runtime: RuntimeConfig, device: str) -> bool:
     """Keras' `jit_compile` for model.compile: the whole train step where XLA can compile the
     all-reduce (see _prepare_xla)."""
-    return cfg.runtime.jit_compile and whole_step_xla(device == "gpu", horovod_has_xla_ops())
+    return runtime.jit_compile and whole_step_xla(device == "gpu", horovod_has_xla_ops())
 
 
-def precision_policy(cfg: Config) -> str:
+def precision_policy(runtime: RuntimeConfig) -> str:
     """The Keras precision policy `runtime.mixed_precision` asks for."""
-    return "float32" if cfg.runtime.mixed_precision == "none" else cfg.runtime.mixed_precision
+    return "float32" if runtime.mixed_precision == "none" else runtime.mixed_precision
 
 
 def distributed_optimizer(optimizer: Any, cfg: Config) -> Any:

@@ -17,7 +17,7 @@ def start(cfg: Config, timeline: str | None) -> str:
     `timeline`: where Horovod writes its timeline when `horovod.timeline` asks (run.dir's
     timeline.json); None: no timeline (nor a launcher's flag), which Horovod would empty at init.
     """
-    tuning.before_init(cfg)  # core binding: before Horovod and TensorFlow start threads
+    tuning.before_init(cfg.runtime)  # core binding: before Horovod and TensorFlow start threads
     knobs = cfg.horovod
     if timeline is None:
         os.environ.pop("HOROVOD_TIMELINE", None)

@@ -17,7 +17,7 @@ from typing import Any
 import tensorflow as tf
 
 from hvd_train.base.errors import UserError
-from hvd_train.config import CheckpointConfig, Config, Derived
+from hvd_train.config import CheckpointConfig, Config, Derived, LoggingConfig
 from hvd_train.data.diagnostics import advice_for
 from hvd_train.data.pipeline import Source
 from hvd_train.record.layout import RunDir
@@ -550,13 +550,13 @@ def build_callbacks(
     return RunCallbacks(tuple(callbacks), plan, control, input_wait, timer, user.stop, checkpointer)
 
 
-def require_tensorboard(cfg: Config) -> None:
+def require_tensorboard(logs: LoggingConfig) -> None:
     """`logging.tensorboard: true` without the tensorboard package (TensorFlow 2.21 no longer
     installs it; scripts/install.sh does) would fail at the first summary, after the first
     epoch: one line before training instead, on every rank."""
     import importlib.util
 
-    if cfg.logging.tensorboard and importlib.util.find_spec("tensorboard") is None:
+    if logs.tensorboard and importlib.util.find_spec("tensorboard") is None:
         raise UserError(
             f"logging.tensorboard is true, but the tensorboard package is not installed (TensorFlow "
             f"{tf.__version__} does not bring it): pip install tensorboard, or set "

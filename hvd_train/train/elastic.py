@@ -67,7 +67,7 @@ def fit_elastic(
     def run(state: Any) -> None:
         d = derive(cfg, distributed.size(), source.num_train)
         report["world_sizes"].append(d.world_size)
-        _rescale_learning_rate(model, cfg, d)
+        rescale_learning_rate(model, cfg, d)
         epoch, step = state.epoch, state.batch
         if step and state.global_batch and state.global_batch != d.global_batch:
             step = step * state.global_batch // d.global_batch  # same examples, new batch
@@ -86,7 +86,7 @@ def fit_elastic(
     return history, report
 
 
-def _rescale_learning_rate(model: Any, cfg: Config, d: Derived) -> None:
+def rescale_learning_rate(model: Any, cfg: Config, d: Derived) -> None:
     """Gives the optimizer this worker count's schedule, with the rate multiplier it had, and
     retraces the step (the traced step holds the old rates as constants)."""
     schedule = learning_rate_schedule(cfg, d)

@@ -50,7 +50,7 @@ def fit_from(
     while epoch < cfg.train.epochs:
         data = train_dataset(source, cfg, plan, distributed.rank(), first_epoch=epoch)
         last = epoch + 1 if step else cfg.train.epochs  # a part-done epoch on its own
-        with _without_first_batch_timing_warning():
+        with without_first_batch_timing_warning():
             h = model.fit(
                 callbacks.input_wait.attach(data.skip(step)), initial_epoch=epoch, epochs=last,
                 steps_per_epoch=plan.steps_per_epoch - step, callbacks=list(callbacks.all),
@@ -74,7 +74,7 @@ class _DropMessage(logging.Filter):
 
 
 @contextlib.contextmanager
-def _without_first_batch_timing_warning() -> Iterator[None]:
+def without_first_batch_timing_warning() -> Iterator[None]:
     """Drops Keras' slow-callback warning for on_train_batch_end (see SLOW_FIRST_BATCH), and
     only it, only while `fit` runs."""
     dropped = _DropMessage(SLOW_FIRST_BATCH)

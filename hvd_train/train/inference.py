@@ -24,7 +24,7 @@ import numpy as np
 
 from hvd_train.base.errors import DataError, UserError
 from hvd_train.base.files import atomic_write
-from hvd_train.config import Config
+from hvd_train.config import Config, DataConfig
 from hvd_train.record.layout import RunDir
 
 EVALUATION_KIND = "hvd-train evaluate"  # marks a file evaluate may write over
@@ -43,7 +43,7 @@ def evaluate(cfg: Config, model_path: str, data_path: str, out: str, batch: int)
 
     model, model_path, classes = _start(cfg, model_path, batch)
     if data_path:
-        source = _folder_source(cfg, data_path, classes, model.input_shape[1:])
+        source = _folder_source(cfg.data.on_corrupt, data_path, classes, model.input_shape[1:])
     else:
         source = _validation_source(cfg)
     _check_inputs(model, source.input_shape, model_path, data_path or "the validation split")
@@ -83,13 +83,13 @@ def _validation_source(cfg: Config):
     return source
 
 
-def _folder_source(cfg: Config, path: str, classes: tuple[str, ...], shape: tuple):
+def _folder_source(on_corrupt: str, path: str, classes: tuple[str, ...], shape: tuple):
     """Every example of an image folder or a TFRecord folder, labelled by training's classes."""
     from hvd_train.data.pipeline import Source
 
     size, channels = _image_size(shape)
     read = _record_examples if _is_record_folder(path) else _folder_examples
-    x, labels, skipped, decode, fetch = read(path, classes, cfg.data.on_corrupt, size, channels)
+    x, labels, skipped, decode, fetch = read(path, classes, on_corrupt, size, channels)
     return Source(x[:0], np.zeros(0, np.int32), x, np.asarray(labels, np.int32), len(classes),
                   decode, fetch, (*size, channels), tuple(skipped))  # fmt: skip
 
@@ -278,7 +278,7 @@ def _start(cfg: Config, model_path: str, batch: int):
     # share a product, and the outputs must not depend on the worker count.
     threads = cfg.runtime.intra_op_threads or 1
     distributed.configure_devices(threads, cfg.runtime.inter_op_threads)
-    classes = distributed.chief_computes(lambda: training_classes(cfg), "training_classes")
+    classes = distributed.chief_computes(lambda: training_classes(cfg.data), "training_classes")
     path = model_path or RunDir(cfg.run.dir).model
     model = load_model(cfg, path, len(classes))
     outputs = model.output_shape[-1]
@@ -324,7 +324,7 @@ def _from_checkpoint(cfg: Config, path: str, num_classes: int):
         binding.activate(written_by(read_state(path)))  # built by the Keras that trained it
     except (OSError, ValueError) as e:
         raise UserError(f"--model: {path}: its {STATE_FILE} is unreadable ({e})") from None
-    model = build_model(cfg, config_input_shape(cfg), num_classes)
+    model = build_model(cfg, config_input_shape(cfg.data), num_classes)
     try:
         status = tf.train.Checkpoint(model=model).read(os.path.join(path, PREFIX))  # no optimizer
         status.expect_partial().assert_existing_objects_matched()
@@ -358,9 +358,8 @@ def _image_size(shape: tuple) -> tuple[tuple[int, int], int]:
 # --------------------------------------------------------------------------- training's view
 
 
-def training_classes(cfg: Config) -> tuple[str, ...]:
+def training_classes(d: DataConfig) -> tuple[str, ...]:
     """The class names in training's label order (see the module docstring)."""
-    d = cfg.data
     if d.source == "image_folder":
         from hvd_train.data.images import list_class_folders
 
@@ -377,9 +376,8 @@ def training_classes(cfg: Config) -> tuple[str, ...]:
     return tuple(str(i) for i in range(count))
 
 
-def config_input_shape(cfg: Config) -> tuple[int, ...]:
+def config_input_shape(d: DataConfig) -> tuple[int, ...]:
     """The input shape training gives the model for this config's data."""
-    d = cfg.data
     if d.source == "digits":
         return (8, 8, 1)
     return tuple(d.image_size) + ((d.channels,) if len(d.image_size) == 2 else ())

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from hvd_train.base.errors import ConfigError, users_frame
-from hvd_train.config import Config
+from hvd_train.config import Config, ModelConfig
 from hvd_train.runtime import binding, tuning
 
 Model = Any  # a Keras Model of the active Keras (3, or 2)
@@ -43,14 +43,14 @@ def build_model(cfg: Config, input_shape: tuple[int, ...], num_classes: int) -> 
             `runtime.keras` names.
     """
     active = binding.active()
-    active.set_precision(tuning.precision_policy(cfg))  # layers take the policy in force
+    active.set_precision(tuning.precision_policy(cfg.runtime))  # layers take the policy in force
     model = _build(cfg, input_shape, num_classes)
     found = binding.of_model(model)
     if found != active.NAME:
         _check_keras(cfg, model, found)
         active = binding.activate(found)
         active.seed(cfg.runtime.seed)
-        active.set_precision(tuning.precision_policy(cfg))
+        active.set_precision(tuning.precision_policy(cfg.runtime))
         model = _build(cfg, input_shape, num_classes)
     return to_sync_batch_norm(model) if cfg.model.sync_batch_norm else model
 
@@ -72,10 +72,9 @@ def _check_keras(cfg: Config, model: object, found: str | None) -> None:
         )
 
 
-def weights_note(cfg: Config) -> str | None:
+def weights_note(m: ModelConfig) -> str | None:
     """The line that says which weights file `build_model` loaded, or None when it loaded none."""
-    m = cfg.model
-    if m.factory or m.name not in _BASES or m.weights == "none":
+    if m.factory or m.name not in BASES or m.weights == "none":
         return None
     return f"model.weights: loaded {os.path.abspath(m.weights)} into the {m.name} base"
 
@@ -221,12 +220,12 @@ def import_user_module(name: str, key: str = "model.factory"):
 # (scale, offset per output channel, reverse RGB to BGR). MobileNetV2: [-1, 1]. ResNet50
 # ("caffe" style): BGR in [0, 255] minus the ImageNet mean. EfficientNetB0: [0, 255] (the
 # model rescales and normalises inside itself).
-_PREPROCESS = {
+PREPROCESS = {
     "mobilenet_v2": (2.0, (-1.0, -1.0, -1.0), False),
     "resnet50": (255.0, (-103.939, -116.779, -123.68), True),
     "efficientnet_b0": (255.0, (0.0, 0.0, 0.0), False),
 }
-_BASES = {  # name -> the class in keras.applications
+BASES = {  # name -> the class in keras.applications
     "mobilenet_v2": "MobileNetV2",
     "resnet50": "ResNet50",
     "efficientnet_b0": "EfficientNetB0",
@@ -248,7 +247,7 @@ def application(
     """A Keras Applications base (no ImageNet classifier) under a new head, for inputs in [0, 1].
 
     Layers: a frozen 1x1 channel map that turns the [0, 1] input (1 or 3 channels) into what
-    the base expects (`_PREPROCESS`), the base (a nested model named after `name`), global
+    the base expects (`PREPROCESS`), the base (a nested model named after `name`), global
     `pooling` (avg or max), a ReLU dense layer per `dense_units` entry, dropout, the classifier.
 
     Args:
@@ -267,7 +266,7 @@ def application(
     layers = keras.layers
     inputs = keras.Input(shape=input_shape)
     x = input_adapter(name, input_shape[-1])(inputs)
-    base = getattr(keras.applications, _BASES[name])(
+    base = getattr(keras.applications, BASES[name])(
         include_top=False, weights=None, input_shape=(*input_shape[:2], 3)
     )  # weights=None: Keras never downloads; a local file is loaded below
     _rename(base, name)  # the nested model's name, e.g. "mobilenet_v2", not "mobilenetv2_1.00_32"
@@ -301,7 +300,7 @@ def input_adapter(name: str, channels: int) -> Any:
     offset(j). It repeats a grey channel into three, reverses RGB to BGR where the base wants
     it, and rescales; plain Keras, so the exported model loads anywhere."""
     keras = binding.keras()
-    scale, offset, bgr = _PREPROCESS[name]
+    scale, offset, bgr = PREPROCESS[name]
     kernel = np.zeros((channels, 3), np.float32)
     for j in range(3):
         kernel[0 if channels == 1 else (2 - j if bgr else j), j] = scale
@@ -315,7 +314,7 @@ def input_adapter(name: str, channels: int) -> Any:
 
 
 def _check_weights_file(name: str, path: str) -> None:
-    keras_name = _BASES[name]
+    keras_name = BASES[name]
     if not os.path.isfile(path):
         raise ConfigError(
             f"model.weights: {path!r} not found. Pretrained weights are never downloaded at run "
@@ -329,7 +328,7 @@ def _check_weights_file(name: str, path: str) -> None:
 def load_base_weights(base: Model, name: str, path: str) -> None:
     """Loads a local weights file into an Applications base; a clear ConfigError otherwise."""
     _check_weights_file(name, path)
-    keras_name = _BASES[name]
+    keras_name = BASES[name]
     try:
         base.load_weights(path)
     except (ValueError, OSError, KeyError) as e:

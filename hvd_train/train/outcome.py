@@ -12,7 +12,7 @@ import tensorflow as tf
 
 from hvd_train.base import startup
 from hvd_train.base.errors import Interrupted
-from hvd_train.config import Config, Derived
+from hvd_train.config import Config, Derived, HorovodConfig, TrainConfig
 from hvd_train.data.diagnostics import data_summary
 from hvd_train.data.pipeline import Source
 from hvd_train.record.layout import RunDir
@@ -28,7 +28,7 @@ from hvd_train.train.user_callbacks import AgreedStop
 Model = Any  # a Keras model of the active Keras
 
 
-def summary_base(cfg: Config, plan: Derived, device: str) -> dict[str, Any]:
+def summary_base(train: TrainConfig, plan: Derived, device: str) -> dict[str, Any]:
     return {
         "status": "running",
         "started_at": time.time(),
@@ -36,8 +36,8 @@ def summary_base(cfg: Config, plan: Derived, device: str) -> dict[str, Any]:
         "controller": distributed.controller(),
         "device": device,
         **batches(plan),
-        "batch_size_mode": cfg.train.batch_size_mode,
-        "epochs": cfg.train.epochs,
+        "batch_size_mode": train.batch_size_mode,
+        "epochs": train.epochs,
         "epochs_completed": 0,
         "resumed_from": None,
         "last_checkpoint": None,
@@ -64,7 +64,7 @@ def summarize(
     start: Start,
 ) -> dict[str, Any]:
     """summary.json's results: how the run ended, its metrics, data and throughput."""
-    summary = results(history, cfg, callbacks.control, callbacks.user_stop)
+    summary = results(history, cfg.train, callbacks.control, callbacks.user_stop)
     # A resume with nothing left to train (its end still to do): the run's own figures.
     summary["epochs_completed"] = max(summary["epochs_completed"], start.epoch)
     if not summary["final_metrics"]:
@@ -77,16 +77,19 @@ def summarize(
 
 
 def results(
-    history: dict[str, list[float]], cfg: Config, control: RunControl, user: AgreedStop | None
+    history: dict[str, list[float]],
+    train: TrainConfig,
+    control: RunControl,
+    user: AgreedStop | None,
 ) -> dict[str, Any]:
-    epoch, step = control.stopped_at or (cfg.train.epochs, 0)
+    epoch, step = control.stopped_at or (train.epochs, 0)
     early = user.stopped_early if user and not control.stopping else None
-    if early and early["epoch"] < cfg.train.epochs:
+    if early and early["epoch"] < train.epochs:
         # The users' callbacks ended it, as they were asked to: completed, and said so.
         epoch = early["epoch"]
         return {"status": "completed", "epochs_completed": epoch, "stopped_at": None,
                 "stopped_early": early, **rate_and_final(history)}  # fmt: skip
-    finished = epoch >= cfg.train.epochs and step == 0  # a stop after the last step finished
+    finished = epoch >= train.epochs and step == 0  # a stop after the last step finished
     return {
         "status": "completed" if finished else "interrupted",
         "epochs_completed": epoch,
@@ -124,10 +127,10 @@ def stop(run: Run, summary: dict[str, Any]) -> None:
     )
 
 
-def complete(cfg: Config, model: Model, summary: dict[str, Any], run: Run) -> None:
+def complete(run_dir: str, model: Model, summary: dict[str, Any], run: Run) -> None:
     """A completed run: rank 0 exports model.keras and records the end; one closing line."""
     try:
-        export_model(cfg, model, summary, run.checkpointer)
+        export_model(RunDir(run_dir).model, model, summary, run.checkpointer)
         run.end_record(**summary)
     except BaseException as e:
         fail(run, e)
@@ -135,12 +138,12 @@ def complete(cfg: Config, model: Model, summary: dict[str, Any], run: Run) -> No
     run.signals.done.set()
     distributed.log(
         f"done in {time.perf_counter() - run.started:.1f} s: {closing_figures(summary)}; "
-        f"results in {cfg.run.dir}"
+        f"results in {run_dir}"
     )
 
 
 def export_model(
-    cfg: Config, model: Model, summary: dict[str, Any], checkpointer: Checkpointer | None
+    path: str, model: Model, summary: dict[str, Any], checkpointer: Checkpointer | None
 ) -> None:
     """Rank 0 exports model.keras.
 
@@ -148,7 +151,6 @@ def export_model(
         CheckpointError: model.keras could not be written (rank 0).
     """
     if distributed.is_chief():
-        path = RunDir(cfg.run.dir).model
         try:
             summary["model_path"] = export_plain_model(model, path)
         except (OSError, tf.errors.OpError) as e:
@@ -167,11 +169,11 @@ def closing_figures(summary: dict[str, Any]) -> str:
     return ", ".join(shown)
 
 
-def gradient_size(cfg: Config, model: Model) -> dict[str, Any]:
+def gradient_size(horovod: HorovodConfig, model: Model) -> dict[str, Any]:
     """What each step all-reduces, for `hvd-train plan`: the trainable parameters and their
     bytes as sent (float32, or float16 with horovod.compression: fp16)."""
     params = sum(math.prod(int(d) for d in w.shape) for w in model.trainable_weights)
-    fp16 = cfg.horovod.compression == "fp16"
+    fp16 = horovod.compression == "fp16"
     return {
         "trainable_parameters": params,
         "gradient_dtype": "float16" if fp16 else "float32",

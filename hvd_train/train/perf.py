@@ -83,7 +83,7 @@ def throughput_summary(timer: StepTimer, cfg: Config) -> dict[str, Any]:
     plan = timer.plan
     steps, seconds, windows, warmup = timer.measured()
     per_worker = len(steps) * plan.per_worker_batch / seconds if seconds else 0.0
-    shares = _timeline_shares(cfg, windows) if cfg.horovod.timeline else {}
+    shares = _timeline_shares(RunDir(cfg.run.dir).timeline, windows) if cfg.horovod.timeline else {}
     return {
         "train_examples_per_sec": per_worker * plan.world_size,
         "train_examples_per_sec_per_worker": per_worker,
@@ -108,11 +108,11 @@ def log_throughput(summary: dict[str, Any]) -> None:
     )
 
 
-def _timeline_shares(cfg: Config, windows: list[tuple[float, float]]) -> dict[str, float]:
-    """Share of the measured wall time covered by all-reduce (and by negotiation) on rank 0."""
+def _timeline_shares(path: str, windows: list[tuple[float, float]]) -> dict[str, float]:
+    """Share of the measured wall time covered by all-reduce (and by negotiation) on rank 0,
+    from Horovod's timeline at `path`."""
     if not distributed.is_chief() or not windows:
         return {}
-    path = RunDir(cfg.run.dir).timeline
     distributed.stop_timeline()  # Horovod then flushes and closes the file
     events = read_timeline(path)
     return {

@@ -93,7 +93,11 @@ def _read_checkpoint(cfg: Config, model: Model) -> dict[str, Any]:
     if resume == "never":
         return {}
     if resume != "auto":
-        return {"path": resume, "state": _load_named(cfg, model, resume), "set_aside": []}
+        return {
+            "path": resume,
+            "state": _load_named(RunDir(cfg.run.dir), model, resume),
+            "set_aside": [],
+        }
     store = CheckpointStore(cfg.run.dir, cfg.checkpoint)
     failed: list[tuple[str, Unloadable]] = []
     candidates = store.named()[::-1]  # newest first
@@ -122,12 +126,12 @@ def _read_checkpoint(cfg: Config, model: Model) -> dict[str, Any]:
     )
 
 
-def _load_named(cfg: Config, model: Model, path: str) -> dict[str, Any]:
+def _load_named(run: RunDir, model: Model, path: str) -> dict[str, Any]:
     """`train.resume: PATH`: its state, restored into `model`; a one-line DataError if not."""
     if not any(os.path.exists(os.path.join(path, f)) for f in (STATE_FILE, f"{PREFIX}.index")):
         raise DataError(
             f"train.resume: {path} is not a checkpoint folder (expected {STATE_FILE} and "
-            f"{PREFIX}.index in it, as in {RunDir(cfg.run.dir).checkpoint_pattern})"
+            f"{PREFIX}.index in it, as in {run.checkpoint_pattern})"
         )
     try:
         return load(model, path)

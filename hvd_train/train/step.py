@@ -45,7 +45,7 @@ def build_compiled_model(
         metrics=["accuracy"],
         # Always explicit: Keras 3's "auto" is XLA on a GPU, all-reduce included, which XLA
         # cannot compile here (tuning.jit_compile says when it can).
-        jit_compile=tuning.jit_compile(cfg, device),
+        jit_compile=tuning.jit_compile(cfg.runtime, device),
     )
     active.build_for_training(model, input_shape, num_classes)
     return model

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from hvd_train import __version__
-from hvd_train.config import Config, to_dict
+from hvd_train.config import Config, LoggingConfig, to_dict
 from hvd_train.record import mlflow_run
 from hvd_train.record.layout import RunDir
 from hvd_train.record.run_record import RunRecord
@@ -45,11 +45,11 @@ JOB_PARAMS = ("world_size", "per_worker_batch_size", "global_batch_size", "steps
               "base_learning_rate", "scaled_learning_rate", "batch_size_mode")  # fmt: skip
 
 
-def check_tracker(cfg: Config) -> None:
+def check_tracker(logs: LoggingConfig) -> None:
     """Rank 0 checks that the tracking server answers, before anything is written; a UserError
     (MLflow not installed, or no answer: exit code 2) is raised on every rank."""
-    if cfg.logging.mlflow:
-        place = mlflow_run.where(cfg.logging)
+    if logs.mlflow:
+        place = mlflow_run.where(logs)
         distributed.chief_computes(lambda: mlflow_run.check_reachable(place), "hvd_train.mlflow")
 
 
@@ -109,7 +109,7 @@ def start_tracking(cfg: Config, record: RunRecord | None, earlier: Mlflow) -> Tr
             name=os.path.basename(os.path.abspath(cfg.run.dir)),
             continues=earlier,
             params=params(cfg, record.summary),
-            tags=tags(cfg, record.summary),
+            tags=tags(cfg.run.dir, record.summary),
             say=distributed.log,
             on_change=lambda fields: record.update(mlflow=fields),
         )
@@ -131,12 +131,12 @@ def params(cfg: Config, summary: Mapping[str, Any]) -> dict[str, str]:
     return found
 
 
-def tags(cfg: Config, summary: Mapping[str, Any]) -> dict[str, str]:
+def tags(run_dir: str, summary: Mapping[str, Any]) -> dict[str, str]:
     """The MLflow tags: controller, device, and where run.dir is (its host and path)."""
     return {
         "controller": str(summary.get("controller", "")),
         "device": str(summary.get("device", "")),
-        "run.dir": os.path.abspath(cfg.run.dir),
+        "run.dir": os.path.abspath(run_dir),
         "host": socket.gethostname(),
     }
 

@@ -62,7 +62,9 @@ def train(
         startup.mark("horovod_init")
         if (finished := _nothing_to_train(finished_here)) is not None:
             return None, finished
-        check_tracker(cfg)  # logging.mlflow: a server that does not answer, before any write
+        check_tracker(
+            cfg.logging
+        )  # logging.mlflow: a server that does not answer, before any write
         source = load_source(cfg)
         startup.mark("data")
         plan = derive(cfg, distributed.size(), source.num_train)
@@ -73,13 +75,15 @@ def train(
             tuning.log_knobs(cfg, plan)
             model = build_compiled_model(cfg, plan, source.input_shape, source.num_classes, device)
             startup.mark("model")
-            if note := weights_note(cfg):
+            if note := weights_note(cfg.model):
                 distributed.log(note)  # rank 0; a resume below then restores the checkpoint
             start = resume(cfg, model, plan)
             run.signals.abandon = functools.partial(abandon, run.record, start)
             # The model's Keras, which a factory's model may have switched (runtime.keras: auto).
             run.base["versions"] = distributed.versions()
-            run.note_start(start, versions=run.base["versions"], **gradient_size(cfg, model))
+            run.note_start(
+                start, versions=run.base["versions"], **gradient_size(cfg.horovod, model)
+            )
             run.tracker = start_tracking(cfg, run.record, run.earlier_mlflow)
             history = _fit(cfg, model, source, plan, start, run)
         except BaseException as e:
@@ -91,14 +95,14 @@ def train(
         summary = summarize(cfg, history, source, run.callbacks, start)
         if summary["status"] == "interrupted":
             stop(run, summary)  # raises Interrupted once rank 0 has recorded the stop
-        complete(cfg, model, summary, run)
+        complete(cfg.run.dir, model, summary, run)
         return model, run.record.summary if run.record else {**run.base, **summary}
 
 
 def _start_worker(cfg: Config, run: Run, timeline: bool = True) -> str:
     """Starts Horovod, TensorFlow and the Keras on this worker (runtime/worker.py); returns
     its device ("gpu" or "cpu")."""
-    require_tensorboard(cfg)  # bad input: one line, before anything starts
+    require_tensorboard(cfg.logging)  # bad input: one line, before anything starts
     device = worker.start(cfg, RunDir(cfg.run.dir).timeline if timeline else None)
     run.signals.chief = distributed.is_chief()
     return device
@@ -115,7 +119,7 @@ def _open_run_dir(
     logs.attach(
         RunDir(cfg.run.dir).rank_log(rank), rank, logs.attempt_description(cfg.train.resume)
     )
-    run.base = summary_base(cfg, plan, device)
+    run.base = summary_base(cfg.train, plan, device)
     if not distributed.is_chief():
         return
     # What the jobs before this one did, kept when this one resumes (note_start).

@@ -39,7 +39,7 @@ keras = binding.keras()  # the Keras that trained it
 opt = model.optimizer
 inner = getattr(opt, "inner_optimizer", opt)
 if binding.active().NAME == "keras":  # hvd_train's averaging optimizer, the loss scaler inside
-    averaging = type(opt).__mro__[1].__name__ == "_Averaging"
+    averaging = type(opt).__mro__[1].__name__ == "Averaging"
     accumulation = opt._hvd_accumulation
 else:  # Horovod's DistributedOptimizer inside the loss scaler
     averaging = type(inner).__module__ == "horovod._keras"

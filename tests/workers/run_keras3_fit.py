@@ -56,7 +56,7 @@ report = {
     "steps": int(model.optimizer.iterations.numpy()),
     "warmup_steps": schedule.warmup_steps,
     "optimizer": f"{type(model.optimizer).__module__}.{type(model.optimizer).__name__}",
-    "binding_chosen": binding._active.__name__ if binding._active else None,
+    "binding_chosen": binding.chosen().__name__ if binding.chosen() else None,
 }
 
 xla = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
