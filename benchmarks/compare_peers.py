@@ -1,18 +1,24 @@
-"""Side-by-side throughput: plain Keras, hvd_train and MultiWorkerMirroredStrategy on one host.
+"""Side-by-side throughput: plain Keras, hvd_train, Horovod's Keras example and
+MultiWorkerMirroredStrategy on one host, each on Keras 3 and on tf_keras (Keras 2).
 
     .venv/bin/python benchmarks/compare_peers.py            # 3 repeats, both workloads
     .venv/bin/python benchmarks/compare_peers.py --quick    # 1 repeat, few steps: a smoke run
 
-Same model (convnet), data shape (32x32x3 synthetic, in memory), per-worker batch 64 and
-TensorFlow threads per worker (1 intra-op thread, each worker bound to a core of its own) for:
-plain Keras `model.fit` in one process; hvd_train at 1 and 2 workers (horovodrun --gloo, and
-the recommended CPU settings: --mpi, with gradient accumulation for the heavy workload);
-MWMS at 1 and 2 workers (TF_CONFIG, two local ports); and, unpinned on the whole machine, 2
-hvd_train workers against one Keras process using all cores. Two workloads: light (~1.1 M
-weights, compute-bound) and heavy (wide dense layers, ~12.4 M weights, ~50 MB of gradients a
-step). The configurations run interleaved, repeat after repeat, so slow drift on the machine
-spreads over all of them; the tables give medians and per-repeat ratios. Raw results (with the
-load average before each run) go to --out as JSON. Not part of the test suite.
+Same model (convnet), data shape (32x32x3 synthetic, in memory), per-worker batch 64, SGD with
+momentum, the loss and accuracy, and TensorFlow threads per worker (1 intra-op thread, each
+worker bound to a core of its own) for: plain Keras `model.fit` in one process; hvd_train at 1
+and 2 workers (horovodrun --gloo, and the recommended CPU settings: --mpi, with gradient
+accumulation for the heavy workload); Horovod's Keras example; MWMS at 1 and 2 workers
+(TF_CONFIG, two local ports); and, unpinned on the whole machine, 2 hvd_train workers against
+one Keras process using all cores. A configuration's name says its Keras: `keras@1` is Keras 3
+(`import keras`; hvd_train's `runtime.keras: keras`), `keras@1/tf_keras` the same on tf_keras.
+Two workloads: light (~1.1 M weights, compute-bound) and heavy (wide dense layers, ~12.4 M
+weights, ~50 MB of gradients a step). The configurations run interleaved, repeat after repeat,
+so slow drift on the machine spreads over all of them; the tables give medians and per-repeat
+ratios, and each of the Keras 3 speed targets met or missed. A peer that fails (Horovod's
+example and MWMS on Keras 3) gets a row with its error in one line, and is not run again for
+that workload. Raw results (with the load before each run) go to --out as JSON. Not part of
+the test suite.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -47,6 +53,7 @@ class Setup:
     sets: tuple[str, ...] = ()  # hvd_train config overrides
     env: tuple[tuple[str, str], ...] = ()
     defaults: bool = False  # hvd_train: binding and threads as the config's defaults set them
+    keras: str = "keras"  # peer_worker.py --keras: keras (Keras 3) or tf_keras (Keras 2)
 
 
 OMPI_CHOICE = (("OMPI_MCA_coll_tuned_allreduce_algorithm", "0"),)  # 0: Open MPI's fixed rules
@@ -110,7 +117,26 @@ CONFIGS = {
         "hvd_train", 2, True, controller="mpi", sets=("horovod.cycle_time_ms=10",)
     ),
 }
-DEFAULT = list(CONFIGS)[:12]
+TF_KERAS = "/tf_keras"  # a name's suffix: the same configuration on tf_keras (Keras 2)
+# The Keras 3 comparison: each Keras alone, hvd_train at 1 and 2 pinned workers (Gloo, and the
+# recommended --mpi), the machine's ceiling, and the peers, on Keras 3 and on tf_keras.
+DEFAULT = [
+    "keras@1", "keras@2-independent", "hvd_train@1", "hvd_train@2", "hvd_train@2-mpi",
+    "horovod_example@2", "mwms@2",
+    "keras@1/tf_keras", "hvd_train@1/tf_keras", "hvd_train@2/tf_keras", "hvd_train@2-mpi/tf_keras",
+    "horovod_example@2/tf_keras", "mwms@2/tf_keras",
+]  # fmt: skip
+
+
+def setup_of(name: str) -> Setup:
+    """The configuration `name`: a CONFIGS name, or one with TF_KERAS appended (on tf_keras)."""
+    if name.endswith(TF_KERAS):
+        return replace(CONFIGS[name.removesuffix(TF_KERAS)], keras="tf_keras")
+    return CONFIGS[name]
+
+
+def known(name: str) -> bool:
+    return name.removesuffix(TF_KERAS) in CONFIGS
 
 
 def main() -> int:
@@ -120,20 +146,30 @@ def main() -> int:
         with open(args.report) as f:
             print(tables(json.load(f), args))
         return 0
-    results = []
+    results: list[dict] = []
+    failed: set[tuple[str, str]] = set()  # a failure is not repeated: it says what it says
     for rep in range(args.repeats):
         for workload in args.workloads:
             for name in configs:
+                if (workload, name) in failed:
+                    continue
                 busy = wait_for_quiet(args.wait_quiet, args.wait_max) if args.wait_quiet else None
                 load = os.getloadavg()[0]
+                started = time.strftime("%Y-%m-%d %H:%M:%S")
                 rows = launch(name, workload, args)
                 for r in rows:
-                    r.update(config=name, repeat=rep, load_before=load, busy_before=busy)
+                    r.update(config=name, workload=workload, repeat=rep, load_before=load,
+                             busy_before=busy, started=started)  # fmt: skip
                 results.extend(rows)
                 save(results, args.out)  # as it goes: a long run can be read while it runs
                 quiet = f", busy {100 * busy:.0f}% before" if busy is not None else ""
-                print(f"[{rep + 1}/{args.repeats}] {workload:5s} {name:26s} "
-                      f"{job_rate(rows):8.1f} examples/s  (load {load:.1f}{quiet})", flush=True)  # fmt: skip
+                if is_failure(rows):
+                    failed.add((workload, name))
+                    what = f"failed: {rows[0]['error']}"
+                else:
+                    what = f"{job_rate(rows):8.1f} examples/s"
+                print(f"[{rep + 1}/{args.repeats}] {workload:5s} {name:32s} {what}  "
+                      f"(load {load:.1f}{quiet})", flush=True)  # fmt: skip
     report = tables(results, args)
     with open(os.path.join(args.out, "report.md"), "w") as f:
         f.write(report)
@@ -155,7 +191,9 @@ def parse() -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=40, help="measured steps per run")
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--workloads", default="light,heavy")
-    p.add_argument("--configs", default="", help=f"comma list of: {', '.join(CONFIGS)}")
+    p.add_argument("--configs", default="",
+                   help=f"comma list of: {', '.join(CONFIGS)}; each also with {TF_KERAS} "
+                   "appended (the same on tf_keras)")  # fmt: skip
     p.add_argument("--set", dest="overrides", action="append", default=[],
                    help="extra hvd_train config override, e.g. horovod.compression=fp16")  # fmt: skip
     p.add_argument("--out", default=os.path.join(ROOT, "runs", "compare_peers"))
@@ -172,9 +210,10 @@ def parse() -> argparse.Namespace:
         args.repeats, args.steps, args.warmup = 1, 15, 5
     args.workloads = [w for w in args.workloads.split(",") if w]
     args.configs = [c for c in args.configs.split(",") if c]
-    unknown = [c for c in args.configs if c not in CONFIGS]
+    unknown = [c for c in args.configs if not known(c)]
     if unknown:
-        p.error(f"unknown config(s) {unknown}; known: {', '.join(CONFIGS)}")
+        p.error(f"unknown config(s) {unknown}; known: {', '.join(CONFIGS)}, each also with "
+                f"{TF_KERAS}")  # fmt: skip
     return args
 
 
@@ -182,11 +221,12 @@ def parse() -> argparse.Namespace:
 
 
 def launch(name: str, workload: str, args: argparse.Namespace) -> list[dict]:
-    setup = CONFIGS[name]
+    setup = setup_of(name)
     mode, workers, pinned, threads = setup.mode, setup.workers, setup.pinned, setup.threads
     results = tempfile.mkdtemp(prefix="compare-peers-")
-    base = [PY, WORKER, "--mode", mode, "--workload", workload, "--steps", str(args.steps),
-            "--warmup", str(args.warmup), "--threads", str(threads), "--result-dir", results]  # fmt: skip
+    base = [PY, WORKER, "--mode", mode, "--keras", setup.keras, "--workload", workload,
+            "--steps", str(args.steps), "--warmup", str(args.warmup), "--threads", str(threads),
+            "--result-dir", results]  # fmt: skip
     base += ["--pin"] if pinned else []
     base += ["--config-defaults"] if setup.defaults else []
     if mode == "hvd_train":
@@ -196,7 +236,7 @@ def launch(name: str, workload: str, args: argparse.Namespace) -> list[dict]:
     if mode in ("hvd_train", "horovod_example"):
         cmd = [os.path.join(BIN, "horovodrun"), "-np", str(workers), "-H",
                f"localhost:{workers}", f"--{setup.controller}", *base]  # fmt: skip
-        return collect([start(cmd, env)], args.timeout, results)
+        return collect([start(cmd, env, results)], args.timeout, results)
     if mode == "mwms":
         ports = free_ports(workers)
         procs = []
@@ -205,43 +245,100 @@ def launch(name: str, workload: str, args: argparse.Namespace) -> list[dict]:
                          "task": {"type": "worker", "index": i}}  # fmt: skip
             cmd = [*base, "--core", str(i)] if pinned else base
             procs.append(start(cmd, {**env, "TF_CONFIG": json.dumps(tf_config),
-                                     "MWMS_INDEX": str(i)}))  # fmt: skip
+                                     "MWMS_INDEX": str(i)}, results))  # fmt: skip
         return collect(procs, args.timeout, results)
     # keras: one process, or `workers` independent ones that start measuring together
     barrier = {"PEER_BARRIER": results, "PEER_COUNT": str(workers)} if workers > 1 else {}
     cmds = [[*base, "--core", str(i)] if pinned else base for i in range(workers)]
-    procs = [start(cmd, {**env, **barrier, "PEER_INDEX": str(i)}) for i, cmd in enumerate(cmds)]
+    procs = [start(cmd, {**env, **barrier, "PEER_INDEX": str(i)}, results)
+             for i, cmd in enumerate(cmds)]  # fmt: skip
     return collect(procs, args.timeout, results)
 
 
-def start(cmd: list[str], env: dict) -> subprocess.Popen:
-    return subprocess.Popen(cmd, env=env, cwd=ROOT, text=True, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+def start(cmd: list[str], env: dict, results: str) -> subprocess.Popen:
+    """Starts `cmd` in a session of its own, its output to a file in `results` (a pipe that
+    nobody reads while the driver polls could fill and stop the process)."""
+    out = open(os.path.join(results, f"output-{time.monotonic_ns()}.log"), "w")  # noqa: SIM115
+    with out:
+        return subprocess.Popen(cmd, env=env, cwd=ROOT, text=True, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+
+
+# After one process of a job failed, how long the others get to end by themselves (horovodrun
+# ends its workers; an MWMS worker may wait for its failed peer in a collective forever).
+GRACE_S = 15.0
 
 
 def collect(procs: list[subprocess.Popen], timeout: float, results: str) -> list[dict]:
-    """Every worker's result file; raises with the processes' output on failure."""
+    """Every worker's result; for a job that failed or timed out, one row with its error in
+    one line ({"error": ...}), its processes ended."""
     deadline = time.monotonic() + timeout
-    outputs = []
-    for proc in procs:
+    failed_at = None
+    while any(p.poll() is None for p in procs):
+        now = time.monotonic()
+        if failed_at is None and (any(p.returncode for p in procs) or errors(results)):
+            failed_at = now
+        if now > deadline or (failed_at is not None and now > failed_at + GRACE_S):
+            end(procs)
+            break
+        time.sleep(0.2)
+    try:
+        found = errors(results)
+        bad = [p for p in procs if p.returncode]
+        if found or bad or time.monotonic() > deadline:
+            why = found[0] if found else last_error_line(results)
+            if not found and time.monotonic() > deadline:
+                why = f"timed out after {timeout:.0f} s"
+            return [{"error": why, "exit_codes": [p.returncode for p in procs]}]
+        rows = []
+        for name in sorted(n for n in os.listdir(results) if n.startswith("result-")):
+            with open(os.path.join(results, name)) as f:
+                rows.append(json.load(f))
+        if not rows:
+            return [{"error": "no results: " + last_error_line(results)}]
+        return rows
+    finally:
+        shutil.rmtree(results, ignore_errors=True)
+
+
+def end(procs: list[subprocess.Popen]) -> None:
+    """Ends the sessions this driver started: SIGTERM (horovodrun passes it on to its
+    workers), then SIGKILL for what is left."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for p in procs:
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, sig)
+                except ProcessLookupError:
+                    pass
         try:
-            out, _ = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
             for p in procs:
-                if p.poll() is None:
-                    os.killpg(p.pid, signal.SIGKILL)
-            raise SystemExit(f"timed out after {timeout} s: {' '.join(procs[0].args)}") from None
-        outputs.append(out)
-        if proc.returncode != 0:
-            raise SystemExit(f"exit {proc.returncode}: {' '.join(proc.args)}\n{out[-5000:]}")
-    rows = []
-    for name in sorted(n for n in os.listdir(results) if n.startswith("result-")):
-        with open(os.path.join(results, name)) as f:
-            rows.append(json.load(f))
-    shutil.rmtree(results)
-    if not rows:
-        raise SystemExit("no results:\n" + "\n".join(o[-3000:] for o in outputs))
-    return rows
+                p.wait(timeout=10)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def errors(results: str) -> list[str]:
+    """The one-line errors failed workers wrote (peer_worker.py note_error), rank 0's first."""
+    out = []
+    for name in sorted(n for n in os.listdir(results) if n.startswith("error-")):
+        try:
+            with open(os.path.join(results, name)) as f:
+                out.append(json.load(f)["error"])
+        except (OSError, ValueError, KeyError):
+            continue  # being written
+    return out
+
+
+def last_error_line(results: str) -> str:
+    """The last line of the workers' output that names an error (or the last line)."""
+    lines: list[str] = []
+    for name in sorted(n for n in os.listdir(results) if n.startswith("output-")):
+        with open(os.path.join(results, name), errors="replace") as f:
+            lines += [ln.strip() for ln in f if ln.strip()]
+    named = [ln for ln in lines if "Error" in ln or "error:" in ln]
+    return (named or lines or ["no output"])[-1][:400]
 
 
 def cpu_busy(seconds: float = 3.0) -> float:
@@ -280,6 +377,10 @@ def free_ports(n: int) -> list[int]:
 # --------------------------------------------------------------------------- reporting
 
 
+def is_failure(rows: list[dict]) -> bool:
+    return len(rows) == 1 and "error" in rows[0]
+
+
 def job_rate(rows: list[dict]) -> float:
     """Examples/s of a job: rank 0's figure (it counts all workers), or the sum of
     independent processes' rates."""
@@ -288,86 +389,195 @@ def job_rate(rows: list[dict]) -> float:
     return next(r for r in rows if r.get("rank", 0) == 0)["examples_per_sec"]
 
 
+# The Keras 3 speed targets: (what it asks, workloads, numerator, denominator, divide by, at least).
+# Each is judged on the median of the per-repeat ratios, the runs of one repeat paired.
+TARGETS = [
+    ("Keras 3 at 1 worker / a plain Keras 3 fit", ("light", "heavy"),
+     "hvd_train@1", "keras@1", 1, 0.95),
+    ("Keras 3 at 2 pinned workers / the machine's ceiling", ("light",),
+     "hvd_train@2", "keras@2-independent", 1, 0.95),
+    ("the same, with the recommended --mpi", ("light",),
+     "hvd_train@2-mpi", "keras@2-independent", 1, 0.95),
+    ("Keras 3 / tf_keras, both at 2 workers", ("light", "heavy"),
+     "hvd_train@2", "hvd_train@2/tf_keras", 1, 0.95),
+    ("the same, with the recommended --mpi", ("light", "heavy"),
+     "hvd_train@2-mpi", "hvd_train@2-mpi/tf_keras", 1, 0.95),
+]  # fmt: skip
+
+
 def tables(results: list[dict], args: argparse.Namespace) -> str:
+    """The report: the run's conditions, every configuration's rates and CPU accounting, the
+    targets met or missed, and the other ratios, per repeat and median."""
+    configs = args.configs or DEFAULT
     runs: dict[tuple[str, str, int], list[dict]] = {}
     for r in results:
         runs.setdefault((r["workload"], r["config"], r["repeat"]), []).append(r)
+    rate: dict[tuple[str, str], dict[int, float]] = {}
+    lines = [*conditions(results), "", *rate_table(runs, configs, args, rate)]
+    lines += ["", "The Keras 3 targets (median of the per-repeat ratios; each repeat's runs paired):",
+              "", "| target | workload | ratio | per repeat | median | at least | |",
+              "|---|---|---|---|---:|---:|---|"]  # fmt: skip
+    for label, workloads, num, den, scale, least in TARGETS:
+        for workload in (w for w in args.workloads if w in workloads):
+            per = paired(rate, workload, num, den, scale)
+            if per is None:
+                why = failure_of(runs, workload, num, den)
+                if why:
+                    lines.append(f"| {label} | {workload} | {num} / {den} | {why} | - | {least} "
+                                 "| not measured |")  # fmt: skip
+                continue
+            med = statistics.median(per)
+            below = sum(x < least for x in per)
+            verdict = "**met**" if med >= least else "**missed**"
+            verdict += f" ({below} of {len(per)} repeats below)" if below else ""
+            lines.append(f"| {label} | {workload} | {num} / {den} | "
+                         f"{', '.join(f'{x:.3f}' for x in per)} | {med:.3f} | {least} | "
+                         f"{verdict} |")  # fmt: skip
+    lines += ["", "| workload | ratio | per repeat | median |", "|---|---|---|---:|"]
+    judged = {(num, den) for _, _, num, den, _, _ in TARGETS}
+    for workload in args.workloads:
+        for label, num, den, scale in ratios(configs):
+            if (num, den) in judged:
+                continue
+            per = paired(rate, workload, num, den, scale)
+            if per:
+                lines.append(f"| {workload} | {label} | {', '.join(f'{x:.3f}' for x in per)} | "
+                             f"{statistics.median(per):.3f} |")  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def conditions(results: list[dict]) -> list[str]:
+    """Host, code, stack, times and load: the lines above the tables."""
     loads = [r["load_before"] for r in results]
     busy = [r["busy_before"] for r in results if r.get("busy_before") is not None]
     quiet = f"; CPUs busy {100 * min(busy):.0f}-{100 * max(busy):.0f}% just before" if busy else ""
     shared = busy and max(busy) > 0.15  # measured with --wait-quiet: other jobs were running
-    lines = [
-        f"Host: {os.uname().nodename}, {os.cpu_count()} CPUs; load average before runs "
-        f"{min(loads):.1f}-{max(loads):.1f} (it counts this benchmark's own last run){quiet}"
-        + (" (shared machine: numbers are noisy)" if shared else ""),
+    starts = sorted(r["started"] for r in results if r.get("started"))
+    stack = sorted({r["keras_version"] for r in results if r.get("keras_version")})
+    return [
+        f"Host: {os.uname().nodename}, {os.cpu_count()} CPUs; code {commit()}"
+        + (f"; runs {starts[0]} to {starts[-1]}" if starts else ""),
+        f"Load average before runs {min(loads):.1f}-{max(loads):.1f} (it counts this benchmark's "
+        f"own last run){quiet}" + (" (shared machine: numbers are noisy)" if shared else ""),
+        f"Kerases: {'; '.join(stack)}",
         f"Command: {' '.join(sys.argv)}",
-        "",
-        "| workload | config | examples/s (median) | per repeat | step ms | peak RSS/worker MB "
-        "| CPU ms/step (TF, Horovod) | run-queue wait ms/step |",
-        "|---|---|---:|---|---:|---:|---|---:|",
     ]
-    rate: dict[tuple[str, str], list[float]] = {}
+
+
+def rate_table(
+    runs: dict[tuple[str, str, int], list[dict]],
+    configs: list[str],
+    args: argparse.Namespace,
+    rate: dict[tuple[str, str], dict[int, float]],
+) -> list[str]:
+    """One line per workload and configuration (its failure, if it failed); fills `rate`
+    with each one's examples/s by repeat."""
+    lines = [
+        "| workload | config | examples/s (median) | per repeat | step ms | peak RSS/worker MB "
+        "| CPU ms/step (TF, Horovod, main thread) | run-queue wait ms/step "
+        "| others on its cores % (per repeat) |",
+        "|---|---|---:|---|---:|---:|---|---:|---|",
+    ]
     for workload in args.workloads:
-        for name in args.configs or DEFAULT:
-            reps = [
-                runs[(workload, name, i)]
-                for i in range(args.repeats)
-                if (workload, name, i) in runs
-            ]
+        for name in configs:
+            reps = {i: runs[(workload, name, i)] for i in range(args.repeats)
+                    if (workload, name, i) in runs}  # fmt: skip
             if not reps:
                 continue
-            rates = [job_rate(rows) for rows in reps]
-            rate[(workload, name)] = rates
-            last = reps[-1]
-            rss = max(r["peak_rss_mb"] for rows in reps for r in rows)
-            step = statistics.median(r["step_ms_median"] for rows in reps for r in rows)
-            th = [r["threads"] for rows in reps for r in rows]
-            tf_cpu = statistics.median(t["tensorflow"]["cpu_ms_per_step"] for t in th)
-            hv = [t["horovod"]["cpu_ms_per_step"] for t in th if "horovod" in t]
+            if any(is_failure(rows) for rows in reps.values()):
+                error = next(rows[0]["error"] for rows in reps.values() if is_failure(rows))
+                lines.append(f"| {workload} | {name} | failed | {error} | | | | | |")
+                continue
+            rate[(workload, name)] = {i: job_rate(rows) for i, rows in reps.items()}
+            rates = list(rate[(workload, name)].values())
+            every = [r for rows in reps.values() for r in rows]
+            step = statistics.median(r["step_ms_median"] for r in every)
+            th = [r["threads"] for r in every]
+
+            def cpu(group: str, th: list[dict] = th) -> str:
+                v = [t[group]["cpu_ms_per_step"] for t in th if group in t]
+                return f"{statistics.median(v):.1f}" if v else "-"
+
             wait = statistics.median(t["tensorflow"]["runqueue_wait_ms_per_step"] for t in th)
-            hv_cpu = f"{statistics.median(hv):.1f}" if hv else "-"
+            # Other jobs' share of the cores this job's workers ran on, during its measured
+            # steps (threadstat.py): above a few % the repeat was disturbed.
+            others = [max(r["threads"]["cores_busy_by_others_share"] for r in rows)
+                      for rows in reps.values()]  # fmt: skip
             lines.append(
-                f"| {workload} | {name} ({len(last)} proc) | {statistics.median(rates):.1f} | "
-                f"{', '.join(f'{x:.0f}' for x in rates)} | {step:.1f} | {rss:.0f} | "
-                f"{tf_cpu:.1f}, {hv_cpu} | {wait:.1f} |"
+                f"| {workload} | {name} ({len(every) // len(reps)} proc) | "
+                f"{statistics.median(rates):.1f} | {', '.join(f'{x:.0f}' for x in rates)} | "
+                f"{step:.1f} | {max(r['peak_rss_mb'] for r in every):.0f} | "
+                f"{cpu('tensorflow')}, {cpu('horovod')}, {cpu('main')} | {wait:.1f} | "
+                f"{', '.join(f'{100 * x:.0f}' for x in others)} |"
             )
-    lines += ["", "| workload | ratio | per repeat | median | target |", "|---|---|---|---:|---|"]
-    for workload in args.workloads:
-        for label, num, den, scale, target in ratios(args.configs or DEFAULT):
-            if (workload, num) in rate and (workload, den) in rate:
-                per = [a / b / scale for a, b in zip(rate[(workload, num)], rate[(workload, den)],
-                                                     strict=False)]  # fmt: skip
-                lines.append(f"| {workload} | {label} | {', '.join(f'{x:.3f}' for x in per)} | "
-                             f"{statistics.median(per):.3f} | {target} |")  # fmt: skip
-    return "\n".join(lines) + "\n"
+    return lines
 
 
-def ratios(configs: list[str]) -> list[tuple[str, str, str, int, str]]:
-    """(label, numerator, denominator, divide by, the target) for the configs run:
-    every 2-worker hvd_train variant against hvd_train@1, MWMS and one all-cores process."""
-    rows = [
-        ("hvd_train@1 / keras@1", "hvd_train@1", "keras@1", 1, ">= 0.98"),
-        ("the machine's ceiling: keras@2-independent / keras@1 / 2", "keras@2-independent",
-         "keras@1", 2, "-"),
-    ]  # fmt: skip
-    for name in configs:
-        setup = CONFIGS[name]
-        if setup.mode != "hvd_train" or setup.workers != 2:
-            continue
-        if setup.pinned:
-            rows += [
-                (f"2-worker efficiency ({name} / hvd_train@1 / 2)", name, "hvd_train@1", 2,
-                 ">= 0.95 light, >= 0.85 heavy"),
-                (f"{name} / mwms@2", name, "mwms@2", 1, ">= 1.3"),
-                (f"{name} / keras@2-independent", name, "keras@2-independent", 1, "-"),
-            ]  # fmt: skip
-        else:
-            rows.append((f"unpinned: {name} / keras@all-cores", name, "keras@all-cores", 1,
-                         ">= 1.2, or say CPU is not worth it"))  # fmt: skip
-    rows += [
-        ("mwms 2-worker efficiency", "mwms@2", "mwms@1", 2, "-"),
-        ("Horovod example@2 / hvd_train@2", "horovod_example@2", "hvd_train@2", 1, "-"),
-    ]
+def paired(
+    rate: dict[tuple[str, str], dict[int, float]], workload: str, num: str, den: str, scale: int
+) -> list[float] | None:
+    """num / den / scale for each repeat both ran; None when either did not run."""
+    a, b = rate.get((workload, num)), rate.get((workload, den))
+    if not a or not b:
+        return None
+    return [a[i] / b[i] / scale for i in sorted(a) if i in b] or None
+
+
+def failure_of(runs: dict, workload: str, *names: str) -> str | None:
+    """`name failed` for the first of `names` that failed on `workload`."""
+    for (w, name, _), rows in runs.items():
+        if w == workload and name in names and is_failure(rows):
+            return f"{name} failed"
+    return None
+
+
+def commit() -> str:
+    """The checkout's commit, `+changes` when its tracked files differ from it."""
+
+    def git(*a: str) -> str:
+        done = subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True)
+        return done.stdout.strip()
+
+    head = git("rev-parse", "--short", "HEAD") or "unknown"
+    return head + ("+changes" if git("status", "--porcelain", "--untracked-files=no") else "")
+
+
+def ratios(configs: list[str]) -> list[tuple[str, str, str, int]]:
+    """(label, numerator, denominator, divide by) for the configs run, per Keras: one worker
+    against plain Keras, the machine's ceiling, every 2-worker hvd_train variant against
+    hvd_train@1, the ceiling and MWMS (pinned) or one all-cores process (unpinned), the peers;
+    then each configuration run on both Kerases, Keras 3 over tf_keras."""
+    rows = []
+    for k in ("", TF_KERAS):
+        rows += [
+            (f"hvd_train@1{k} / keras@1{k}", f"hvd_train@1{k}", f"keras@1{k}", 1),
+            (f"the machine's ceiling: keras@2-independent{k} / keras@1{k} / 2",
+             f"keras@2-independent{k}", f"keras@1{k}", 2),
+        ]  # fmt: skip
+        for name in configs:
+            setup = setup_of(name)
+            if not name.endswith(k) or (k == "" and name.endswith(TF_KERAS)):
+                continue
+            if setup.mode != "hvd_train" or setup.workers != 2:
+                continue
+            if setup.pinned:
+                rows += [
+                    (f"2-worker efficiency ({name} / hvd_train@1{k} / 2)", name,
+                     f"hvd_train@1{k}", 2),
+                    (f"{name} / keras@2-independent{k}", name, f"keras@2-independent{k}", 1),
+                    (f"{name} / mwms@2{k}", name, f"mwms@2{k}", 1),
+                ]  # fmt: skip
+            else:
+                rows.append((f"unpinned: {name} / keras@all-cores{k}", name,
+                             f"keras@all-cores{k}", 1))  # fmt: skip
+        rows += [
+            (f"mwms 2-worker efficiency (mwms@2{k} / mwms@1{k} / 2)", f"mwms@2{k}",
+             f"mwms@1{k}", 2),
+            (f"horovod_example@2{k} / hvd_train@2{k}", f"horovod_example@2{k}",
+             f"hvd_train@2{k}", 1),
+        ]  # fmt: skip
+    rows += [(f"Keras 3 / tf_keras: {name} / {name}{TF_KERAS}", name, f"{name}{TF_KERAS}", 1)
+             for name in configs if not name.endswith(TF_KERAS) and f"{name}{TF_KERAS}" in configs]  # fmt: skip
     return rows
 
 

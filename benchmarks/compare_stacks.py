@@ -24,9 +24,13 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-from compare_peers import job_rate, save  # noqa: E402
+from compare_peers import TF_KERAS, is_failure, job_rate, save  # noqa: E402
 
-DEFAULT_CONFIGS = "keras@1,keras@2-independent,hvd_train@1,hvd_train@2,hvd_train@2-mpi"
+# On tf_keras: the one Keras every stack has (TensorFlow 2.15 has no Keras 3).
+DEFAULT_CONFIGS = ",".join(
+    f"{name}{TF_KERAS}"
+    for name in ("keras@1", "keras@2-independent", "hvd_train@1", "hvd_train@2", "hvd_train@2-mpi")
+)
 
 
 def main() -> int:
@@ -60,7 +64,9 @@ def parse() -> argparse.Namespace:
     p.add_argument("--stack", action="append", metavar="NAME=PYTHON",
                    help="a stack and its virtualenv's python, relative to the project "
                    "(default: 2.15=.venv-tf2.15/bin/python and 2.21=.venv/bin/python)")  # fmt: skip
-    p.add_argument("--configs", default=DEFAULT_CONFIGS, help="compare_peers.py configurations")
+    p.add_argument("--configs", default=DEFAULT_CONFIGS,
+                   help="compare_peers.py configurations (names without /tf_keras run Keras 3, "
+                   "which TensorFlow 2.15 does not have)")  # fmt: skip
     p.add_argument("--workloads", default="light,heavy")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--steps", type=int, default=30, help="measured steps per run")
@@ -83,7 +89,10 @@ def run_once(python: str, config: str, workload: str, args: argparse.Namespace) 
             sys.exit(f"exit {done.returncode}: {' '.join(cmd)}\n{done.stdout[-3000:]}"
                      f"{done.stderr[-3000:]}")  # fmt: skip
         with open(os.path.join(out, "results.json")) as f:
-            return json.load(f)
+            rows = json.load(f)
+        if is_failure(rows):
+            sys.exit(f"{config} failed on {python}: {rows[0]['error']}")
+        return rows
 
 
 def tables(rows: list[dict], stacks: list[str], args: argparse.Namespace) -> str:
@@ -127,13 +136,15 @@ def tables(rows: list[dict], stacks: list[str], args: argparse.Namespace) -> str
                       rate[(workload, config, first)])  # fmt: skip
         for stack in stacks:
             for config in args.configs:
-                if config.startswith("hvd_train@2") and "hvd_train@1" in args.configs:
-                    ratio(f"TF {stack}: 2-worker efficiency ({config} / hvd_train@1 / 2)",
-                          rate[(workload, config, stack)],
-                          rate[(workload, "hvd_train@1", stack)], 2)  # fmt: skip
-            if {"hvd_train@1", "keras@1"} <= set(args.configs):
-                ratio(f"TF {stack}: hvd_train@1 / keras@1", rate[(workload, "hvd_train@1", stack)],
-                      rate[(workload, "keras@1", stack)])  # fmt: skip
+                one = f"hvd_train@1{TF_KERAS if config.endswith(TF_KERAS) else ''}"
+                if config.startswith("hvd_train@2") and one in args.configs:
+                    ratio(f"TF {stack}: 2-worker efficiency ({config} / {one} / 2)",
+                          rate[(workload, config, stack)], rate[(workload, one, stack)], 2)  # fmt: skip
+            for k in ("", TF_KERAS):
+                if {f"hvd_train@1{k}", f"keras@1{k}"} <= set(args.configs):
+                    ratio(f"TF {stack}: hvd_train@1{k} / keras@1{k}",
+                          rate[(workload, f"hvd_train@1{k}", stack)],
+                          rate[(workload, f"keras@1{k}", stack)])  # fmt: skip
     return "\n".join(lines) + "\n"
 
 

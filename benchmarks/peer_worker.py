@@ -1,13 +1,20 @@
 """One worker of a compare_peers.py measurement; prints `RESULT {json}` when done.
 
-Modes, all training the same convnet on in-memory synthetic 32x32x3 images, 10 classes:
-  keras             plain Keras model.fit in one process (no Horovod);
-  hvd_train         this project's trainer (hvd_train.train.trainer.train), launched by horovodrun;
-  horovod_example   a minimal Horovod Keras script shaped like Horovod's own examples;
+Modes, all training the same convnet on in-memory synthetic 32x32x3 images, 10 classes, with
+the Keras `--keras` names (`keras`: Keras 3, `import keras`; `tf_keras`: Keras 2, `tf.keras`
+with TF_USE_LEGACY_KERAS=1, which on TensorFlow 2.15 is Keras 2 anyway):
+  keras             plain Keras model.fit in one process (no Horovod started);
+  hvd_train         this project's trainer (hvd_train.train.trainer.train, `runtime.keras` set
+                    to `--keras`), launched by horovodrun;
+  horovod_example   a minimal script shaped like Horovod's own Keras examples
+                    (horovod.tensorflow.keras: DistributedOptimizer, the broadcast and
+                    metric-average callbacks);
   mwms              tf.distribute.MultiWorkerMirroredStrategy (TF_CONFIG set by the driver).
 
 Per process it reports examples/s (all workers), the median step time, peak resident memory,
-and per-thread CPU accounting (threadstat.py) over the measured steps.
+and per-thread CPU accounting (threadstat.py) over the measured steps. A worker that fails
+writes `error-<rank>.json` (the error in one line, and where it was raised) before it exits
+non-zero, so that the driver can report the peer as failed instead of stopping.
 """
 
 from __future__ import annotations
@@ -21,14 +28,12 @@ import statistics
 import sys
 import tempfile
 import time
+import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import threadstat  # noqa: E402
 
-# Before TensorFlow: on TensorFlow 2.16+ this makes tf.keras Keras 2 (tf_keras), the Keras
-# Horovod's API needs; hvd_train.runtime.keras_stack then gives Horovod's Keras API bound to it.
-import hvd_train  # noqa: E402,F401
-
+KERASES = ("keras", "tf_keras")  # runtime.keras's names: Keras 3, Keras 2
 WORKLOADS = {"light": (256,), "heavy": (2816, 256)}  # convnet dense layers: ~1.1 M / ~12.4 M
 
 
@@ -37,6 +42,8 @@ def parse() -> argparse.Namespace:
     p.add_argument(
         "--mode", required=True, choices=["keras", "hvd_train", "horovod_example", "mwms"]
     )
+    p.add_argument("--keras", default="keras", choices=KERASES,
+                   help="keras: Keras 3 (import keras); tf_keras: Keras 2")  # fmt: skip
     p.add_argument("--workload", default="light", choices=sorted(WORKLOADS))
     p.add_argument("--batch", type=int, default=64, help="per worker")
     p.add_argument("--warmup", type=int, default=10, help="steps left out (hvd_train: 1 epoch)")
@@ -53,7 +60,7 @@ def parse() -> argparse.Namespace:
 
 
 def local_rank() -> int:
-    for key in ("HOROVOD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MWMS_INDEX"):
+    for key in ("HOROVOD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MWMS_INDEX", "PEER_INDEX"):
         if key in os.environ:
             return int(os.environ[key])
     return 0
@@ -94,10 +101,11 @@ class Window:
         }
 
 
-def timing_callback(tf, window: Window, warmup_steps: int = 0, warmup_epochs: int = 0):
+def timing_callback(window: Window, warmup_steps: int = 0, warmup_epochs: int = 0):
     """Starts the window after `warmup_steps` batches or at epoch `warmup_epochs`."""
+    from hvd_train.train.hooks import Callback  # a callback to either Keras
 
-    class Timing(tf.keras.callbacks.Callback):
+    class Timing(Callback):
         batches = 0
 
         def on_epoch_begin(self, epoch, logs=None):
@@ -128,10 +136,45 @@ def wait_for_peers() -> None:
         time.sleep(0.001)
 
 
-def build_model(tf, workload: str):
+def choose_keras(name: str) -> None:
+    """Before TensorFlow is imported: `tf.keras` is Keras 2 for tf_keras (as hvd_train's
+    `binding.prepare` does for `runtime.keras: tf_keras`)."""
+    if name == "tf_keras":
+        os.environ["TF_USE_LEGACY_KERAS"] = "1"
+
+
+def keras_module(name: str):
+    """Keras 3 as users import it today, or Keras 2 as `tf.keras` gives it."""
+    if name == "keras":
+        import keras
+
+        return keras
+    import tensorflow as tf
+
+    return tf.keras
+
+
+def build_model(name: str, workload: str):
+    """hvd_train's convnet (the model the trainer builds from the same config) in the Keras
+    `name`. Activating the binding imports Horovod's library but starts nothing."""
+    from hvd_train.runtime import binding
     from hvd_train.train.models import convnet
 
+    binding.activate(name)
     return convnet((32, 32, 3), 10, dense_units=WORKLOADS[workload])
+
+
+def horovod_keras(name: str):
+    """Horovod's Keras API as Horovod's examples import it. On tf_keras it must be imported
+    with `keras` bound to tf_keras (hvd_train's Keras 2 binding does that), or it takes
+    Keras 3's backend; on Keras 3 it is what a user of Horovod's examples gets today."""
+    if name == "tf_keras":
+        from hvd_train.runtime.keras2 import hvd
+
+        return hvd
+    import horovod.tensorflow.keras as hvd
+
+    return hvd
 
 
 def synthetic(np, batch: int):
@@ -158,40 +201,48 @@ def run_keras_like(args: argparse.Namespace) -> dict:
         )
         world = strategy.num_replicas_in_sync
         rank = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+    keras = keras_module(args.keras)
     if args.mode == "horovod_example":
-        from hvd_train.runtime.keras_stack import hvd
-
+        hvd = horovod_keras(args.keras)
         before = threadstat.threads()
         hvd.init()  # Horovod: initialize (starts the background thread)
         groups["horovod"] = threadstat.threads() - before
         world, rank = hvd.size(), hvd.rank()
     x, y = synthetic(np, args.batch)
     window = Window(args.steps)
-    callbacks = [timing_callback(tf, window, warmup_steps=args.warmup)]
+    callbacks = [timing_callback(window, warmup_steps=args.warmup)]
 
     def dataset(ctx=None):
         ds = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(args.batch)
         return ds.prefetch(tf.data.AUTOTUNE)
 
+    # Every mode compiles what the trainer compiles: SGD with momentum, the loss, accuracy.
     if strategy is not None:
         with strategy.scope():  # variables mirrored on every worker
-            model = build_model(tf, args.workload)
-            model.compile(tf.keras.optimizers.SGD(0.01, momentum=0.9),
-                          "sparse_categorical_crossentropy")  # fmt: skip
+            model = build_model(args.keras, args.workload)
+            model.compile(keras.optimizers.SGD(0.01, momentum=0.9),
+                          "sparse_categorical_crossentropy", metrics=["accuracy"])  # fmt: skip
         data = strategy.distribute_datasets_from_function(dataset)  # 64 per worker
     else:
-        model = build_model(tf, args.workload)
-        opt = tf.keras.optimizers.SGD(0.01 * world, momentum=0.9)
+        model = build_model(args.keras, args.workload)
+        opt = keras.optimizers.SGD(0.01 * world, momentum=0.9)
         if args.mode == "horovod_example":
             opt = hvd.DistributedOptimizer(opt)  # Horovod: average gradients
-            callbacks.insert(0, hvd.callbacks.BroadcastGlobalVariablesCallback(0))
-        model.compile(opt, "sparse_categorical_crossentropy")
+            callbacks[:0] = [
+                # Horovod: rank 0's initial weights to every rank
+                hvd.callbacks.BroadcastGlobalVariablesCallback(0),
+                # Horovod: the epoch's metrics averaged over the workers
+                hvd.callbacks.MetricAverageCallback(),
+            ]
+        model.compile(opt, "sparse_categorical_crossentropy", metrics=["accuracy"])
         data = dataset()
     steps = args.warmup + args.steps
     model.fit(data, steps_per_epoch=steps, epochs=1, verbose=0, callbacks=callbacks)
     groups["tensorflow"] = threadstat.threads() - before_tf - groups.get("horovod", set())
     out = window.result(groups)
-    out.update(world=world, rank=rank,
+    from hvd_train.runtime import binding
+
+    out.update(world=world, rank=rank, keras_version=binding.describe(args.keras),
                examples_per_sec=world * args.batch * args.steps / out["measured_s"],
                intra_op_threads=tf.config.threading.get_intra_op_parallelism_threads())  # fmt: skip
     return out
@@ -199,12 +250,16 @@ def run_keras_like(args: argparse.Namespace) -> dict:
 
 def run_hvd_train(args: argparse.Namespace) -> dict:
     """This project's trainer, as `python -m hvd_train` would run it, on the same workload."""
+    from hvd_train.runtime import binding
+
+    binding.prepare(args.keras)  # before TensorFlow, as `hvd-train train` does
     before_tf = threadstat.threads()
+    import horovod.tensorflow as hvd
     import tensorflow as tf
 
     import hvd_train.train.trainer as trainer
     from hvd_train.config import load_config
-    from hvd_train.runtime.keras_stack import hvd
+    from hvd_train.runtime import distributed
 
     world = int(os.environ.get("HOROVOD_SIZE", os.environ.get("OMPI_COMM_WORLD_SIZE", "1")))
     run_dir = tempfile.mkdtemp(prefix="peer-hvd-train-")
@@ -213,22 +268,22 @@ def run_hvd_train(args: argparse.Namespace) -> dict:
         f"train.batch_size={args.batch}", "train.verbose=false", "logging.tensorboard=false",
         "data.source=synthetic", f"data.train_examples={args.steps * args.batch * world}",
         f"data.val_examples={args.batch * world}", "optimizer.name=sgd",
-        f"model.dense_units={list(WORKLOADS[args.workload])}",
+        f"model.dense_units={list(WORKLOADS[args.workload])}", f"runtime.keras={args.keras}",
         *([] if args.config_defaults else [f"runtime.intra_op_threads={args.threads}",
            f"runtime.bind_cores={'true' if args.pin else 'false'}"]), *args.overrides,
     ])  # fmt: skip
     groups: dict[str, set[int]] = {}
-    hvd_init = hvd.init
+    hvd_init = distributed.init
 
     def init_and_note_threads(*a, **k):  # instrumentation: which threads Horovod starts
         before = threadstat.threads()
         hvd_init(*a, **k)
         groups["horovod"] = threadstat.threads() - before
 
-    hvd.init = init_and_note_threads
+    distributed.init = init_and_note_threads
     window = Window(args.steps)  # the first epoch is hvd_train's warm-up
     build = trainer.build_callbacks
-    timing = timing_callback(tf, window, warmup_epochs=1)
+    timing = timing_callback(window, warmup_epochs=1)
 
     def build_with_timing(*a, **k):
         built = build(*a, **k)
@@ -238,7 +293,7 @@ def run_hvd_train(args: argparse.Namespace) -> dict:
     model, summary = trainer.train(cfg)
     groups["tensorflow"] = threadstat.threads() - before_tf - groups["horovod"]
     out = window.result(groups)
-    out.update(world=summary["world_size"], rank=hvd.rank(),
+    out.update(world=summary["world_size"], rank=hvd.rank(), keras_version=summary["versions"]["keras"],
                examples_per_sec=summary["train_examples_per_sec"], summary_step_ms=summary["step_time_ms"],
                allreduce_time_share=summary["allreduce_time_share"],
                negotiation_time_share=summary["negotiation_time_share"],
@@ -256,13 +311,33 @@ def main() -> None:
         )
         os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:workers])
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    out = run_hvd_train(args) if args.mode == "hvd_train" else run_keras_like(args)
-    out.update(mode=args.mode, workload=args.workload, batch=args.batch, pinned=args.pin,
+    choose_keras(args.keras)
+    try:
+        out = run_hvd_train(args) if args.mode == "hvd_train" else run_keras_like(args)
+    except BaseException as e:
+        note_error(e, args.result_dir)
+        raise
+    out.update(mode=args.mode, keras=args.keras, workload=args.workload, batch=args.batch,
+               pinned=args.pin,
                peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)  # fmt: skip
     if args.result_dir:  # launchers may interleave the ranks' output lines
         with open(os.path.join(args.result_dir, f"result-{out['rank']}.json"), "w") as f:
             json.dump(out, f)
     print("RESULT " + json.dumps(out), flush=True)
+
+
+def note_error(e: BaseException, result_dir: str | None) -> None:
+    """The error in one line (type, first line of the message, and the frame that raised it)
+    in `result_dir`/error-<rank>.json, for the driver's table."""
+    frame = traceback.extract_tb(e.__traceback__)[-1] if e.__traceback__ else None
+    where = f" ({frame.filename.split('site-packages/')[-1]}:{frame.lineno})" if frame else ""
+    text = " ".join(str(e).split())  # a message may hold a tensor's repr over many lines
+    if len(text) > 240:
+        text = f"{text[:60]} ... {text[-150:]}"
+    line = f"{type(e).__name__}: {text}{where}"
+    if result_dir:
+        with open(os.path.join(result_dir, f"error-{local_rank()}.json"), "w") as f:
+            json.dump({"error": line}, f)
 
 
 if __name__ == "__main__":
