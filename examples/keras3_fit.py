@@ -10,13 +10,12 @@ from hvd_train.data import digits
 
 hvdk.init()  # Horovod: start, and one GPU per worker (by local rank) where there are GPUs
 x, y = digits.load()  # 8x8 digits shipped with hvd_train: nothing downloaded
-x = x.reshape(len(x), 64)
 batch = 32
 steps = len(x) // (batch * hvdk.size())  # Horovod: as many full batches on every worker
 shard = slice(hvdk.rank(), steps * batch * hvdk.size(), hvdk.size())  # each worker its own examples
 x, y = x[shard] / 16.0, y[shard]
 model = keras.Sequential([
-    keras.Input((64,)), keras.layers.Dense(128, use_bias=False),
+    keras.Input((8, 8)), keras.layers.Flatten(), keras.layers.Dense(128, use_bias=False),
     hvdk.SyncBatchNormalization(),  # Horovod: batch statistics of the global batch
     keras.layers.ReLU(), keras.layers.Dropout(0.2), keras.layers.Dense(10, activation="softmax"),
 ])  # fmt: skip
