@@ -34,6 +34,7 @@ from collections.abc import Iterator
 from importlib import metadata
 from types import ModuleType
 
+from hvd_train.base import deferred
 from hvd_train.base.errors import ConfigError
 
 KERAS3 = "keras"  # the `runtime.keras` value and `versions.keras`'s package name
@@ -106,6 +107,13 @@ def prepare(choice: str) -> str:
     if name == KERAS2 and has_keras3():
         os.environ["TF_USE_LEGACY_KERAS"] = "1"
     return name
+
+
+def import_tensorflow() -> None:
+    """After `prepare`: imports TensorFlow, and with it Keras 3, leaving matplotlib for its
+    first use (base/deferred.py), as a worker starts."""
+    with deferred.matplotlib_deferred():
+        import tensorflow  # noqa: F401
 
 
 def activate(name: str) -> ModuleType:

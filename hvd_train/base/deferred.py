@@ -1,0 +1,59 @@
+"""matplotlib left unloaded while TensorFlow imports Keras 3, and loaded at its first use.
+
+TensorFlow 2.16+ imports Keras 3 at its own import (whichever Keras trains), and Keras 3 imports
+`matplotlib.pyplot` and `matplotlib.patches` there, where matplotlib is installed, for
+`keras.visualization`: about 0.6 s of every worker's start-up on this project's machine, for
+plots a worker never draws. Inside `matplotlib_deferred()`, `import matplotlib.pyplot as plt`
+and `from matplotlib import patches` give stand-ins; on leaving it, the stand-ins leave
+`sys.modules`, so any later import is the real one. A stand-in kept by Keras imports the real
+module at the first attribute read from it: Keras' plotting works as before, only later.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.util
+import sys
+import types
+from collections.abc import Iterator
+
+# The submodules Keras 3 imports from matplotlib (keras/src/visualization).
+_SUBMODULES = ("pyplot", "patches")
+_NAMES = ("matplotlib", *(f"matplotlib.{name}" for name in _SUBMODULES))
+
+
+class _Deferred(types.ModuleType):
+    """Stands for the module of its name: any attribute it lacks comes from the real module,
+    imported at that moment."""
+
+    def __getattr__(self, attr: str):
+        if attr in ("__path__", "__file__"):  # not a package to the import system; unloaded
+            raise AttributeError(attr)
+        _remove(_NAMES)  # read inside the window too: the real modules from now on
+        return getattr(importlib.import_module(self.__name__), attr)
+
+
+def _remove(names: tuple[str, ...]) -> None:
+    for name in names:
+        if isinstance(sys.modules.get(name), _Deferred):
+            del sys.modules[name]
+
+
+@contextlib.contextmanager
+def matplotlib_deferred() -> Iterator[None]:
+    """While it lasts, importing matplotlib, its pyplot or its patches gives stand-ins (nothing
+    when matplotlib is not installed or already imported)."""
+    if "matplotlib" in sys.modules or importlib.util.find_spec("matplotlib") is None:
+        yield
+        return
+    package = _Deferred("matplotlib")
+    stand_ins = {"matplotlib": package}
+    for name in _SUBMODULES:
+        stand_ins[f"matplotlib.{name}"] = module = _Deferred(f"matplotlib.{name}")
+        setattr(package, name, module)
+    sys.modules.update(stand_ins)
+    try:
+        yield
+    finally:
+        _remove(_NAMES)

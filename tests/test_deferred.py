@@ -1,0 +1,48 @@
+"""matplotlib left for its first use in a worker (hvd_train/base/deferred.py): TensorFlow's
+import of Keras 3 no longer loads it, and whoever plots gets the real thing."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from harness import PYTHON, check, run
+
+from hvd_train.runtime.binding import has_keras3
+
+# A worker's start, as the train command does it, then what a user's code may do with
+# matplotlib, and Keras' own plotting, in one process.
+SCRIPT = """
+import json, sys
+from hvd_train.runtime import binding
+binding.prepare("auto")
+binding.import_tensorflow()
+import keras
+seen = {"loaded": sorted(m for m in sys.modules if m.split(".")[0] == "matplotlib")}
+import matplotlib
+matplotlib.use("Agg")
+import matplotlib.colors
+import matplotlib.pyplot as plt
+from keras.src.visualization import plot_bounding_box_gallery, plot_image_gallery
+fig = plt.figure()
+fig.savefig(sys.argv[1])
+seen.update(rgb=list(matplotlib.colors.to_rgb("red")),
+            real=type(sys.modules["matplotlib.pyplot"]).__name__,
+            keras_plt=plot_image_gallery.plt.figure is plt.figure,
+            keras_patches=plot_bounding_box_gallery.patches.Rectangle.__module__)
+print(json.dumps(seen))
+"""
+
+
+@pytest.mark.skipif(not has_keras3(), reason="TensorFlow 2.15: no Keras 3")
+def test_a_worker_starts_without_matplotlib_and_plots_still_work(tmp_path) -> None:
+    """After the binding's `import_tensorflow`, TensorFlow and Keras 3 are imported and no
+    matplotlib module is; then `matplotlib.use`, a submodule, pyplot and Keras' own references
+    to pyplot and patches all reach the real modules."""
+    png = tmp_path / "figure.png"
+    proc = check(run([PYTHON, "-c", SCRIPT, str(png)], tmp_path))
+    seen = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert seen["loaded"] == [], seen
+    assert seen["rgb"] == [1.0, 0.0, 0.0] and seen["real"] == "module", seen
+    assert seen["keras_plt"] and seen["keras_patches"] == "matplotlib.patches", seen
+    assert png.read_bytes()[:4] == b"\x89PNG"
