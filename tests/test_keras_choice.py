@@ -13,7 +13,7 @@ import json
 import pathlib
 
 import pytest
-from harness import PYTHON, QUICKSTART, ROOT, check, run
+from harness import PYTHON, QUICKSTART, ROOT, check, horovodrun, run
 
 from hvd_train.runtime import binding
 
@@ -155,3 +155,41 @@ def test_tensorboard_missing_is_one_line_before_training(monkeypatch) -> None:
                        r"logging.tensorboard: false$"):  # fmt: skip
         require_tensorboard(load_config(QUICKSTART).logging)
     require_tensorboard(load_config(QUICKSTART, ["logging.tensorboard=false"]).logging)
+
+
+@newer_only
+@pytest.mark.multiworker
+@pytest.mark.parametrize(("wrote", "resumes"), [("tf_keras", "keras"), ("keras", "tf_keras")])
+def test_a_checkpoint_of_the_other_keras_is_refused_in_one_line(tmp_path, wrote, resumes) -> None:
+    """Keras 3 cannot read Keras 2's variables, nor the reverse: a run continued (raised
+    train.epochs) with the other Keras than its checkpoint's ends at once, 2 workers under
+    horovodrun, with exit code 2 and one line that names both Kerases and the setting that
+    resumes it; the checkpoint stays in place, and the record keeps what the finished job
+    achieved (its epoch, checkpoint, metrics and model, and the job in earlier_jobs)."""
+    sets = ["train.steps_per_epoch=2", "data.val_examples=64"]
+    first = [*TINY, *sets, f"runtime.keras={wrote}"]
+    check(fresh(["-m", "hvd_train", "--config", str(QUICKSTART),
+                 *(a for x in first for a in ("--set", x))], tmp_path))  # fmt: skip
+    finished = json.loads((tmp_path / "out" / "summary.json").read_text())
+    again = [*TINY, *sets, "train.epochs=2", f"runtime.keras={resumes}"]
+    proc = horovodrun(2, ["env", "-u", "TF_USE_LEGACY_KERAS", PYTHON, "-m", "hvd_train",
+                          "--config", str(QUICKSTART), *(a for x in again for a in ("--set", x))],
+                      tmp_path)  # fmt: skip
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    # horovodrun prefixes each rank's line: "[0]<stderr>:[rank 0] failed: ..."
+    said = [line.partition(">:")[2] for line in proc.stderr.splitlines() if "failed:" in line]
+    assert sorted(said) == [
+        f"[rank {rank}] failed: train.resume: auto: cannot resume from out/checkpoints/"
+        f"ckpt-00000002: it was written by {binding.describe(wrote)}, and this run trains with "
+        f"{binding.describe(resumes)}: set runtime.keras: {wrote} to resume it, or start afresh "
+        f"with another run.dir or train.resume=never; full log: out/logs/rank-{rank}.log"
+        for rank in (0, 1)
+    ], proc.stderr[-3000:]
+    assert (tmp_path / "out" / "checkpoints" / "ckpt-00000002").is_dir()
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert (summary["status"], summary["error_type"]) == ("failed", "DataError"), summary
+    kept = ("epochs_completed", "last_checkpoint", "final_metrics", "model_path")
+    assert {k: summary[k] for k in kept} == {k: finished[k] for k in kept}, summary
+    assert finished["epochs_completed"] == 1 and finished["final_metrics"], finished
+    assert [job["status"] for job in summary["earlier_jobs"]] == ["completed"], summary

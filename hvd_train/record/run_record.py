@@ -75,11 +75,14 @@ class RunRecord:
                 ) from None
             self._keeper = _start_keeper(self.run_dir, os.getpid())
 
-    def update(self, **fields: Any) -> None:
-        """Progress while running (epochs completed, newest checkpoint); ignored once ended."""
+    def update(self, drop: tuple[str, ...] = (), **fields: Any) -> None:
+        """Progress while running (epochs completed, newest checkpoint), the fields `drop`
+        names left out; ignored once ended."""
         with self._lock:
             if self.ended:
                 return
+            for name in drop:
+                self.summary.pop(name, None)
             self.summary.update(fields)
             try:
                 self._write()

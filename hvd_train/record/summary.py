@@ -284,6 +284,15 @@ def earlier_job(summary: Mapping[str, Any]) -> EarlierJob:
     return {k: summary[k] for k in keys if summary.get(k) is not None}
 
 
+def run_so_far(summary: Mapping[str, Any]) -> dict[str, Any]:
+    """What the record of a job that continues a run says until the job's own start is known
+    (and after, when it fails first): the epochs, checkpoint, metrics and models the earlier
+    jobs left in run.dir, which a job that fails before it resumes has not touched."""
+    keys = ("epochs_completed", "last_checkpoint", "final_metrics", "model_path",
+            "best_model_path")  # fmt: skip
+    return {k: summary[k] for k in keys if summary.get(k) is not None}
+
+
 def early_summary(world_size: int, epochs: int, recorded_by: str) -> Summary:
     """summary.json of a job that ended before rank 0 started its record (in its first
     seconds), written by `recorded_by`: "start-up" (rank 0 itself) or "launcher"."""

@@ -84,8 +84,12 @@ class Run:
         """Where training begins, for a stop's record and for summary.json, with `model`'s
         figures (`gradient_size`)."""
         if self.record:
+            # Afresh, nothing the earlier jobs left is this run's (record/summary.run_so_far).
+            afresh = {} if start.checkpoint else {"model_path": None, "best_model_path": None}
             self.record.update(
+                () if start.checkpoint else ("final_metrics",),
                 **model,
+                **afresh,
                 epochs_completed=start.epoch,
                 resumed_from=start.checkpoint,
                 last_checkpoint=start.checkpoint,

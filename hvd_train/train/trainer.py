@@ -18,7 +18,13 @@ from hvd_train.record import rundir
 from hvd_train.record.layout import RunDir
 from hvd_train.record.run_record import RunRecord
 from hvd_train.record.stops import StopSignals, installed
-from hvd_train.record.summary import ENDINGS, earlier_job, nothing_to_train, read_summary
+from hvd_train.record.summary import (
+    ENDINGS,
+    earlier_job,
+    nothing_to_train,
+    read_summary,
+    run_so_far,
+)
 from hvd_train.runtime import distributed, tuning, worker
 from hvd_train.train.banner import log_plan
 from hvd_train.train.callbacks import RunCallbacks, build_callbacks, require_tensorboard
@@ -131,6 +137,8 @@ def _open_run_dir(
     if cfg.logging.mlflow and cfg.train.resume != "never" and previous.get("mlflow"):
         run.earlier_mlflow = dict(previous["mlflow"])
     carried = {"mlflow": run.earlier_mlflow} if run.earlier_mlflow else {}
+    if run.earlier:  # the run so far, until this job resumes or starts afresh (note_start)
+        carried.update(run_so_far(previous), earlier_jobs=run.earlier)
     record = run.record = RunRecord(cfg.run.dir, {**run.base, **carried})
     # Hooks first: a stop that comes while the record starts is recorded.
     run.signals.on_signal = lambda signum: record.note(signal=signum)
