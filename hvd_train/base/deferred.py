@@ -30,12 +30,13 @@ class _Deferred(types.ModuleType):
     def __getattr__(self, attr: str):
         if attr in ("__path__", "__file__"):  # not a package to the import system; unloaded
             raise AttributeError(attr)
-        _remove(_NAMES)  # read inside the window too: the real modules from now on
+        _remove()  # read inside the window too: the real modules from now on
         return getattr(importlib.import_module(self.__name__), attr)
 
 
-def _remove(names: tuple[str, ...]) -> None:
-    for name in names:
+def _remove() -> None:
+    """Takes the stand-ins out of sys.modules (those still there)."""
+    for name in _NAMES:
         if isinstance(sys.modules.get(name), _Deferred):
             del sys.modules[name]
 
@@ -56,4 +57,4 @@ def matplotlib_deferred() -> Iterator[None]:
     try:
         yield
     finally:
-        _remove(_NAMES)
+        _remove()

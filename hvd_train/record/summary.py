@@ -281,7 +281,7 @@ def earlier_job(summary: Mapping[str, Any]) -> EarlierJob:
     keys = ("started_at", "status", "world_size", "controller", "global_batch_size",
             "trained_from", "epochs_completed", "stopped_at", "train_examples_per_sec",
             "wall_time_s")  # fmt: skip
-    return {k: summary[k] for k in keys if summary.get(k) is not None}
+    return _present(summary, keys)
 
 
 def run_so_far(summary: Mapping[str, Any]) -> dict[str, Any]:
@@ -290,6 +290,11 @@ def run_so_far(summary: Mapping[str, Any]) -> dict[str, Any]:
     jobs left in run.dir, which a job that fails before it resumes has not touched."""
     keys = ("epochs_completed", "last_checkpoint", "final_metrics", "model_path",
             "best_model_path")  # fmt: skip
+    return _present(summary, keys)
+
+
+def _present(summary: Mapping[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
+    """The fields of `keys` that `summary` holds, with a value."""
     return {k: summary[k] for k in keys if summary.get(k) is not None}
 
 
