@@ -53,7 +53,7 @@ RUN apt-get update \
 # Horovod (the slow layer: Horovod compiles for minutes).
 WORKDIR /opt/hvd_train
 COPY pyproject.toml ./
-COPY scripts/install.sh scripts/stack.sh scripts/patch_horovod.py scripts/
+COPY scripts/install.sh scripts/stack.sh scripts/patch_horovod.py scripts/loopback_bind.c scripts/
 # HOROVOD_CUDA_HOME only for the GPU build: set, Horovod's CMake requires nvcc there.
 # The package is installed editable, so an empty hvd_train/ and README.md (pyproject.toml names
 # it) suffice here: the real ones arrive with the project below, in the place the install

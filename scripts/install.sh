@@ -206,9 +206,11 @@ if ! have "horovod==$HOROVOD_VERSION" || [ "$(built_against)" != "$TF_VERSION" ]
   ! have "horovod==$HOROVOD_VERSION" || pip uninstall -q -y horovod  # a build for another TensorFlow
   pip install -q "$wheel"
 fi
-# Eight changes to Horovod 0.28.1 (see the script), among them: horovodrun keeps a stopped
+# Ten changes to Horovod 0.28.1 (see the script), among them: horovodrun keeps a stopped
 # worker's exit code, checks once how Horovod was built, ends a failed job in one line, and
-# starts without distutils (Python 3.12+); the all-reduce is traced without a tf.cond or autograph.
+# starts without distutils (Python 3.12+); the all-reduce is traced without a tf.cond or autograph;
+# a job on one host listens on loopback alone (under MPI with a library it compiles with cc from
+# scripts/loopback_bind.c: without a C compiler it says so in one line, and goes on).
 patched=$("$VENV/bin/python" scripts/patch_horovod.py) || die "cannot patch Horovod (see above)"
 [ -z "$patched" ] || while IFS= read -r line; do say "$line"; done <<< "$patched"
 

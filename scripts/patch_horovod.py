@@ -1,4 +1,4 @@
-"""Nine changes to Horovod 0.28.1, made by install.sh after Horovod is installed; each is
+"""Ten changes to Horovod 0.28.1, made by install.sh after Horovod is installed; each is
 made once, and a second run changes nothing (a file an earlier version of a change patched is
 brought up to date).
 
@@ -69,8 +69,7 @@ it before the workers start). And each Elastic worker's notification service, wh
 on all interfaces too, listens on the one address of its interface (HOROVOD_GLOO_IFACE), the
 only one it tells horovodrun. Left on all interfaces: the services with which horovodrun
 searches for a common interface when hosts on other machines name none (their purpose is to
-find which interfaces reach each other; `hvd-train launch` says so in one line), and mpirun's
-out-of-band listener (Open MPI's, not Horovod's).
+find which interfaces reach each other; `hvd-train launch` says so in one line). Under MPI: 10.
 
 9. horovodrun imported distutils at start (horovod/runner/js_run.py: `from distutils.spawn
 import find_executable`, to ask whether IBM's jsrun is installed). distutils left the standard
@@ -80,6 +79,22 @@ it), or SETUPTOOLS_USE_DISTUTILS=stdlib, had no horovodrun at all. The line now 
 standard library's `shutil.which` under the same name, which answers the same question (is
 there a jsrun on PATH?) on every Python 3; made on every Python, so that the install is the same
 on all.
+
+10. An Open MPI job on one host (`horovodrun --mpi -H localhost:2`) listened beyond loopback in
+two places. The ranks opened Open MPI's TCP transport, on 0.0.0.0:1024+ and [::] whatever
+btl_tcp_if_include says, and its libfabric one, on the host's address: when every host is
+this machine (a name or address of its own, as horovodrun tells local hosts), horovodrun now
+passes `-mca btl_base_include self,vader` (shared memory), as hvd_train's launchers do, unless
+the transports were chosen already (a btl parameter in --mpi-args or OMPI_MCA_btl* set). And
+mpirun's out-of-band listener binds INADDR_ANY and in6addr_any in Open MPI 4.1 whatever its
+parameters say (create_listen in orte/mca/oob/tcp/oob_tcp_listener.c; `--mca oob ^tcp` stops
+mpirun): for such a job horovodrun now starts mpirun with a small library first in its
+LD_PRELOAD (scripts/loopback_bind.c, which this script compiles beside mpi_run.py), which in
+mpirun alone turns a bind to every interface into one to 127.0.0.1 or ::1, and takes itself out
+of LD_PRELOAD, so that the ranks never load it. On one host nothing else reaches mpirun: its
+ranks talk to it through PMIx, on loopback. Without a C compiler the library is not built; the
+install says so, and horovodrun, at each such job, in one line, and mpirun listens as before.
+Jobs with a host elsewhere are unchanged.
 
 Exit code 0: patched (now or before); 1: a file is neither Horovod 0.28.1's nor patched.
 
@@ -98,7 +113,10 @@ ops inside XLA-compiled functions (HOROVOD_ENABLE_XLA_OPS, off by default). hvd_
 from __future__ import annotations
 
 import importlib.util
+import os
 import pathlib
+import shlex
+import subprocess
 import sys
 from typing import NamedTuple
 
@@ -649,6 +667,81 @@ from shutil import which as find_executable
 """
 
 
+# Change 10: an Open MPI job on one host listens on loopback alone.
+MPI_TRANSPORTS_OLD = """\
+    # On large cluster runs (e.g. Summit), we need extra settings to work around OpenMPI issues
+    host_names, host_to_slots = hosts.parse_hosts_and_slots(settings.hosts)
+"""
+
+MPI_TRANSPORTS_NEW = """\
+    # On large cluster runs (e.g. Summit), we need extra settings to work around OpenMPI issues
+    host_names, host_to_slots = hosts.parse_hosts_and_slots(settings.hosts)
+    # hvd_train's change (scripts/patch_horovod.py): an Open MPI job whose hosts are all this
+    # machine listens on loopback alone. Its ranks talk through shared memory (Open MPI's TCP
+    # transport listens on every interface whatever btl_tcp_if_include says, its libfabric one
+    # on the host's address), unless the transports were chosen already; mpirun's own
+    # listener: _on_loopback.
+    on_this_host = mpi == _OMPI_IMPL and _all_on_this_host(host_names)
+    if on_this_host and not _transports_chosen(settings.extra_mpi_args, env):
+        mpi_impl_flags.append('-mca btl_base_include self,vader')
+"""
+
+MPI_LISTENER_OLD = """\
+    # Execute the mpirun command.
+    if settings.run_func_mode:
+        exit_code = safe_shell_exec.execute(mpirun_command, env=env, stdout=stdout, stderr=stderr)
+        if exit_code != 0:
+            raise RuntimeError("mpirun failed with exit code {exit_code}".format(exit_code=exit_code))
+    else:
+        os.execve('/bin/sh', ['/bin/sh', '-c', mpirun_command], env)
+"""
+
+# Horovod's lines kept whole, after the one that starts mpirun with the library.
+MPI_LISTENER_NEW = (
+    """\
+    if on_this_host:
+        env = _on_loopback(env)  # hvd_train's change: mpirun's own listener
+
+"""
+    + MPI_LISTENER_OLD
+    + """
+
+# hvd_train's change (scripts/patch_horovod.py): built by the install from hvd_train's
+# scripts/loopback_bind.c, where a C compiler is.
+_LOOPBACK_BIND = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'hvd_train_loopback_bind.so')
+
+
+def _all_on_this_host(host_names):
+    \"\"\"Whether every host is this machine: a name or address of one of its interfaces
+    (localhost, 127.x, its own name), as horovodrun tells local hosts from remote ones.\"\"\"
+    from horovod.runner.util.network import filter_local_addresses
+    return bool(host_names) and not filter_local_addresses(host_names)
+
+
+def _transports_chosen(extra_mpi_args, env):
+    \"\"\"Whether Open MPI's transports were chosen already (a btl parameter in --mpi-args,
+    or OMPI_MCA_btl* in the environment): the choice stays.\"\"\"
+    import re
+    return (re.search(r'\\bbtl', extra_mpi_args or '') is not None
+            or any(key.startswith('OMPI_MCA_btl') for key in env or {}))
+
+
+def _on_loopback(env):
+    \"\"\"`env` with _LOOPBACK_BIND first in LD_PRELOAD: in mpirun it turns a bind to every
+    interface into one to loopback (Open MPI 4.1's out-of-band listener binds INADDR_ANY and
+    in6addr_any whatever its parameters say), and leaves LD_PRELOAD, so the ranks never load
+    it. Without it, says so in one line, and mpirun listens as before.\"\"\"
+    if not os.path.isfile(_LOOPBACK_BIND):
+        print('horovodrun: mpirun listens on all interfaces, not on loopback alone: %s was not '
+              'built (the install builds it with a C compiler; hvd_train: docs/security.md)'
+              % _LOOPBACK_BIND, file=sys.stderr, flush=True)
+        return env
+    preload = env.get('LD_PRELOAD', '')
+    return dict(env, LD_PRELOAD=_LOOPBACK_BIND + (':' + preload if preload else ''))
+"""
+)
+
+
 PATCHES = [
     Patch(
         "horovod.runner.common.util.safe_shell_exec",
@@ -736,7 +829,27 @@ PATCHES = [
         JS_RUN_NEW,
         "horovodrun starts without distutils (gone from Python 3.12's standard library)",
     ),
+    Patch(
+        "horovod.runner.mpi_run",
+        MPI_TRANSPORTS_OLD,
+        MPI_TRANSPORTS_NEW,
+        "horovodrun --mpi on one host: the ranks talk through shared memory, not TCP",
+    ),
+    Patch(
+        "horovod.runner.mpi_run",
+        MPI_LISTENER_OLD,
+        MPI_LISTENER_NEW,
+        "horovodrun --mpi on one host: mpirun listens on loopback alone",
+    ),
 ]
+
+# Change 10's library, built into Horovod's runner folder beside mpi_run.py, which loads it.
+LOOPBACK_BIND_SOURCE = pathlib.Path(__file__).with_name("loopback_bind.c")
+LOOPBACK_BIND = "hvd_train_loopback_bind.so"
+NOT_BUILT = (
+    "not built {lib} ({why}): an Open MPI job on one host keeps mpirun's listener on all "
+    "interfaces, and horovodrun says so at each such job (docs/security.md)"
+)
 
 
 XLA_OPS_OLD = """\
@@ -789,13 +902,48 @@ def _module_file(module: str) -> pathlib.Path | None:
     return found[0] if found else None
 
 
+def build_loopback_bind(runner: pathlib.Path | None = None) -> int:
+    """Compiles scripts/loopback_bind.c into Horovod's runner folder (or `runner`), beside a
+    copy of its source: again only when that source changed. Without a C compiler (`CC`, else
+    `cc`), or when it fails, says so in one line and builds nothing: horovodrun then keeps
+    mpirun's listener where Open MPI puts it. 0, as the install goes on either way."""
+    if runner is None:
+        mpi_run = _module_file("horovod.runner.mpi_run")
+        if mpi_run is None:
+            print("patch_horovod: horovod.runner.mpi_run is not there", file=sys.stderr)
+            return 1
+        runner = mpi_run.parent
+    lib, kept = runner / LOOPBACK_BIND, (runner / LOOPBACK_BIND).with_suffix(".c")
+    source = LOOPBACK_BIND_SOURCE.read_text()
+    if lib.is_file() and kept.is_file() and kept.read_text() == source:
+        return 0
+    tmp = lib.with_name(lib.name + ".hvd_train")
+    cc = shlex.split(os.environ.get("CC") or "cc")
+    try:
+        proc = subprocess.run([*cc, "-shared", "-fPIC", "-O2", "-o", str(tmp),
+                               str(LOOPBACK_BIND_SOURCE), "-ldl"],
+                              capture_output=True, text=True, timeout=120)  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired) as e:
+        print(NOT_BUILT.format(lib=lib, why=f"no C compiler: {shlex.join(cc)}: {e}"))
+        return 0
+    if proc.returncode != 0:
+        said = (proc.stderr.strip().splitlines() or ["no message"])[-1]
+        print(NOT_BUILT.format(lib=lib, why=f"{shlex.join(cc)} failed: {said}"))
+        tmp.unlink(missing_ok=True)
+        return 0
+    tmp.replace(lib)  # whole or not at all
+    kept.write_text(source)
+    print(f"built {lib}: mpirun listens on loopback alone for a job on one host")
+    return 0
+
+
 def main(argv: list[str]) -> int:
     if argv[:1] == ["--without-xla-ops"] and len(argv) == 2:
         return apply(WITHOUT_XLA_OPS, pathlib.Path(argv[1], WITHOUT_XLA_OPS.module))
     if argv:
         print("usage: patch_horovod.py [--without-xla-ops SOURCE_DIR]", file=sys.stderr)
         return 2
-    return max(apply(patch) for patch in PATCHES)
+    return max(max(apply(patch) for patch in PATCHES), build_loopback_bind())
 
 
 if __name__ == "__main__":

@@ -183,3 +183,27 @@ def test_the_ending_exits_with_the_first_failed_workers_code(message, line_start
     line, got = scope["_failed_job"](message)
     assert line.startswith(line_starts) and got == code, (line, got)
     assert scope["_failed_job"]("some other RuntimeError") is None
+
+
+def test_mpiruns_loopback_library_is_built_once_and_a_missing_compiler_is_said(
+    tmp_path, monkeypatch, capsys
+) -> None:
+    """Change 10's library: built beside a copy of its source, once (a second install says
+    nothing); without a C compiler, or when it fails, one line and no library (horovodrun then
+    keeps mpirun's listener where Open MPI puts it, and says so: tests/test_listening.py)."""
+    lib = tmp_path / PATCHER.LOOPBACK_BIND
+    for cc, why in (("/nowhere/cc", "no C compiler: /nowhere/cc"), ("false", "false failed")):
+        monkeypatch.setenv("CC", cc)
+        assert PATCHER.build_loopback_bind(tmp_path) == 0
+        [line] = capsys.readouterr().out.splitlines()
+        assert line.startswith(f"not built {lib} ({why}") and "mpirun's listener" in line, line
+        assert list(tmp_path.iterdir()) == []
+    monkeypatch.delenv("CC")
+    assert PATCHER.build_loopback_bind(tmp_path) == 0
+    assert (
+        capsys.readouterr().out
+        == f"built {lib}: mpirun listens on loopback alone for a job on one host\n"
+    )
+    assert lib.read_bytes().startswith(b"\x7fELF")
+    assert lib.with_suffix(".c").read_text() == PATCHER.LOOPBACK_BIND_SOURCE.read_text()
+    assert PATCHER.build_loopback_bind(tmp_path) == 0 and capsys.readouterr().out == ""

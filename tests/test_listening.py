@@ -9,6 +9,7 @@ import json
 import os
 import pathlib
 import socket
+import subprocess
 
 import pytest
 from harness import BIN, PYTHON, QUICKSTART, check, finish_listening, start
@@ -32,33 +33,27 @@ def trains(cmd: list[str], tmp_path: pathlib.Path) -> set:
 
 
 @pytest.mark.multiworker
+@pytest.mark.parametrize("controller", ["--gloo", "--mpi"])
 @pytest.mark.parametrize("launcher", ["hvd-train launch", "horovodrun"])
-def test_a_gloo_job_on_one_host_listens_on_loopback_only(tmp_path, launcher) -> None:
-    """Nothing of a 2-worker Gloo job on one host listens beyond loopback, under `hvd-train
-    launch --np 2 --gloo` (which passes `--network-interfaces lo`) as under plain `horovodrun
-    -np 2 -H localhost:2 --gloo` (no interface named: horovodrun picks `lo`)."""
+def test_a_job_on_one_host_listens_on_loopback_only(tmp_path, launcher, controller) -> None:
+    """Nothing of a 2-worker job on one host listens beyond loopback, under `hvd-train launch
+    --np 2` (which passes `--network-interfaces lo`, and under MPI `--mca btl_base_include
+    self,vader`) as under plain `horovodrun -np 2 -H localhost:2` (no interface named:
+    horovodrun picks `lo`, and under MPI, as the install patches it, keeps the ranks on shared
+    memory and puts mpirun's listeners on loopback). Unpatched, mpirun listens on 0.0.0.0 and
+    [::] (Open MPI 4.1's out-of-band listener), and plain horovodrun's ranks on 0.0.0.0:1024+."""
     if launcher == "horovodrun":
-        cmd = [str(BIN / "horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo",
+        cmd = [str(BIN / "horovodrun"), "-np", "2", "-H", "localhost:2", controller,
                PYTHON, "-m", "hvd_train", *TRAIN]  # fmt: skip
     else:
-        cmd = [PYTHON, "-m", "hvd_train", "launch", "--np", "2", "--gloo", *TRAIN]
+        cmd = [PYTHON, "-m", "hvd_train", "launch", "--np", "2", controller, *TRAIN]
     seen = trains(cmd, tmp_path)
     assert [x for x in seen if not x.on_loopback()] == [], seen
-    # Seen for sure: horovodrun's rendezvous server, there for the job's life. Gloo's own
-    # listeners live only while the ranks connect: seen or not, they are in the check above.
-    assert any(x.process == "horovodrun" for x in seen), seen
-
-
-@pytest.mark.multiworker
-def test_an_mpi_job_on_one_host_listens_beyond_loopback_only_in_mpirun(tmp_path) -> None:
-    """Under `hvd-train launch --np 2 --mpi` only mpirun listens beyond loopback: its
-    out-of-band listener stays on every interface, whatever Open MPI 4.1 is told
-    (docs/security.md); the ranks open no TCP transport (shared memory) and horovodrun nothing.
-    When this fails for that listener, the docs can say loopback."""
-    seen = trains([PYTHON, "-m", "hvd_train", "launch", "--np", "2", "--mpi", *TRAIN], tmp_path)
-    beyond = {(x.process, x.address) for x in seen if not x.on_loopback()}
-    assert {process for process, _ in beyond} == {"mpirun"}, seen
-    assert ("mpirun", "0.0.0.0") in beyond, seen
+    # Seen for sure, there for the job's life: horovodrun's rendezvous server (Gloo), mpirun's
+    # listeners (MPI). Gloo's own listeners live only while the ranks connect: seen or not,
+    # they are in the check above.
+    always = "mpirun" if controller == "--mpi" else "horovodrun"
+    assert any(x.process == always for x in seen), seen
 
 
 @pytest.mark.multiworker
@@ -108,6 +103,76 @@ def test_horovods_servers_listen_where_they_are_told_and_elsewhere_as_before() -
         assert (bound(worker._server), bound(other._server)) == ("127.0.0.1", "0.0.0.0")
     finally:
         worker.shutdown(), other.shutdown()
+
+
+def test_horovodrun_keeps_an_open_mpi_job_on_one_host_on_loopback(monkeypatch, tmp_path, capsys):
+    """Horovod's mpi_run as scripts/patch_horovod.py leaves it (change 10), mpirun's start
+    faked: every host this machine, `-mca btl_base_include self,vader` (not twice: the
+    launchers pass it in --mpi-args) and the library first in mpirun's LD_PRELOAD, a user's
+    entry kept; a host elsewhere, neither; the library not built, one line, and mpirun starts
+    as before."""
+    from horovod.runner import mpi_run as m
+    from horovod.runner.common.util.settings import Settings
+
+    def open_mpi(tcp_flag, env=None):  # new lists, as Horovod's: mpi_run adds to them
+        return list(m._OMPI_FLAGS), list(m._NO_BINDING_ARGS), m._OMPI_IMPL
+
+    monkeypatch.setattr(m, "_get_mpi_implementation_flags", open_mpi)
+    started = []
+    monkeypatch.setattr(
+        m.safe_shell_exec, "execute", lambda cmd, env, **_: started.append((cmd, env)) or 0
+    )
+
+    def mpirun(hosts: str, mpi_args: str = "", env: dict | None = None) -> tuple[str, str]:
+        started.clear()
+        settings = Settings(num_proc=2, hosts=hosts, extra_mpi_args=mpi_args, run_func_mode=True)
+        m.mpi_run(settings, ["lo"], dict(env or {}), ["true"])
+        [(cmd, env)] = started
+        return cmd, env.get("LD_PRELOAD", "")
+
+    cmd, preload = mpirun("localhost:1,127.0.0.1:1", env={"LD_PRELOAD": "libuser.so"})
+    assert cmd.count("-mca btl_base_include self,vader") == 1, cmd
+    assert preload == f"{m._LOOPBACK_BIND}:libuser.so" and os.path.isfile(m._LOOPBACK_BIND)
+    cmd, _ = mpirun("localhost:2", mpi_args="--mca btl_base_include self,vader")
+    assert cmd.count("btl_base_include") == 1, cmd
+    cmd, preload = mpirun("localhost:1,192.0.2.99:1")  # a host elsewhere (TEST-NET-1)
+    assert ("btl_base_include" in cmd, preload) == (False, ""), cmd
+    capsys.readouterr()
+    monkeypatch.setattr(m, "_LOOPBACK_BIND", str(tmp_path / "not-built.so"))
+    cmd, preload = mpirun("localhost:2")
+    assert ("-mca btl_base_include self,vader" in cmd, preload) == (True, ""), cmd
+    err = capsys.readouterr().err
+    assert err.startswith("horovodrun: mpirun listens on all interfaces, not on loopback alone: "
+                          f"{tmp_path / 'not-built.so'} was not built"), err  # fmt: skip
+    assert err.count("\n") == 1, err
+
+
+def test_the_library_binds_to_loopback_in_mpirun_alone_and_leaves_the_ranks(tmp_path) -> None:
+    """The library horovodrun puts in mpirun's LD_PRELOAD (scripts/loopback_bind.c), in a
+    program named mpirun: a bind to every interface, IPv4 or IPv6, lands on loopback, one to
+    an address stays, and its entry leaves LD_PRELOAD (the ranks mpirun starts never load it;
+    another entry stays). In any other program (the shell that starts mpirun) nothing changes."""
+    from horovod.runner import mpi_run
+
+    probe = ("import os, socket\n"
+             "for family, host in ((socket.AF_INET, ''), (socket.AF_INET6, '::'),\n"
+             "                     (socket.AF_INET, '127.0.0.2')):\n"
+             "    s = socket.socket(family)\n"
+             "    s.bind((host, 0))\n"
+             "    print(s.getsockname()[0])\n"
+             "print(os.environ.get('LD_PRELOAD'))\n")  # fmt: skip
+    python = os.path.realpath(PYTHON)
+    named = tmp_path / "mpirun"
+    named.symlink_to(python)
+    env = {**os.environ, "LD_PRELOAD": f"{mpi_run._LOOPBACK_BIND}:libm.so.6"}
+    outs = []
+    for program in (named, pathlib.Path(python)):
+        proc = subprocess.run([str(program), "-I", "-c", probe], env=env, capture_output=True,
+                              text=True, timeout=60)  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        outs.append(proc.stdout.split())
+    assert outs[0] == ["127.0.0.1", "::1", "127.0.0.2", "libm.so.6"], outs
+    assert outs[1] == ["0.0.0.0", "::", "127.0.0.2", env["LD_PRELOAD"]], outs
 
 
 def test_where_horovodrun_must_search_for_an_interface_launch_says_so_in_one_line() -> None:

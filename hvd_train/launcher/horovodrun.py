@@ -26,6 +26,8 @@ from hvd_train.record.layout import RunDir
 # btl_tcp_if_include says, and the libfabric one, which listens on the host's address
 # (horovodrun's `-mca btl ^openib` turns back on what Debian's openmpi-mca-params.conf turns off).
 # btl_base_include filters on top of `btl`, which horovodrun sets and mpirun takes only once.
+# horovodrun as the install patches it adds the same to such a job itself, unless a btl
+# parameter is in --mpi-args (as here); passed here too, the command the launchers print says it.
 LOOPBACK_MPI_ARGS = ["--mca", "btl_base_include", "self,vader"]
 # Without GPUs the workers share the cores with TensorFlow's threads: Open MPI must yield while
 # it waits instead of busy-polling a core per rank. Only this machine's GPUs are counted: a
@@ -198,8 +200,9 @@ def network_flags(
     when every host is this machine's loopback: `--network-interfaces lo` and, under MPI,
     LOOPBACK_MPI_ARGS. horovodrun's rendezvous server (Gloo) listens on the address the
     workers are given (scripts/patch_horovod.py): 127.0.0.1 here, that interface's address
-    across hosts. What stays on all interfaces, whatever the flags: mpirun's out-of-band
-    listener, and the services horovodrun searches for an interface with (`probe_note`):
+    across hosts; on one host horovodrun also puts mpirun's listeners on loopback (change 10).
+    What stays on all interfaces, whatever the flags: mpirun's out-of-band listener across
+    hosts, and the services horovodrun searches for an interface with (`probe_note`):
     docs/security.md.
     """
     args = list(mpi_args or [])
