@@ -15,6 +15,7 @@ with no list to keep; `make test` runs them all.
 from __future__ import annotations
 
 import collections
+import json
 import os
 import resource
 import subprocess
@@ -159,6 +160,9 @@ def pytest_terminal_summary(terminalreporter) -> None:
     w.section("the 15 tests that used the most CPU (setup and teardown included)")
     for nodeid, seconds in _test_cpu.most_common(15):
         w.write_line(f"{seconds:8.1f} s  {nodeid}")
+    if os.environ.get("HVD_TRAIN_TEST_CPU_FILE"):  # every test's CPU seconds, for docs/benchmarks.md
+        with open(os.environ["HVD_TRAIN_TEST_CPU_FILE"], "w") as f:
+            json.dump(dict(_test_cpu.most_common()), f, indent=1)
 
 
 @pytest.fixture(params=KERASES)
