@@ -15,7 +15,7 @@ import pytest
 from harness import BIN, PYTHON, QUICKSTART, check, finish_listening, start
 
 from hvd_train.config import load_config
-from hvd_train.launcher.horovodrun import command, probe_note
+from hvd_train.launcher.horovodrun import command, mpi_note, probe_note
 
 # The quickstart cut to one epoch of 4 steps: what listens is under test, not the training.
 SETS = ["train.epochs=1", "train.steps_per_epoch=4", "train.verbose=false",
@@ -190,6 +190,18 @@ def test_where_horovodrun_must_search_for_an_interface_launch_says_so_in_one_lin
     elastic = load_config(QUICKSTART, ["elastic.enabled=true", "elastic.discovery_script=d.sh"])
     assert "unless the discovery script's hosts are all" in probe_note(elastic.elastic, None, "")
     assert probe_note(elastic.elastic, None, "eth1") is None
+
+
+def test_an_mpi_job_across_hosts_is_told_what_listens_on_all_interfaces_in_one_line() -> None:
+    """Across hosts Open MPI's listeners stay on every interface: said before the job starts;
+    on one host, or under Gloo, nothing to say."""
+    for controller, hosts in (("mpi", None), ("mpi", "localhost:2"), ("gloo", "node-a:2,node-b:2"),
+                              ("mpi", "127.0.0.1:1,localhost:1")):  # fmt: skip
+        assert mpi_note(controller, hosts) is None, (controller, hosts)
+    note = mpi_note("mpi", "node-a:2,node-b:2")
+    assert note.startswith("--mpi across hosts: mpirun's out-of-band listener and each rank's "
+                           "TCP transport listen on all interfaces of their host"), note  # fmt: skip
+    assert "\n" not in note
 
 
 def test_an_elastic_job_talks_on_the_interface_it_is_given(tmp_path) -> None:

@@ -74,7 +74,8 @@ def main(argv: list[str], prog: str) -> int:
     gpus = horovodrun.count_gpus()
     np_ = args.np or horovodrun.workers(cfg.launch, gpus)
     notes = [horovodrun.shared_cpu_note(cfg, np_, args.hosts, gpus, args.controller),
-             horovodrun.probe_note(cfg.elastic, args.hosts, args.nics or "")]  # fmt: skip
+             horovodrun.probe_note(cfg.elastic, args.hosts, args.nics or ""),
+             horovodrun.mpi_note(args.controller or cfg.horovod.controller, args.hosts)]  # fmt: skip
     for note in filter(None, notes):
         launch.say(note)
     if args.print_command:

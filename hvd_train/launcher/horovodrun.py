@@ -153,6 +153,22 @@ def probe_note(elastic: ElasticConfig, hosts: str | None, nics: str) -> str | No
     )
 
 
+def mpi_note(controller: str, hosts: str | None) -> str | None:
+    """One line before an Open MPI job with hosts on other machines, else None.
+
+    On one host mpirun and the ranks listen on loopback alone (scripts/patch_horovod.py, change
+    10); across hosts Open MPI binds mpirun's out-of-band listener and each rank's TCP transport
+    to every address of their host, whatever its interface settings (docs/security.md).
+    """
+    if controller != "mpi" or not hosts or on_loopback(hosts):
+        return None
+    return (
+        "--mpi across hosts: mpirun's out-of-band listener and each rank's TCP transport listen "
+        "on all interfaces of their host, whatever the interface settings "
+        "(docs/security.md#what-listens-where); under --gloo the job listens on its interface alone"
+    )
+
+
 def job_env() -> dict[str, str]:
     """The environment a job runs in: this one, TensorFlow's C++ log quieter (horovodrun
     imports TensorFlow too), and this interpreter's folder first on PATH."""
