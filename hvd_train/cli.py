@@ -141,7 +141,7 @@ def _error(message: str, code: int) -> int:
         logs.failed(message)  # once: the trainer may have said it already
     else:
         logs.release(replay=False)
-        print(f"hvd_train: error: {message}", file=sys.stderr, flush=True)
+        logs.print_line(f"hvd_train: error: {message}", sys.stderr)
     return code
 
 

@@ -8,6 +8,7 @@ workers: stdout is a pipe) and under a pseudo-terminal; the line rules run on a 
 from __future__ import annotations
 
 import csv
+import io
 import json
 import os
 import pathlib
@@ -21,6 +22,7 @@ from types import SimpleNamespace
 import pytest
 from harness import BIN, PYTHON, QUICKSTART, ROOT, check, horovodrun
 
+from hvd_train.base import logs
 from hvd_train.config import derive, load_config
 from hvd_train.record.summary import problems
 from hvd_train.train import callbacks, fitting
@@ -297,3 +299,27 @@ def test_the_closing_line_names_only_what_the_run_measured(metrics, rate, said) 
 
     summary = {"final_metrics": metrics, "train_examples_per_sec": rate}
     assert closing_figures(summary) == said
+
+
+class _Writes(io.StringIO):
+    """A stream that keeps each write() it was given."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes: list[str] = []
+
+    def write(self, text: str) -> int:
+        self.writes.append(text)
+        return super().write(text)
+
+
+def test_a_line_and_its_newline_leave_a_worker_in_one_write() -> None:
+    """Under horovodrun every worker has PYTHONUNBUFFERED=1, so each write() of print() reaches
+    the pipe on its own: the text, then its newline. Open MPI tags what it reads, so another
+    rank's line could land between the two (seen: `[1,0]<stderr>:hvd_train: error: ...[1,1]<stderr>:
+    hvd_train: error: ...`). The worker's one-line errors and notes go out in one write."""
+    printed, said = _Writes(), _Writes()
+    print("hvd_train: error: data: too few", file=printed, flush=True)
+    logs.print_line("hvd_train: error: data: too few", said)
+    assert printed.writes == ["hvd_train: error: data: too few", "\n"]
+    assert said.writes == ["hvd_train: error: data: too few\n"]

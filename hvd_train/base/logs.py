@@ -32,7 +32,7 @@ import tempfile
 import time
 import traceback
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TextIO
 
 CONSOLE_ALL_RANKS = "HVD_TRAIN_CONSOLE_ALL_RANKS"
 ATTEMPT = "HVD_TRAIN_ATTEMPT"  # set by `hvd-train launch` for the header
@@ -328,6 +328,15 @@ def _to_console(line: str, end: str = "\n") -> None:
             data = data[os.write(fd, data) :]
     except OSError:  # nobody reads the console any more (the launcher died)
         pass
+
+
+def print_line(line: str, stream: TextIO | None = None) -> None:
+    """`line` and its newline in one write to `stream` (stdout by default). Under horovodrun
+    (PYTHONUNBUFFERED=1) print() writes a line and its newline apart, and Open MPI's tagged
+    output can then put another rank's line between the two."""
+    stream = stream or sys.stdout
+    stream.write(line + "\n")
+    stream.flush()
 
 
 def flush_std() -> None:

@@ -20,6 +20,7 @@ import sys
 import time
 from typing import Any
 
+from hvd_train.base import logs
 from hvd_train.base.errors import NO_STATUS
 from hvd_train.record import mlflow_run, rundir
 from hvd_train.record.layout import RunDir
@@ -61,7 +62,7 @@ def keep(run_dir: str, pid: int) -> None:
     _release(run_dir, pid)
     try:  # the launcher that read rank 0's output may be gone with it
         if said:
-            print(said, file=sys.stderr, flush=True)
+            logs.print_line(said, sys.stderr)
     except OSError:
         pass
     _end_mlflow_run(run_dir, mlflow)

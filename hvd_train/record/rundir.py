@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from hvd_train.base import logs
 from hvd_train.base.errors import RunDirError
 from hvd_train.base.files import TEMPORARY_PATTERNS, atomic_write
 from hvd_train.record import layout
@@ -51,7 +52,7 @@ class NotARunDir(RunDirError):
 
 
 def _print(message: str) -> None:
-    print(f"[hvd_train] {message}", flush=True)
+    logs.print_line(f"[hvd_train] {message}")
 
 
 def claim(

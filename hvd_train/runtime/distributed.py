@@ -225,9 +225,9 @@ def log(message: str, *, all_ranks: bool = False) -> None:
     """
     try:
         if all_ranks:
-            print(f"[rank {rank()}] {message}", file=sys.stderr, flush=True)
+            logs.print_line(f"[rank {rank()}] {message}", sys.stderr)
         elif is_chief():
-            print(f"[hvd_train] {message}", flush=True)
+            logs.print_line(f"[hvd_train] {message}")
             logs.copy(f"[hvd_train] {message}")
     except OSError:  # a pipe nobody reads
         pass
