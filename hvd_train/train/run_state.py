@@ -87,7 +87,7 @@ class Run:
             # Afresh, nothing the earlier jobs left is this run's (record/summary.run_so_far).
             afresh = {} if start.checkpoint else {"model_path": None, "best_model_path": None}
             self.record.update(
-                () if start.checkpoint else ("final_metrics",),
+                drop=() if start.checkpoint else ("final_metrics",),
                 **model,
                 **afresh,
                 epochs_completed=start.epoch,
