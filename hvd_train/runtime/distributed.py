@@ -25,15 +25,23 @@ from hvd_train.runtime import binding
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def _autograph_leaves_horovod_alone() -> None:
-    """Adds Horovod to the libraries autograph does not convert (TensorFlow, Keras, NumPy are).
+def _autograph_leaves_horovod_and_hvd_train_alone() -> None:
+    """Adds Horovod and hvd_train to the libraries autograph does not convert (TensorFlow,
+    Keras, NumPy are).
 
     Keras traces the train step with autograph, which rewrites every function it calls that is
     not on that list: Horovod's all-reduce, broadcast and name helpers, 25 functions at 0.15 s
     each, in every process's first step (4 s of the quickstart's 2-worker first step here).
     Horovod's graph code is written for TensorFlow 1's graph mode: its conditions are on Python
-    values, so converting it changes nothing but the time. A private TensorFlow module: where it
-    is missing (a future release), autograph converts Horovod as before.
+    values, so converting it changes nothing but the time. tf.data converts the functions it
+    maps too: hvd_train's dataset functions (indices, decoding, augmentation, the input-wait
+    stamp), 7 of them in the quickstart, 0.2-0.3 s of every worker's start-up on an idle core
+    (docs/benchmarks.md). They are written as graph code as well (`tf.cond`, `tf.where`; their
+    Python conditions are on the config and on static shapes), as are the pieces Keras 2's
+    converted step calls (the learning-rate schedule, sync batch norm, the optimizer's
+    wrapper); hvd_train's own tf.functions say `autograph=False`. A user's model factory and
+    callbacks are converted as before. A private TensorFlow module: where it is missing (a
+    future release), autograph converts both as before.
     """
     try:
         from tensorflow.python.autograph.core import config as autograph_config
@@ -42,10 +50,10 @@ def _autograph_leaves_horovod_alone() -> None:
     rules = getattr(autograph_config, "CONVERSION_RULES", None)
     rule = getattr(autograph_config, "DoNotConvert", None)
     if isinstance(rules, tuple) and rule is not None:
-        autograph_config.CONVERSION_RULES = (rule("horovod"), *rules)
+        autograph_config.CONVERSION_RULES = (rule("horovod"), rule("hvd_train"), *rules)
 
 
-_autograph_leaves_horovod_alone()
+_autograph_leaves_horovod_and_hvd_train_alone()
 
 
 def init(knobs: HorovodConfig, timeline_path: str) -> None:

@@ -51,7 +51,7 @@ def batch_sums(model: Any, from_logits: bool):
         w = tf.cast(w, tf.float64)
         return tf.stack([tf.reduce_sum(loss * w), tf.reduce_sum(hit * w), tf.reduce_sum(w)])
 
-    return tf.function(sums)
+    return tf.function(sums, autograph=False)  # graph code: nothing for autograph to convert
 
 
 def _metrics(model: Any, totals) -> dict[str, float]:

@@ -214,7 +214,7 @@ def _predict_rows(model, data, from_logits: bool) -> list[tuple[int, int, float]
     """(example index, class index, its probability) of this worker's examples."""
     import tensorflow as tf
 
-    @tf.function
+    @tf.function(autograph=False)  # graph code (from_logits is a Python bool)
     def probabilities(x):
         out = tf.cast(model(x, training=False), tf.float32)
         return tf.nn.softmax(out) if from_logits else out
