@@ -27,11 +27,13 @@ demo: install
 # Two test files at a time (pytest-xdist; a file's tests stay together, so a fixture that trains
 # once serves the whole file): most of a job's time is start-up and waiting, which leaves a core
 # idle. The end of the output: the 30 slowest tests, then the time, processes and jobs of each file.
+# Beside Keras 3, the binding tests' runs on tf_keras (marked second_keras) are left to CI's short
+# suite on Python 3.13 (tests/harness.py, BINDING_RUNS).
 test: export HVD_TRAIN_WITH_SSHD = 1
 test: export HVD_TRAIN_KERAS_HUB ?= $(if $(filter 2.15,$(HVD_TRAIN_TF)),0,1)
 test: export HVD_TRAIN_MLFLOW ?= server
 test: install
-	$(PY) -m pytest -q -ra --durations=30 -n 2 --dist loadfile tests
+	$(PY) -m pytest -q -ra --durations=30 -n 2 --dist loadfile -m "not second_keras" tests
 
 # The edit loop's tier: every test that runs in the test process alone (one that starts Python
 # or a job is skipped when it would: tests/conftest.py). Not a substitute for `make test`.

@@ -16,6 +16,8 @@ import sys
 import time
 from typing import NamedTuple
 
+import pytest
+
 from hvd_train.runtime.binding import has_keras3, of_saved
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -26,6 +28,13 @@ QUICKSTART = ROOT / "configs" / "quickstart.yaml"
 # The Kerases this stack trains with (runtime.keras): Keras 3 and tf_keras on TensorFlow 2.16+,
 # TensorFlow's own Keras 2 alone on 2.15.
 KERASES = ["keras", "tf_keras"] if has_keras3() else ["tf_keras"]
+# The deep tests of a binding (resume, sync batch norm, mixed precision) run on each of them; on a
+# stack with two, the runs on tf_keras are marked `second_keras`: `make test` leaves them out
+# (it must keep within its time), and CI's short suite on Python 3.13, the same two Kerases on
+# the same TensorFlow, runs them (`make test-stack` selects by `stack` alone). On TensorFlow
+# 2.15, Keras 2 is the only Keras, and `make test` runs its binding's tests.
+BINDING_RUNS = [k if k == KERASES[0] else pytest.param(k, marks=pytest.mark.second_keras)
+                for k in KERASES]  # fmt: skip
 
 
 def load_model(path: pathlib.Path):

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from harness import (
-    KERASES,
+    BINDING_RUNS,
     PYTHON,
     QUICKSTART,
     WORKERS,
@@ -84,7 +84,7 @@ def checkpoints(run_dir: pathlib.Path) -> list[pathlib.Path]:
 
 
 @pytest.mark.stack
-@pytest.mark.parametrize("keras", KERASES)
+@pytest.mark.parametrize("keras", BINDING_RUNS)
 def test_resume_from_mid_epoch_checkpoint_repeats_the_uninterrupted_run(tmp_path, keras) -> None:
     """Run A trains 3 epochs with dropout (the quickstart's 0.25) and a checkpoint every 5
     steps. Run B starts from A's checkpoint in the middle of epoch 2 and must end with A's final
@@ -194,7 +194,7 @@ def test_exception_in_one_rank_ends_the_job_and_the_launcher_names_it(tmp_path) 
 
 
 @pytest.mark.stack
-@pytest.mark.parametrize("keras", KERASES)
+@pytest.mark.parametrize("keras", BINDING_RUNS)
 def test_an_infinite_gradient_on_one_rank_is_skipped_by_every_rank_under_mixed_float16(
     tmp_path, keras
 ) -> None:

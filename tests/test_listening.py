@@ -23,13 +23,14 @@ SETS = ["train.epochs=1", "train.steps_per_epoch=4", "train.verbose=false",
 TRAIN = ["--config", str(QUICKSTART), *(arg for s in SETS for arg in ("--set", s))]
 
 
-def trains(cmd: list[str], tmp_path: pathlib.Path) -> set:
-    """Runs the job to completion; returns every socket its processes listened on meanwhile."""
+def trains(cmd: list[str], tmp_path: pathlib.Path) -> tuple[set, str, dict]:
+    """Runs the job to completion; returns every socket its processes listened on meanwhile,
+    the job's stderr and its summary.json."""
     proc, seen = finish_listening(start(cmd, tmp_path), 300)
     check(proc)
     s = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert (s["status"], s["world_size"], s["epochs_completed"]) == ("completed", 2, 1), s
-    return seen
+    return seen, proc.stderr, s
 
 
 @pytest.mark.multiworker
@@ -47,13 +48,20 @@ def test_a_job_on_one_host_listens_on_loopback_only(tmp_path, launcher, controll
                PYTHON, "-m", "hvd_train", *TRAIN]  # fmt: skip
     else:
         cmd = [PYTHON, "-m", "hvd_train", "launch", "--np", "2", controller, *TRAIN]
-    seen = trains(cmd, tmp_path)
+    seen, stderr, s = trains(cmd, tmp_path)
     assert [x for x in seen if not x.on_loopback()] == [], seen
     # Seen for sure, there for the job's life: horovodrun's rendezvous server (Gloo), mpirun's
     # listeners (MPI). Gloo's own listeners live only while the ranks connect: seen or not,
     # they are in the check above.
     always = "mpirun" if controller == "--mpi" else "horovodrun"
     assert any(x.process == always for x in seen), seen
+    if launcher == "hvd-train launch":
+        if controller == "--mpi":  # in the horovodrun command the launch prints
+            assert "--mca btl_base_include self,vader" in stderr, stderr[-3000:]
+        # The launch's start reached the workers (through mpirun too): start-up counts from
+        # the command.
+        startup = s["startup_s"]
+        assert list(startup)[:2] == ["process", "config"] and startup["process"] > 0, startup
 
 
 @pytest.mark.multiworker
@@ -71,7 +79,7 @@ def test_an_elastic_job_on_one_host_listens_on_loopback_only(tmp_path) -> None:
                f"elastic.discovery_script={discover}", "optimizer.warmup_epochs=0"]  # fmt: skip
     cmd = [PYTHON, "-m", "hvd_train", "launch", "--np", "2", *TRAIN,
            *(arg for s in elastic for arg in ("--set", s))]  # fmt: skip
-    seen = trains(cmd, tmp_path)
+    seen, _, _ = trains(cmd, tmp_path)
     assert [x for x in seen if not x.on_loopback()] == [], seen
     assert any(x.process == "horovodrun" for x in seen), seen
     # The two workers' notification services, there for each worker's life.

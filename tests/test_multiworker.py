@@ -12,7 +12,7 @@ import pytest
 import yaml
 from harness import (
     BIN,
-    KERASES,
+    BINDING_RUNS,
     PYTHON,
     QUICKSTART,
     ROOT,
@@ -220,7 +220,7 @@ def test_two_workers_at_batch_b_train_like_one_worker_at_2b(tmp_path: pathlib.Pa
 
 
 @pytest.mark.stack
-@pytest.mark.parametrize("keras", KERASES)
+@pytest.mark.parametrize("keras", BINDING_RUNS)
 def test_sync_batch_norm_at_2_workers_trains_like_batch_norm_at_1_on_the_global_batch(
     tmp_path: pathlib.Path, keras: str
 ) -> None:
