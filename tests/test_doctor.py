@@ -71,18 +71,27 @@ def test_doctor_prints_a_report_and_exits_0(tmp_path, here) -> None:
     assert out.rstrip().endswith("ready to train")
 
 
-def test_doctor_fails_on_a_horovod_built_against_another_tensorflow(tmp_path, here) -> None:
-    # A Horovod install whose build record (metadata.json, written by Horovod's setup.py and
-    # checked by its own import) says it was compiled against TensorFlow 2.14.0: the real
-    # package linked file by file, with that one file changed, first on PYTHONPATH.
+def plant_horovod_built_against(
+    tmp_path: pathlib.Path, here: dict, tf_version: str
+) -> pathlib.Path:
+    """A folder for PYTHONPATH holding this machine's Horovod, linked file by file, but for its
+    build record (metadata.json), which says it was compiled against `tf_version`."""
     real = pathlib.Path(here["facts"]["horovod"]["path"])
     planted = tmp_path / "site" / "horovod"
     planted.mkdir(parents=True)
     for entry in real.iterdir():
         if entry.name != "metadata.json":
             (planted / entry.name).symlink_to(entry)
-    (planted / "metadata.json").write_text('{"tensorflow": "2.14.0"}')
-    code, out, _ = doctor(cwd=tmp_path, pythonpath=str(tmp_path / "site"))
+    (planted / "metadata.json").write_text(json.dumps({"tensorflow": tf_version}))
+    return planted.parent
+
+
+def test_doctor_fails_on_a_horovod_built_against_another_tensorflow(tmp_path, here) -> None:
+    # A Horovod install whose build record (metadata.json, written by Horovod's setup.py and
+    # checked by its own import) says it was compiled against TensorFlow 2.14.0: the real
+    # package linked file by file, with that one file changed, first on PYTHONPATH.
+    site = plant_horovod_built_against(tmp_path, here, "2.14.0")
+    code, out, _ = doctor(cwd=tmp_path, pythonpath=str(site))
     assert code == 1, out
     tf_version = here["facts"]["tensorflow"]["version"]
     assert (
@@ -90,9 +99,36 @@ def test_doctor_fails_on_a_horovod_built_against_another_tensorflow(tmp_path, he
         "is installed: rebuild Horovod against it"
     ) in out
     assert out.rstrip().endswith("NOT READY: 1 error(s): training cannot work here")
-    code, line, err = doctor("--versions", cwd=tmp_path, pythonpath=str(tmp_path / "site"))
+    code, line, err = doctor("--versions", cwd=tmp_path, pythonpath=str(site))
     assert code == 1 and "built against TensorFlow 2.14.0" in err
     assert line.strip() == f"hvd_train=0.1.0 tensorflow={tf_version} horovod=0.28.1"
+
+
+def test_versions_takes_the_last_check_of_an_unchanged_install(tmp_path, here) -> None:
+    """`--versions`, the question the multi-node pre-flight asks every host at every launch,
+    imports neither TensorFlow nor Horovod when this interpreter's last check was of the same
+    install, and answers the same; a changed install file (here Horovod's build record) is
+    checked anew and its error reported; the full report never takes the memory."""
+    env = {"XDG_CACHE_HOME": str(tmp_path / "cache")}
+    probe = ("import sys\nfrom hvd_train.cli import main\ncode = main(sys.argv[1:])\n"
+             "print('tensorflow', 'tensorflow' in sys.modules, file=sys.stderr)\nsys.exit(code)")  # fmt: skip
+
+    def doctor_in_process(*args: str, pythonpath: str = str(ROOT)):
+        proc = run([PYTHON, "-c", probe, "doctor", *args], tmp_path,
+                   env={**env, "PYTHONPATH": pythonpath})  # fmt: skip
+        return proc.returncode, proc.stdout, proc.stderr.splitlines()[-1]
+
+    first = doctor_in_process("--versions")
+    assert first[0] == 0 and first[2] == "tensorflow True", first
+    again = doctor_in_process("--versions")
+    assert again == (0, first[1], "tensorflow False"), again
+    assert doctor_in_process()[2] == "tensorflow True"
+    tf_version = here["facts"]["tensorflow"]["version"]
+    assert first[1].strip() == f"hvd_train=0.1.0 tensorflow={tf_version} horovod=0.28.1"
+
+    site = plant_horovod_built_against(tmp_path, here, "2.14.0")
+    code, line, last = doctor_in_process("--versions", pythonpath=f"{site}{os.pathsep}{ROOT}")
+    assert (code, line, last) == (1, first[1], "tensorflow True")
 
 
 # --------------------------------------------------------------------------- diagnosis rules

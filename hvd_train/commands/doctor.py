@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import argparse
 import glob
+import hashlib
 import importlib
+import importlib.util
 import json
 import os
 import shutil
@@ -25,6 +27,7 @@ from typing import Any
 
 import hvd_train
 from hvd_train.base import logs
+from hvd_train.base.files import atomic_write
 from hvd_train.launcher.horovodrun import count_gpus
 from hvd_train.record import layout
 from hvd_train.runtime.binding import version_tuple
@@ -52,19 +55,98 @@ class Problem:
 # --------------------------------------------------------------------------- facts
 
 
-def gather() -> dict[str, Any]:
-    """Everything the diagnosis needs, as plain data (what `--json` prints under `facts`)."""
+def gather(remembered: bool = False) -> dict[str, Any]:
+    """Everything the diagnosis needs, as plain data (what `--json` prints under `facts`).
+
+    `remembered`: TensorFlow's and Horovod's facts (the import of both, 3 CPU s) are taken from
+    the last check of this interpreter when its install has not changed since (`install_key`);
+    the pre-flight of a multi-node launch asks every host at every launch. Each check that finds
+    both importing is kept for the next.
+    """
     facts: dict[str, Any] = {
         "python": sys.version.split()[0],
         "python_executable": sys.executable,
         "hvd_train": hvd_train.__version__,
         "env": {k: os.environ.get(k) for k in ("TF_USE_LEGACY_KERAS", "CUDA_VISIBLE_DEVICES")},
     }
-    facts["tensorflow"] = _tensorflow_facts()
-    facts["horovod"] = _horovod_facts()
-    facts["nvidia_smi_gpus"] = _nvidia_smi_gpus()
+    gpus = _nvidia_smi_gpus()
+    key = install_key(facts["env"], gpus)
+    kept = _kept(key) if remembered else None
+    if kept is None:
+        kept = {"tensorflow": _tensorflow_facts(), "horovod": _horovod_facts()}
+        _keep(key, kept)
+    facts["tensorflow"], facts["horovod"] = kept["tensorflow"], kept["horovod"]
+    facts["nvidia_smi_gpus"] = gpus
     facts["mpirun"] = _mpirun()
     return facts
+
+
+def install_key(env: dict[str, str | None], gpus: int | None) -> dict[str, Any]:
+    """What TensorFlow's and Horovod's facts depend on, read without importing either: this
+    interpreter; the path, size and time of the files an install changes (each package's
+    `__init__.py`; TensorFlow's libraries; Horovod's build record, TensorFlow extension and
+    patched horovodrun); the settings that change what TensorFlow reports; the GPUs nvidia-smi
+    lists. A library that goes missing outside these packages (a host's libmpi, say) is not
+    seen until the job starts, which then names the worker that failed."""
+    files: dict[str, Any] = {}
+    for package, patterns in (
+        ("tensorflow", ("libtensorflow*.so*",)),
+        ("keras", ()),
+        ("tf_keras", ()),
+        ("horovod", ("metadata.json", "tensorflow/mpi_lib*.so",
+                     "runner/common/util/safe_shell_exec.py")),
+    ):  # fmt: skip
+        try:
+            spec = importlib.util.find_spec(package)
+        except (ImportError, ValueError):  # ValueError: a package blocked in sys.modules
+            spec = None
+        if spec is None or spec.origin is None:
+            files[package] = None
+            continue
+        folder = os.path.dirname(spec.origin)
+        paths = [spec.origin, *(p for pattern in patterns for p in glob.glob(os.path.join(folder, pattern)))]  # fmt: skip
+        files[package] = {path: _stat(path) for path in sorted(paths)}
+    return {"python": sys.executable, "version": sys.version, "env": env, "gpus": gpus, "files": files}  # fmt: skip
+
+
+def _stat(path: str) -> list[int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return [st.st_size, st.st_mtime_ns]
+
+
+def _kept_path() -> str:
+    """Where this interpreter's last check is kept: `$XDG_CACHE_HOME/hvd_train/doctor`
+    (default `~/.cache/hvd_train/doctor`), one file per interpreter."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    name = hashlib.sha1(sys.executable.encode()).hexdigest()[:20]
+    return os.path.join(base, "hvd_train", "doctor", f"{name}.json")
+
+
+def _kept(key: dict[str, Any]) -> dict[str, Any] | None:
+    """The TensorFlow and Horovod facts of the last check, if it was of this install."""
+    kept = _read_json(_kept_path())
+    if not kept or kept.get("key") != key:
+        return None
+    return {"tensorflow": kept["tensorflow"], "horovod": kept["horovod"]}
+
+
+def _keep(key: dict[str, Any], facts: dict[str, Any]) -> None:
+    """Keeps a check in which TensorFlow and Horovod's TensorFlow extension both imported (one
+    that failed is made again next time: a failure is worth a second look). Best effort: a
+    folder that cannot be written only means no memory."""
+    tf, hv = facts["tensorflow"], facts["horovod"]
+    if not (tf.get("version") and hv.get("version")) or hv.get("tensorflow_extension_error"):
+        return
+    path = _kept_path()
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with atomic_write(path) as f:
+            json.dump({"key": key, **facts}, f)
+    except OSError:
+        pass
 
 
 def _tensorflow_facts() -> dict[str, Any]:
@@ -348,10 +430,11 @@ def main(argv: list[str] | None = None, prog: str = "hvd-train doctor") -> int:
     out.add_argument("--json", action="store_true", help="print facts and problems as JSON")
     out.add_argument(
         "--versions", action="store_true",
-        help="print one line `hvd_train=X tensorflow=Y horovod=Z` (problems go to stderr)",
+        help="print one line `hvd_train=X tensorflow=Y horovod=Z` (problems go to stderr); "
+        "TensorFlow's and Horovod's facts are those of the last check of an unchanged install",
     )  # fmt: skip
     args = p.parse_args(argv)
-    facts = gather()
+    facts = gather(remembered=args.versions)
     problems = diagnose(facts)
     ok = not any(p.level == "error" for p in problems)
     if args.json:
