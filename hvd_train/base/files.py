@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import os
 import re
 import shutil
@@ -110,6 +111,15 @@ def _beside(path: str, kind: str, hidden: bool) -> str:
         return os.path.join(folder, f".{kind}-{name}-{os.getpid()}")
     suffix = next((s for s in KEPT_SUFFIXES if path.endswith(s)), "")
     return f"{path.removesuffix(suffix)}.{kind}-{os.getpid()}{suffix}"
+
+
+def cache_file(kind: str, name: str) -> str:
+    """Where hvd_train keeps what it can compute again, one JSON file per `name` (a folder's
+    path, an interpreter's): `$XDG_CACHE_HOME/hvd_train/<kind>/` (default `~/.cache`), the
+    file named by a hash of `name`."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    key = hashlib.sha1(name.encode()).hexdigest()[:20]
+    return os.path.join(base, "hvd_train", kind, f"{key}.json")
 
 
 def is_leftover(name: str) -> bool:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import glob
-import hashlib
 import importlib
 import importlib.util
 import json
@@ -27,7 +26,7 @@ from typing import Any
 
 import hvd_train
 from hvd_train.base import logs
-from hvd_train.base.files import atomic_write
+from hvd_train.base.files import atomic_write, cache_file
 from hvd_train.launcher.horovodrun import count_gpus
 from hvd_train.record import layout
 from hvd_train.runtime.binding import version_tuple
@@ -120,9 +119,7 @@ def _stat(path: str) -> list[int] | None:
 def _kept_path() -> str:
     """Where this interpreter's last check is kept: `$XDG_CACHE_HOME/hvd_train/doctor`
     (default `~/.cache/hvd_train/doctor`), one file per interpreter."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    name = hashlib.sha1(sys.executable.encode()).hexdigest()[:20]
-    return os.path.join(base, "hvd_train", "doctor", f"{name}.json")
+    return cache_file("doctor", sys.executable)
 
 
 def _kept(key: dict[str, Any]) -> dict[str, Any] | None:

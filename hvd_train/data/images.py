@@ -10,7 +10,6 @@ one error names all the unreadable ones.
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import os
@@ -22,7 +21,7 @@ from typing import TypeVar
 import numpy as np
 
 from hvd_train.base.errors import DataError
-from hvd_train.base.files import atomic_write
+from hvd_train.base.files import atomic_write, cache_file
 
 T = TypeVar("T")
 
@@ -124,9 +123,7 @@ def listing_cache_path(root: str) -> str:
     """Where the listing of the local folder `root` is kept: `$XDG_CACHE_HOME/hvd_train`
     (default `~/.cache/hvd_train`), one file per folder (named by a hash of its path), so the
     data folder itself is never written to."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    key = hashlib.sha1(os.path.abspath(root).encode()).hexdigest()[:20]
-    return os.path.join(base, "hvd_train", "listings", f"{key}.json")
+    return cache_file("listings", os.path.abspath(root))
 
 
 def _folder_times(root: str) -> dict[str, int]:
