@@ -112,6 +112,7 @@ ops inside XLA-compiled functions (HOROVOD_ENABLE_XLA_OPS, off by default). hvd_
 
 from __future__ import annotations
 
+import compileall
 import importlib.util
 import os
 import pathlib
@@ -873,12 +874,15 @@ def apply(patch: Patch, path: pathlib.Path | None = None) -> int:
     """Patches one file (Horovod's `patch.module`, or `path`): 0 when it is patched (now or
     before; a file an earlier version of the change patched is brought up to date), 1 when it
     is not 0.28.1's."""
+    installed = path is None  # not Horovod's source folder before its build
     path = path or _module_file(patch.module)
     if path is None or not path.is_file():
         print(f"patch_horovod: {path or patch.module} is not there", file=sys.stderr)
         return 1
     text = path.read_text()
     if patch.new in text:
+        if installed:
+            _compile(path)
         return 0
     found = [old for old in (patch.old, *patch.earlier) if text.count(old) == 1]
     if not found:
@@ -887,8 +891,17 @@ def apply(patch: Patch, path: pathlib.Path | None = None) -> int:
     tmp = path.with_name(path.name + ".hvd_train")
     tmp.write_text(text.replace(found[0], patch.new))
     tmp.replace(path)  # whole or not at all
+    if installed:
+        _compile(path)
     print(f"patched {path}: {patch.what}")
     return 0
+
+
+def _compile(path: pathlib.Path) -> None:
+    """Writes the patched file's bytecode where pip wrote the original's, when it is out of
+    date: Python would otherwise compile the file again in every process that imports it, where
+    it may not write bytecode (PYTHONDONTWRITEBYTECODE, a read-only install)."""
+    compileall.compile_file(str(path), quiet=2)
 
 
 def _module_file(module: str) -> pathlib.Path | None:

@@ -23,6 +23,7 @@ import subprocess
 import pytest
 from harness import KERASES
 
+from hvd_train.base import logs
 from hvd_train.runtime import binding
 
 QUICK = os.environ.get("HVD_TRAIN_TEST_TIER") == "quick"
@@ -68,6 +69,8 @@ _xdist = {"workers": 0}  # pytest-xdist's -n
 
 def pytest_configure(config) -> None:
     _xdist["workers"] = getattr(config.option, "numprocesses", None) or 0
+    if not _is_xdist_controller():  # where the tests run: TensorFlow imported as a command does
+        logs.quiet_tensorflow()
 
 
 def _is_xdist_controller() -> bool:

@@ -10,6 +10,7 @@ import importlib.util
 import json
 import os
 import pathlib
+import struct
 import subprocess
 
 import pytest
@@ -27,6 +28,12 @@ def test_the_patch_is_applied_and_applies_once() -> None:
     patch = [PYTHON, str(ROOT / "scripts" / "patch_horovod.py")]
     proc = subprocess.run(patch, capture_output=True, text=True, timeout=60)
     assert (proc.returncode, proc.stdout, proc.stderr) == (0, "", "")  # already patched
+    # Each patched file's bytecode is its own (written by the patch): no process compiles it.
+    for module in {patch.module for patch in PATCHER.PATCHES}:
+        path = PATCHER._module_file(module)  # found without importing it
+        header = pathlib.Path(importlib.util.cache_from_source(str(path))).read_bytes()[4:16]
+        stat = path.stat()
+        assert header == struct.pack("<III", 0, int(stat.st_mtime), stat.st_size), path
 
 
 def test_stopping_a_worker_whose_shell_just_ended_raises_nothing(monkeypatch) -> None:

@@ -1,4 +1,5 @@
-"""matplotlib left unloaded while TensorFlow imports Keras 3, and loaded at its first use.
+"""TensorFlow's import as a process starts: matplotlib left for its first use, and the garbage
+collector kept off TensorFlow's objects (`import_tensorflow`).
 
 TensorFlow 2.16+ imports Keras 3 at its own import (whichever Keras trains), and Keras 3 imports
 `matplotlib.pyplot` and `matplotlib.patches` there, where matplotlib is installed, for
@@ -7,11 +8,19 @@ plots a worker never draws. Inside `matplotlib_deferred()`, `import matplotlib.p
 and `from matplotlib import patches` give stand-ins; on leaving it, the stand-ins leave
 `sys.modules`, so any later import is the real one. A stand-in kept by Keras imports the real
 module at the first attribute read from it: Keras' plotting works as before, only later.
+
+TensorFlow's import leaves about 440,000 Python objects that the collector tracks (its modules,
+classes, functions), none of them garbage, and every full collection after it walked them all: while Keras
+builds and traces a model, which allocates fast, these collections took about 1 CPU s of a
+worker's start-up (docs/benchmarks.md). Inside `collector_paused()` the collector is off; after
+it, what exists is frozen (`gc.freeze`: a permanent generation no collection visits), as
+long-running Python servers do after their imports. Garbage made later is collected as before.
 """
 
 from __future__ import annotations
 
 import contextlib
+import gc
 import importlib
 import importlib.util
 import sys
@@ -58,3 +67,23 @@ def matplotlib_deferred() -> Iterator[None]:
         yield
     finally:
         _remove()
+
+
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """The garbage collector off while it lasts; then every object alive is frozen (left out of
+    all later collections) and the collector is on again, if it was on before."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.freeze()
+        if enabled:
+            gc.enable()
+
+
+def import_tensorflow() -> None:
+    """Imports TensorFlow (and with it Keras 3), matplotlib deferred and the collector paused."""
+    with matplotlib_deferred(), collector_paused():
+        import tensorflow  # noqa: F401

@@ -34,6 +34,8 @@ import traceback
 from collections.abc import Callable
 from typing import Any, TextIO
 
+from hvd_train.base import deferred
+
 CONSOLE_ALL_RANKS = "HVD_TRAIN_CONSOLE_ALL_RANKS"
 ATTEMPT = "HVD_TRAIN_ATTEMPT"  # set by `hvd-train launch` for the header
 _RANK_VARIABLES = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
@@ -123,9 +125,10 @@ def quiet_tensorflow(log: Callable[[int], str] | None = None, command: str = "")
     `started_run_logs`), `attach`es it there (header: the command); without one, what was held
     is dropped when the process ends (a one-line error or a traceback still reaches the
     console).
-    Alone, imports TensorFlow with its stderr caught, keeps the start-up lines for a log that
-    `attach` may start (or drops them), and passes the rest on; if the import fails, all of
-    it, and the error is raised. TF_CPP_MIN_LOG_LEVEL=0 leaves a lone process's lines alone.
+    Alone, imports TensorFlow as base/deferred.py does, with its stderr caught, keeps the
+    start-up lines for a log that `attach` may start (or drops them), and passes the rest on;
+    if the import fails, all of it, and the error is raised. TF_CPP_MIN_LOG_LEVEL=0 leaves a
+    lone process's lines alone.
     """
     if launcher_rank() is not None:
         hold()
@@ -143,7 +146,7 @@ def quiet_tensorflow(log: Callable[[int], str] | None = None, command: str = "")
         saved = os.dup(2)
         os.dup2(caught.fileno(), 2)
         try:
-            import tensorflow  # noqa: F401
+            deferred.import_tensorflow()
         except BaseException:
             _to_console(_restore_stderr(saved, caught), end="")  # all of it, then the error
             raise

@@ -20,7 +20,7 @@ def main(argv: list[str], prog: str) -> int:
     cfg = load_config(args.config, args.overrides)
     binding.prepare(cfg.runtime.keras)  # before TensorFlow loads: what tf.keras means
     logs.quiet_tensorflow(RunDir(cfg.run.dir).started_run_logs(), "hvd-train data-bench")
-    binding.import_tensorflow()  # matplotlib left for its first use
+    binding.import_tensorflow()  # matplotlib deferred, the collector paused
     from hvd_train.train.data_bench import data_bench
 
     data_bench(cfg, max(1, args.batches))

@@ -57,6 +57,6 @@ def main(argv: list[str], prog: str) -> int:
     out = args.out or RunDir(cfg.run.dir).evaluation
     inference.refuse_foreign_json(out)  # before the slow start
     logs.quiet_tensorflow(RunDir(cfg.run.dir).started_run_logs(), "hvd-train evaluate")
-    binding.import_tensorflow()  # matplotlib left for its first use
+    binding.import_tensorflow()  # matplotlib deferred, the collector paused
     inference.evaluate(cfg, args.model, args.data, out, args.batch_size or cfg.train.batch_size)
     return 0

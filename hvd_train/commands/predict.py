@@ -31,7 +31,7 @@ def main(argv: list[str], prog: str) -> int:
     binding.prepare(cfg.runtime.keras)  # before TensorFlow loads: what tf.keras means
     inference.refuse_foreign_csv(args.out)
     logs.quiet_tensorflow(RunDir(cfg.run.dir).started_run_logs(), "hvd-train predict")
-    binding.import_tensorflow()  # matplotlib left for its first use
+    binding.import_tensorflow()  # matplotlib deferred, the collector paused
     inference.predict(
         cfg, args.model, args.images, args.out, args.batch_size or cfg.train.batch_size
     )

@@ -41,7 +41,7 @@ def main(argv: list[str], prog: str) -> int:
     # A launcher's worker: its output waits for its log in run.dir, which the trainer starts
     # once run.dir is this job's; alone, TensorFlow's start-up lines are kept for that log.
     logs.quiet_tensorflow()
-    binding.import_tensorflow()  # matplotlib left for its first use
+    binding.import_tensorflow()  # matplotlib deferred, the collector paused
     from hvd_train.train.trainer import train
 
     startup.mark("imports")  # TensorFlow, Horovod and the trainer

@@ -110,10 +110,10 @@ def prepare(choice: str) -> str:
 
 
 def import_tensorflow() -> None:
-    """After `prepare`: imports TensorFlow, and with it Keras 3, leaving matplotlib for its
-    first use (base/deferred.py), as a worker starts."""
-    with deferred.matplotlib_deferred():
-        import tensorflow  # noqa: F401
+    """After `prepare`: imports TensorFlow, and with it Keras 3, as a worker starts
+    (base/deferred.py: matplotlib left for its first use, the collector kept off TensorFlow's
+    objects)."""
+    deferred.import_tensorflow()
 
 
 def activate(name: str) -> ModuleType:

@@ -13,6 +13,7 @@ from hvd_train.runtime import binding
 
 cfg = load_config(sys.argv[1], sys.argv[2:])
 binding.prepare(cfg.runtime.keras)  # before TensorFlow is imported, as `hvd-train train` does
+binding.import_tensorflow()
 
 # isort: split
 import numpy as np  # noqa: E402
