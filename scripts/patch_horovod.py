@@ -112,11 +112,12 @@ ops inside XLA-compiled functions (HOROVOD_ENABLE_XLA_OPS, off by default). hvd_
 
 from __future__ import annotations
 
-import compileall
 import importlib.util
 import os
 import pathlib
+import py_compile
 import shlex
+import struct
 import subprocess
 import sys
 from typing import NamedTuple
@@ -900,8 +901,24 @@ def apply(patch: Patch, path: pathlib.Path | None = None) -> int:
 def _compile(path: pathlib.Path) -> None:
     """Writes the patched file's bytecode where pip wrote the original's, when it is out of
     date: Python would otherwise compile the file again in every process that imports it, where
-    it may not write bytecode (PYTHONDONTWRITEBYTECODE, a read-only install)."""
-    compileall.compile_file(str(path), quiet=2)
+    it may not write bytecode (PYTHONDONTWRITEBYTECODE, a read-only install).
+
+    Out of date as Python's import judges it: by the source's time and size (compileall looks
+    at the time alone, and two changes to one file within a second keep it)."""
+    stat = path.stat()
+    cached = pathlib.Path(importlib.util.cache_from_source(str(path)))
+    header = importlib.util.MAGIC_NUMBER + struct.pack(
+        "<III", 0, int(stat.st_mtime) & 0xFFFFFFFF, stat.st_size & 0xFFFFFFFF
+    )
+    try:
+        if cached.read_bytes()[:16] == header:
+            return
+    except OSError:
+        pass  # none yet
+    try:
+        py_compile.compile(str(path), cfile=str(cached), doraise=True)
+    except (OSError, py_compile.PyCompileError):
+        pass  # not writable: Python compiles it at each import, as before
 
 
 def _module_file(module: str) -> pathlib.Path | None:
