@@ -10,9 +10,9 @@ and `from matplotlib import patches` give stand-ins; on leaving it, the stand-in
 module at the first attribute read from it: Keras' plotting works as before, only later.
 
 TensorFlow's import leaves about 440,000 Python objects that the collector tracks (its modules,
-classes, functions), none of them garbage, and every full collection after it walked them all: while Keras
-builds and traces a model, which allocates fast, these collections took about 1 CPU s of a
-worker's start-up (docs/benchmarks.md). Inside `collector_paused()` the collector is off; after
+classes, functions), none of them garbage, and every full collection after it walked them all:
+while Keras builds and traces a model, which allocates fast, these collections took about 1 CPU
+s of a worker's start-up (docs/benchmarks.md). Inside `collector_paused()` the collector is off; after
 it, what exists is frozen (`gc.freeze`: a permanent generation no collection visits), as
 long-running Python servers do after their imports. Garbage made later is collected as before.
 """
@@ -84,6 +84,9 @@ def collector_paused() -> Iterator[None]:
 
 
 def import_tensorflow() -> None:
-    """Imports TensorFlow (and with it Keras 3), matplotlib deferred and the collector paused."""
+    """Imports TensorFlow (and with it Keras 3), matplotlib deferred and the collector paused;
+    nothing when it is imported already (a lone command's `logs.quiet_tensorflow` did)."""
+    if "tensorflow" in sys.modules:
+        return
     with matplotlib_deferred(), collector_paused():
         import tensorflow  # noqa: F401
