@@ -66,6 +66,14 @@ class CheckpointError(TrainingError):
     recurs = "a write to run.dir failed (full disk, no permission): it would fail again"
 
 
+class ReplicaMismatch(TrainingError):
+    """The ranks hold different values of a replicated variable (`runtime.check_replicas`):
+    one line naming the first variable that differs and the ranks that disagree, exit code 3.
+    No checkpoint is written; the last one was checked before it was written."""
+
+    exit_code = 3
+
+
 class Interrupted(Exception):
     """A stop signal (SIGTERM, SIGINT, SIGUSR1) ended the run at a step, after a checkpoint.
 

@@ -9,6 +9,21 @@ from hvd_train.config.schema import ApplicationName, Config, DataConfig, ModelCo
 from hvd_train.config.typed_yaml import SHORT_REPR
 
 
+def refuse_keras2_loss_scale_with_accumulation(cfg: Config) -> None:
+    """Keras 2 (tf_keras) under mixed_float16 with gradient accumulation is refused: its loss
+    scaler would update the scale from each rank's own partial sums between two all-reduces,
+    and an overflow on one rank would leave the ranks' scales (and so their updates) different
+    for good. Called at load for runtime.keras: tf_keras, and once the model's Keras is known
+    (runtime.keras: auto)."""
+    if cfg.runtime.mixed_precision == "mixed_float16" and cfg.train.gradient_accumulation_steps > 1:
+        raise ConfigError(
+            "runtime.mixed_precision: mixed_float16 with train.gradient_accumulation_steps > 1 "
+            "is refused on Keras 2 (tf_keras): its loss scale would follow each rank's own "
+            "partial gradients and the ranks would drift apart; train with Keras 3 "
+            "(runtime.keras: keras), mixed_bfloat16, or gradient_accumulation_steps: 1"
+        )
+
+
 def check(cfg: Config, world_size: int) -> None:
     """Rules that span fields or need the worker count; run once, after the merge."""
     _check_run_dir(cfg.run.dir)
@@ -25,6 +40,13 @@ def check(cfg: Config, world_size: int) -> None:
         raise ConfigError(
             f"horovod.stall_shutdown_s: {h.stall_shutdown_s} must exceed "
             f"horovod.stall_warning_s ({h.stall_warning_s}), or be 0 to never shut down"
+        )
+    if cfg.runtime.keras == "tf_keras":
+        refuse_keras2_loss_scale_with_accumulation(cfg)
+    if cfg.runtime.check_replicas == "off" and cfg.runtime.check_replicas_every_steps:
+        raise ConfigError(
+            "runtime.check_replicas_every_steps: set, but runtime.check_replicas is off; set "
+            "runtime.check_replicas: epoch, or remove check_replicas_every_steps"
         )
     e = cfg.elastic
     if e.enabled and any(c.cls.rpartition(":")[2] == "ReduceLROnPlateau" for c in cfg.callbacks):

@@ -212,6 +212,15 @@ class RuntimeConfig:
     # keras (Keras 3, `import keras`); tf_keras (Keras 2: the tf_keras package on 2.16+,
     # tf.keras on 2.15; a factory's tf.keras is then Keras 2 too). docs/models.md.
     keras: Literal["auto", "keras", "tf_keras"] = "auto"
+    # Every rank compares a fingerprint of every replicated variable (weights, optimizer state,
+    # loss scale) in one small all-reduce: epoch (at each epoch's end and before each
+    # checkpoint), or off (YAML's false). A mismatch ends the run with exit code 3
+    # (docs/faults.md).
+    check_replicas: Literal["epoch", "off"] = field(
+        default="epoch", metadata={"bool_as": {False: "off", True: "epoch"}}
+    )
+    # Also every N steps (null: only where check_replicas says).
+    check_replicas_every_steps: int | None = _positive(None)
 
 
 @dataclass(frozen=True)

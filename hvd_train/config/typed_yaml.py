@@ -307,6 +307,8 @@ def _coerce(value: Any, tp: Any, fld: dataclasses.Field, path: str, source: str)
             value = fld.metadata["aliases"][value]  # an old name, kept working
         if isinstance(value, bool) and fld.metadata.get("bool_as_int"):
             value = int(value)  # an older config's true/false for a field that became a level
+        if isinstance(value, bool) and "bool_as" in fld.metadata:
+            value = fld.metadata["bool_as"][value]  # YAML reads `off` as false
         # By type too: `True in (0, 1)` and `1.0 in (0, 1)` hold in Python.
         if not any(value == a and type(value) is type(a) for a in args):
             bools = " (or true/false for 1/0)" if fld.metadata.get("bool_as_int") else ""

@@ -20,7 +20,7 @@ from typing import Any
 import horovod.tensorflow as hvd_tf
 import tensorflow as tf
 
-from hvd_train.runtime import binding
+from hvd_train.runtime import binding, replicas
 
 NAME = binding.KERAS2
 
@@ -99,6 +99,9 @@ def distributed_optimizer(optimizer: Any, fp16: bool, accumulation: int, loss_sc
         # mean gradient over the effective batch, as one step of that batch would give.
         backward_passes_per_step=accumulation,
         average_aggregated_gradients=accumulation > 1,
+        # Horovod: the window's sums are dense; an Embedding's IndexedSlices are made dense
+        # too (Horovod refuses them otherwise when it accumulates).
+        sparse_as_dense=accumulation > 1,
     )
     return keras.mixed_precision.LossScaleOptimizer(wrapped) if loss_scale else wrapped
 
@@ -119,20 +122,89 @@ def build_for_training(model: Any, input_shape: tuple[int, ...], num_classes: in
     slots must also exist on every rank before a resume restores or broadcasts them.
     """
     model.optimizer.build(model.trainable_variables)
+    helper = _window(model)
+    if helper is not None and not helper.locally_aggregated_grads:
+        # Horovod creates each sum at the first step, inside the traced step: then a resume
+        # could not give a rank its sums before the step that ends the window. Created here,
+        # one per trainable variable in the order the step's gradients come in (a gradient
+        # that is None leaves its sum at zero, and Horovod's count of sums is then right).
+        helper.locally_aggregated_grads = {
+            i: tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False)
+            for i, v in enumerate(model.trainable_variables)
+        }
     y_pred = tf.zeros((1, num_classes))
     model.compiled_loss.build(y_pred)
     model.compiled_metrics.build(y_pred, tf.zeros((1,), tf.int64))
 
 
 def broadcast_model(model: Any) -> None:
-    """Rank 0's weights and optimizer state on every rank (a collective)."""
-    hvd_tf.broadcast_variables(model.variables + model.optimizer.variables, root_rank=0)
+    """Rank 0's replicated state on every rank: weights, optimizer state, the dynamic loss
+    scale (a collective; runtime/replicas.py)."""
+    replicas.broadcast(model)
+
+
+def _window(model: Any) -> Any:
+    """Horovod's accumulation helper (its counter and sums), or None without accumulation."""
+    return getattr(inner_optimizer(model.optimizer), "_agg_helper", None)
+
+
+def accumulation_sums(model: Any) -> tuple[Any, ...]:
+    """Each rank's running gradient sums of the accumulation window (none without one)."""
+    helper = _window(model)
+    sums = helper.locally_aggregated_grads if helper is not None else {}
+    return tuple(sums[i] for i in sorted(sums))
+
+
+def mid_window(model: Any) -> bool:
+    """Whether the accumulation window is part-way: its sums hold batches not yet applied."""
+    helper = _window(model)
+    return helper is not None and int(helper.counter.numpy()) != 0
+
+
+def start_window(model: Any, restart: bool = False) -> None:
+    """After a restore and broadcast: the window's position from the step counter, which
+    every rank holds alike and which counts every batch (mixed_float16, whose skipped steps
+    would not count, is refused with accumulation: config/rules.py). `restart` (a Horovod
+    Elastic reset): the part-done window starts again, its sums zeroed."""
+    helper = _window(model)
+    if helper is None:
+        return
+    iterations = int(inner_optimizer(model.optimizer).iterations.numpy())
+    helper.counter.assign(0 if restart else iterations % helper.backward_passes_per_step)
+    if restart:
+        for total in accumulation_sums(model):
+            total.assign(tf.zeros_like(total))
+
+
+def moving_statistics(model: Any) -> list[Any]:
+    """The moving mean and variance of each BatchNormalization layer that is each rank's own
+    (not a `SyncBatchNormalization`, hvd_train's or Horovod's)."""
+    found = []
+    for layer in model._flatten_layers(include_self=False, recursive=True):
+        if isinstance(layer, keras.layers.BatchNormalization) and not isinstance(
+            layer, (SyncBatchNormalization, hvd_tf.SyncBatchNormalization)
+        ):
+            found += [layer.moving_mean, layer.moving_variance]
+    return found
+
+
+class _BroadcastAfterFirstBatch(keras.callbacks.Callback):
+    """Rank 0's replicated state on every rank after the first batch: anything the first
+    step created (the model was broadcast before `fit`), as Horovod's
+    BroadcastGlobalVariablesCallback does for the model's and optimizer's `variables`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.done = False
+
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        if not self.done:
+            self.done = True
+            replicas.broadcast(self.model)
 
 
 def broadcast_callback() -> Any:
-    """Horovod's callback that broadcasts rank 0's variables after the first batch: anything
-    the first step created (the model was broadcast before `fit`)."""
-    return hvd.callbacks.BroadcastGlobalVariablesCallback(0)
+    return _BroadcastAfterFirstBatch()
 
 
 def metric_average_callback() -> Any:
@@ -225,8 +297,8 @@ def _global_moments(mean: tf.Tensor, variance: tf.Tensor) -> tuple[tf.Tensor, tf
 
 
 def elastic_state(model: Any, **position: Any) -> Any:
-    """Horovod Elastic's state: the model and optimizer, and the run's position."""
-    return hvd.elastic.KerasState(model, **position)
+    """Horovod Elastic's state: the replicated state, and the run's position."""
+    return replicas.ElasticState(model, **position)
 
 
 def elastic_run(fn: Any) -> Any:

@@ -35,9 +35,8 @@ import horovod.tensorflow as hvd_tf
 import keras
 import numpy as np
 import tensorflow as tf
-from horovod.common.elastic import ObjectState
 
-from hvd_train.runtime import binding, distributed, tuning
+from hvd_train.runtime import binding, distributed, replicas, tuning
 from hvd_train.runtime.schedules import schedule_class, warmup_scaled
 
 NAME = binding.KERAS3
@@ -85,7 +84,15 @@ class Averaging:
     workers, then the optimizer's own `apply` runs on the averages. With `accumulation` A > 1,
     A batches' gradients are summed locally and all-reduced once, as one update of the mean
     gradient over the A batches (Horovod's `backward_passes_per_step`); the step counter still
-    counts every batch, so the learning-rate schedule runs per batch."""
+    counts every batch, so the learning-rate schedule runs per batch.
+
+    The window's position (`_hvd_count`, batches seen) is in the checkpoint, and so replicated
+    state (runtime/replicas.py): every rank holds rank 0's after a resume, and all-reduce at
+    the same batch. The running sums (`accumulation_sums`) are each rank's own: a checkpoint
+    taken mid-window keeps every rank's (train/random_states.py). A gradient that is None in
+    the step stays None in the update: a weight that got no gradient is not updated, nor
+    decayed.
+    """
 
     _hvd_fp16 = False
     _hvd_accumulation = 1
@@ -93,10 +100,13 @@ class Averaging:
     def build(self, variables: Any) -> None:
         super().build(variables)
         if self._hvd_accumulation > 1 and not getattr(self, "_hvd_sums", None):
-            self._hvd_sums = [
+            # Each rank's own: set past Keras' attribute tracking, which would put them in the
+            # checkpoint's object graph, and so in the replicated state (runtime/replicas.py).
+            sums = tuple(
                 tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False, name="hvd_sum")
                 for v in variables
-            ]
+            )
+            object.__setattr__(self, "_hvd_sums", sums)
             self._hvd_count = tf.Variable(0, dtype=tf.int64, trainable=False, name="hvd_count")
 
     def apply(self, grads: Any, trainable_variables: Any = None) -> Any:
@@ -104,13 +114,18 @@ class Averaging:
             return super().apply(self._hvd_average(list(grads)), trainable_variables)
         if not self.built:
             self.build(trainable_variables)
+        grads = list(grads)
         for total, g in zip(self._hvd_sums, grads, strict=True):
             if g is not None:
                 total.assign_add(tf.convert_to_tensor(g))
         self._hvd_count.assign_add(1)
 
         def update() -> None:
-            means = [total / self._hvd_accumulation for total in self._hvd_sums]
+            # None where the step gave no gradient: known when the step is traced.
+            means = [
+                None if g is None else total / self._hvd_accumulation
+                for total, g in zip(self._hvd_sums, grads, strict=True)
+            ]
             super(Averaging, self).apply(self._hvd_average(means), trainable_variables)
             for total in self._hvd_sums:
                 total.assign(tf.zeros_like(total))
@@ -209,20 +224,45 @@ def build_for_training(model: Any, input_shape: tuple[int, ...], num_classes: in
     model._symbolic_build(data_batch=example)
 
 
-def state_variables(model: Any) -> list[tf.Variable]:
-    """The variables every rank must hold alike: the model's weights and the optimizer's
-    variables, as TensorFlow variables (Horovod's broadcast assigns to those). Not the seed
-    generators' states: each rank draws its own dropout masks."""
-    optimizer = model.optimizer
-    found = [*model.weights, *(optimizer.variables if optimizer is not None else [])]
-    return [v.value if hasattr(v, "value") and isinstance(v.value, tf.Variable) else v
-            for v in found]  # fmt: skip
-
-
 def broadcast_model(model: Any) -> None:
-    """Rank 0's weights and optimizer state on every rank (a collective)."""
-    if hvd_tf.size() > 1:
-        hvd_tf.broadcast_variables(state_variables(model), root_rank=0)
+    """Rank 0's replicated state on every rank: weights, optimizer state, the accumulation
+    window's position (a collective; runtime/replicas.py)."""
+    replicas.broadcast(model)
+
+
+def accumulation_sums(model: Any) -> tuple[Any, ...]:
+    """Each rank's running gradient sums of the accumulation window (none without one)."""
+    return tuple(getattr(model.optimizer, "_hvd_sums", ()))
+
+
+def mid_window(model: Any) -> bool:
+    """Whether the accumulation window is part-way: its sums hold batches not yet applied."""
+    optimizer = model.optimizer
+    count = getattr(optimizer, "_hvd_count", None)
+    return count is not None and int(count.numpy()) % optimizer._hvd_accumulation != 0
+
+
+def start_window(model: Any, restart: bool = False) -> None:
+    """After a restore and broadcast: the window's position is in the checkpoint
+    (`_hvd_count`), so every rank holds rank 0's already. `restart` (a Horovod Elastic reset):
+    the part-done window starts again, its sums zeroed, on every rank alike."""
+    count = getattr(model.optimizer, "_hvd_count", None)
+    if restart and count is not None:
+        count.assign(count - count % model.optimizer._hvd_accumulation)
+        for total in accumulation_sums(model):
+            total.assign(tf.zeros_like(total))
+
+
+def moving_statistics(model: Any) -> list[Any]:
+    """The moving mean and variance of each BatchNormalization layer that is each rank's own
+    (not `SyncBatchNormalization`, whose statistics are the global batch's)."""
+    found = []
+    for layer in model._flatten_layers(include_self=False, recursive=True):
+        if isinstance(layer, keras.layers.BatchNormalization) and not isinstance(
+            layer, SyncBatchNormalization
+        ):
+            found += [layer.moving_mean, layer.moving_variance]
+    return found
 
 
 class BroadcastInitialState(keras.callbacks.Callback):
@@ -426,44 +466,10 @@ class SyncBatchNormalization(keras.layers.BatchNormalization):
 # --------------------------------------------------------------------------- Horovod Elastic
 
 
-class ElasticState(ObjectState):
-    """Horovod Elastic's state of a Keras 3 model and its optimizer, and the run's position
-    (`epoch`, `batch`, ... as keyword arguments, exposed as attributes).
-
-    Horovod's own KerasState reads `optimizer.variables()`, Keras 2's method; Keras 3's is a
-    list. Committed in memory; a reset rolls back to the last commit, then rank 0's copy goes
-    to every worker (new ones included).
-    """
-
-    def __init__(self, model: Any, **position: Any):
-        self.model = model
-        self._saved: list[tf.Tensor] = []
-        self._save_model()
-        super().__init__(bcast_object=hvd_tf.broadcast_object, get_rank=hvd_tf.rank, **position)
-
-    def save(self) -> None:
-        self._save_model()
-        super().save()
-
-    def restore(self) -> None:
-        for v, saved in zip(state_variables(self.model), self._saved, strict=True):
-            v.assign(saved)
-        super().restore()
-
-    def sync(self) -> None:
-        if hvd_tf.size() > 1:
-            hvd_tf.broadcast_variables(state_variables(self.model), root_rank=0)
-        self._save_model()
-        super().sync()
-
-    def _save_model(self) -> None:
-        self._saved = [tf.identity(v) for v in state_variables(self.model)]
-
-
 class CommitState(keras.callbacks.Callback):
     """Horovod Elastic: commits the state every `every_steps` batches and at each epoch's end."""
 
-    def __init__(self, state: ElasticState, every_steps: int):
+    def __init__(self, state: replicas.ElasticState, every_steps: int):
         super().__init__()
         self.state, self.every_steps = state, every_steps
         self._batches = 0
@@ -477,8 +483,8 @@ class CommitState(keras.callbacks.Callback):
         self.state.commit()
 
 
-def elastic_state(model: Any, **position: Any) -> ElasticState:
-    return ElasticState(model, **position)
+def elastic_state(model: Any, **position: Any) -> replicas.ElasticState:
+    return replicas.ElasticState(model, **position)
 
 
 def elastic_run(fn: Any) -> Any:

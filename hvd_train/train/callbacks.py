@@ -16,7 +16,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from hvd_train.base.errors import UserError
+from hvd_train.base.errors import ReplicaMismatch, UserError
 from hvd_train.config import CheckpointConfig, Config, Derived, LoggingConfig
 from hvd_train.data.diagnostics import advice_for
 from hvd_train.data.pipeline import Source
@@ -24,7 +24,7 @@ from hvd_train.record.layout import RunDir
 from hvd_train.record.mlflow_run import Sender
 from hvd_train.record.run_record import RunRecord
 from hvd_train.record.stops import StopSignals
-from hvd_train.runtime import binding, distributed
+from hvd_train.runtime import binding, distributed, replicas
 from hvd_train.runtime.schedules import lr_multiplier
 from hvd_train.train import perf
 from hvd_train.train.checkpoint import (
@@ -90,6 +90,52 @@ class EpochStats(Callback):
         # The rate the epoch's last step used (for a schedule, Keras 3's learning_rate is the
         # next step's).
         logs["learning_rate"] = binding.active().last_learning_rate(self.model.optimizer)
+
+
+class AverageMovingStatistics(Callback):
+    """Averages BatchNormalization's moving statistics over the ranks where they must be every
+    rank's alike: at each epoch's end (before the exact validation, so that the model
+    validated is the model saved) and wherever a checkpoint or a replica check is due
+    mid-epoch (a collective, on every rank at the same steps: runtime/replicas.py)."""
+
+    def __init__(self, control: RunControl, due: Callable[[int], bool]):
+        super().__init__()
+        self.control, self.due = control, due
+
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        if self.due(self.control.position_step):
+            replicas.average_moving_statistics(self.model)
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        replicas.average_moving_statistics(self.model)
+
+
+class CheckReplicas(Callback):
+    """`runtime.check_replicas`: every rank compares a fingerprint of every replicated variable
+    (one small all-reduce) at each epoch's end and wherever `due(position step)` holds (a
+    checkpoint, `check_replicas_every_steps`), before the checkpoint is written. A mismatch
+    raises ReplicaMismatch on every rank alike (exit code 3), so none is left waiting."""
+
+    def __init__(self, control: RunControl, due: Callable[[int], bool]):
+        super().__init__()
+        self.control, self.due = control, due
+
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        if self.due(self.control.position_step):
+            self._check()
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        self._check()
+
+    def _check(self) -> None:
+        found = replicas.disagreement(self.model)
+        if found is not None:
+            c = self.control
+            raise ReplicaMismatch(
+                f"the ranks hold different model or optimizer state at epoch {c.epoch + 1}, "
+                f"step {c.step_in_epoch}: {found}; stopped without writing a checkpoint (the "
+                "last one was checked before it was written: docs/faults.md#replica-check)"
+            )
 
 
 class ExactValidation(Callback):
@@ -255,7 +301,8 @@ class Checkpointer(Callback):
             "random_states": self.random.gathered if self.random else None,
             "time": time.time(),
         }
-        self.last = self.store.save(self.model, state)  # CheckpointError ends the run
+        window = self.random.sums if self.random else None
+        self.last = self.store.save(self.model, state, window)  # CheckpointError ends the run
 
     def _export_if_best(self, metrics: dict[str, float]) -> None:
         value = metrics.get(self.k.monitor)
@@ -495,6 +542,14 @@ def build_callbacks(
     timer = perf.StepTimer(plan)
     evaluator = Evaluator(model, source, plan.per_worker_batch, cfg.model.from_logits)
     random = RandomStates(control, cfg.checkpoint.every_steps)
+    checking = cfg.runtime.check_replicas != "off"
+
+    def sync_due(step: int) -> bool:
+        """Mid-epoch, where the replicated state must be every rank's alike: a checkpoint,
+        and the replica checks asked for."""
+        every = cfg.runtime.check_replicas_every_steps if checking else None
+        return every_steps_due(cfg.checkpoint.every_steps, step) or every_steps_due(every, step)
+
     checkpointer = None
     if distributed.is_chief():
         store = CheckpointStore(cfg.run.dir, cfg.checkpoint)
@@ -530,6 +585,9 @@ def build_callbacks(
         # Step times and per-worker rate (see perf.py), after the averaging: it reads the
         # workers' mean epoch_time_s, the one metrics.csv records.
         timer,
+        # BatchNormalization's moving statistics averaged over the ranks (a collective) before
+        # the validation reads them and the checkpoint saves them: each rank's own until then.
+        AverageMovingStatistics(control, sync_due),
         # Validation sums and counts all-reduced: exact, and identical on every rank.
         ExactValidation(evaluator, control),
         # The users' callbacks after the averaging and the exact validation: every rank's
@@ -539,6 +597,9 @@ def build_callbacks(
         # Every rank's random states to rank 0 where a checkpoint may be written (a
         # collective): after the users' stops, before the checkpoint that keeps them.
         random,
+        # Every rank holds the same replicated state (a collective), checked before the
+        # checkpoint writes it: a mismatch ends the run on every rank, with nothing written.
+        *([CheckReplicas(control, sync_due)] if checking else []),
         # The learning-rate warm-up is not a callback: it lives in the optimizer's schedule
         # (schedules.WarmupScaled), scaled by the worker count and stepped per batch.
         # Side effects on rank 0 only (none is a collective): console, files, TensorBoard,

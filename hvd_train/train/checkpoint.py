@@ -13,6 +13,7 @@ import os
 import shutil
 from typing import Any
 
+import numpy as np
 import tensorflow as tf
 
 from hvd_train.base.errors import CheckpointError
@@ -60,6 +61,7 @@ def export_plain_model(model: Model, path: str) -> str:
 CHECKPOINT_PATTERN = layout.CHECKPOINT_FOLDER
 STATE_FILE = layout.CHECKPOINT_STATE
 PREFIX = layout.CHECKPOINT_PREFIX  # tf.train.Checkpoint's files: ckpt.index, ckpt.data-*
+WINDOW_FILE = "window.npz"  # each rank's sums of a part-way accumulation window
 
 
 class CheckpointStore:
@@ -78,8 +80,13 @@ class CheckpointStore:
         self.dir = self.run_dir.checkpoints
         self.cfg = cfg
 
-    def save(self, model: Model, state: dict[str, Any]) -> str:
+    def save(
+        self, model: Model, state: dict[str, Any], window: list[list[Any]] | None = None
+    ) -> str:
         """Writes one checkpoint for `state["global_step"]`, then prunes; returns its folder.
+
+        `window`: every rank's running gradient sums of a part-way accumulation window (one
+        list of arrays per rank), kept as `window.npz`. Defaults to None (none).
 
         Raises:
             CheckpointError: the write failed (disk full, no permission); the partial folder is
@@ -87,19 +94,27 @@ class CheckpointStore:
         """
         final = self.run_dir.checkpoint(state["global_step"])
         try:
-            self._write(model, state, final)
+            self._write(model, state, final, window)
         except (OSError, tf.errors.OpError) as e:
             raise write_error(final, e, self.newest(), "checkpoint ") from e
         self.prune()
         return final
 
-    def _write(self, model: Model, state: dict[str, Any], final: str) -> None:
+    def _write(
+        self, model: Model, state: dict[str, Any], final: str, window: list[list[Any]] | None
+    ) -> None:
         # Atomic (base/files.py): written as `.tmp-ckpt-<step>-<pid>`, hidden from a listing of
         # ckpt-*, every file fsynced, then renamed into place (over the same step written
         # again, by a rerun with resume: never).
         with atomic_path(final, hidden=True) as tmp:
             os.makedirs(tmp)
             binding.active().checkpoint(model).write(os.path.join(tmp, PREFIX))
+            if window is not None:
+                arrays = {
+                    f"{r}/{i}": a for r, sums in enumerate(window) for i, a in enumerate(sums)
+                }
+                with open(os.path.join(tmp, WINDOW_FILE), "wb") as f:
+                    np.savez(f, **arrays)
             with open(os.path.join(tmp, STATE_FILE), "w") as f:
                 json.dump(state, f, indent=2)
 
@@ -168,6 +183,20 @@ def is_checkpoint(path: str) -> bool:
     except (OSError, ValueError):
         return False
     return os.path.exists(os.path.join(path, f"{PREFIX}.index"))
+
+
+def read_window(path: str) -> list[list[np.ndarray]] | None:
+    """Every rank's running gradient sums kept in checkpoint `path` (see `save`); None when
+    it was taken at a window's start (or before hvd_train kept them)."""
+    try:
+        with np.load(os.path.join(path, WINDOW_FILE)) as z:
+            keys = [tuple(map(int, k.split("/"))) for k in z.files]
+            ranks = 1 + max(r for r, _ in keys)
+            return [
+                [z[f"{r}/{i}"] for i in sorted(i for k, i in keys if k == r)] for r in range(ranks)
+            ]
+    except FileNotFoundError:
+        return None
 
 
 def read_state(path: str) -> dict[str, Any]:

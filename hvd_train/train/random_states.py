@@ -49,15 +49,45 @@ def start(model: Any, saved: list[State] | None, world_size: int) -> str:
     return "each rank's random state its own"
 
 
+def window_sums(model: Any) -> list[np.ndarray] | None:
+    """This rank's running gradient sums when its accumulation window is part-way (each
+    rank's own: runtime/replicas.py); None at a window's start, where they are zeros."""
+    active = binding.active()
+    if not active.mid_window(model):
+        return None
+    return [np.asarray(v.numpy()) for v in active.accumulation_sums(model)]
+
+
+def start_window(model: Any, saved: list[list[np.ndarray]] | None, world_size: int) -> None:
+    """After the resume's broadcast: the accumulation window where the checkpoint left it,
+    with this rank's own running sums (`saved`, one list per rank). At another worker count
+    each rank starts from the ranks' mean sums: the window's mean gradient is kept, not its
+    exact examples. Call on every rank."""
+    active = binding.active()
+    active.start_window(model)
+    sums = active.accumulation_sums(model)
+    if not saved or not sums:
+        return
+    if len(saved) == world_size:
+        mine = saved[distributed.rank()]
+    else:
+        mine = [np.mean(parts, axis=0) for parts in zip(*saved, strict=True)]
+    for v, value in zip(sums, mine, strict=True):
+        v.assign(value.astype(np.asarray(v.numpy()).dtype))
+
+
 class RandomStates(Callback):
-    """Gathers every rank's random states on rank 0 wherever the Checkpointer may write a
+    """Gathers every rank's own state on rank 0 wherever the Checkpointer may write a
     checkpoint: at every epoch's end, and after every `checkpoint.every_steps` steps (a
-    collective, on every rank alike). `gathered` is the latest: one State per rank."""
+    collective, on every rank alike). `gathered` is the latest random states, one State per
+    rank; `sums` the ranks' running gradient sums when an accumulation window is part-way,
+    else None."""
 
     def __init__(self, control: RunControl, every_steps: int | None):
         super().__init__()
         self.control, self.every_steps = control, every_steps
         self.gathered: list[State] | None = None
+        self.sums: list[list[np.ndarray]] | None = None
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
         if every_steps_due(self.every_steps, self.control.position_step):
@@ -67,8 +97,11 @@ class RandomStates(Callback):
         self._gather()
 
     def _gather(self) -> None:
-        mine = read(self.model)
+        mine = (read(self.model), window_sums(self.model))
         if distributed.size() == 1:
-            self.gathered = [mine]
+            every = [mine]
         else:
-            self.gathered = distributed.allgather_object(mine, name="hvd_train.random_states")
+            every = distributed.allgather_object(mine, name="hvd_train.random_states")
+        self.gathered = [states for states, _ in every]
+        # Part-way on one rank is part-way on all: the window's position is replicated.
+        self.sums = None if every[0][1] is None else [sums for _, sums in every]

@@ -20,6 +20,7 @@ from hvd_train.train.checkpoint import (
     OtherKeras,
     Unloadable,
     load,
+    read_window,
     remove_strays,
 )
 from hvd_train.train.failure import one_line
@@ -44,6 +45,8 @@ def resume(cfg: Config, model: Model, plan: Derived) -> Start:
                     f"removed what a killed job left half-written: {', '.join(removed)}"
                 )
             found = _read_checkpoint(cfg, model)
+            if found:
+                found["window"] = read_window(found["path"])  # each rank's part-way sums
         except (UserError, CheckpointError) as e:
             error = e
         except OSError as e:
@@ -51,11 +54,14 @@ def resume(cfg: Config, model: Model, plan: Derived) -> Start:
     found, error = distributed.broadcast_object((found, error), name="resume_point")
     if error is not None:
         raise error
-    # Horovod: every rank starts from rank 0's weights and optimizer state (restored or not).
+    # Horovod: every rank starts from rank 0's replicated state, restored or not: weights,
+    # optimizer state, the accumulation window's position, the loss scale (runtime/replicas.py).
     binding.active().broadcast_model(model)
-    # Then each rank its own dropout stream: the checkpoint's, or a fresh one.
+    # Then each rank its own dropout stream: the checkpoint's, or a fresh one; and its own
+    # sums of a part-way accumulation window.
     saved = found["state"].get("random_states") if found else None
     random_states.start(model, saved, plan.world_size)
+    random_states.start_window(model, found.get("window"), plan.world_size)
     if not found:
         return Start()
     state = found["state"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from hvd_train.config import Config, Derived
+from hvd_train.config.rules import refuse_keras2_loss_scale_with_accumulation
 from hvd_train.runtime import binding, tuning
 from hvd_train.runtime.schedules import learning_rate_schedule
 from hvd_train.train.models import build_model
@@ -36,6 +37,8 @@ def build_compiled_model(
     """
     model = build_model(cfg, input_shape, num_classes)  # the active binding is the model's now
     active = binding.active()
+    if active.NAME == binding.KERAS2:  # runtime.keras: auto, and the model is Keras 2's
+        refuse_keras2_loss_scale_with_accumulation(cfg)
     keras = active.keras
     model.compile(
         # Horovod: average gradients across workers with ring-allreduce (compression,

@@ -60,3 +60,20 @@ class MyBackup(tf.keras.callbacks.BackupAndRestore):
 
 class MyPlateau(tf.keras.callbacks.ReduceLROnPlateau):
     """A subclass of Keras' ReduceLROnPlateau: it would set optimizer.lr, so it is refused."""
+
+
+class NudgeOneWeight(tf.keras.callbacks.Callback):
+    """On rank `rank` alone, adds `delta` to the model's first weight after its `step`-th
+    batch (counted over the run): a replica made to differ mid-run, as a bit flip or a bug
+    would (tests/test_replicas.py)."""
+
+    def __init__(self, rank: int, step: int, delta: float = 1e-3):
+        super().__init__()
+        self.rank, self.step, self.delta = rank, step, delta
+        self._batches = 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._batches += 1
+        if RANK == self.rank and self._batches == self.step:
+            weight = self.model.weights[0]
+            weight.assign(weight + self.delta)

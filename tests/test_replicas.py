@@ -1,0 +1,191 @@
+"""Every rank holds the same state: one definition of the replicated state (what the checkpoint
+saves, less each rank's own), broadcast at every start, kept across a stop mid-window, and
+checked while the run trains."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import re
+import typing
+
+import numpy as np
+import pytest
+import yaml
+from harness import BINDING_RUNS, KERASES, PYTHON, QUICKSTART, WORKERS, check, horovodrun
+
+from hvd_train.base.errors import ConfigError, ReplicaMismatch
+from hvd_train.config import load_config, rules
+from hvd_train.runtime import binding, contract
+
+ACCUMULATING = {
+    "train": {"epochs": 2, "batch_size": 16, "steps_per_epoch": 6,
+              "gradient_accumulation_steps": 2},
+    "optimizer": {"name": "adamw", "learning_rate": 0.002, "warmup_epochs": 1,
+                  "schedule": "cosine"},
+    "checkpoint": {"every_steps": 3, "keep_last": 100},
+    "data": {"source": "digits", "validation_fraction": 0.2},
+    "model": {"name": "convnet", "dense_units": [32], "dropout": 0.1},
+    "logging": {"tensorboard": False},
+}  # fmt: skip
+
+
+def _digests(out: str) -> set[str]:
+    return set(re.findall(r"rank \d: weights identical on 2 ranks: ([0-9a-f]+)", out))
+
+
+@pytest.mark.multiworker
+@pytest.mark.parametrize("keras", BINDING_RUNS)
+def test_a_resume_mid_window_ends_as_the_uninterrupted_run(tmp_path, keras) -> None:
+    """Accumulation over 2 batches, a checkpoint every 3 steps: ckpt-00000003 is taken between
+    two updates. A job resumed from it runs, every rank identical, and ends with the weights
+    of the uninterrupted run, to the bit. (Before: the window's counter was rank 0's alone after
+    the restore, and the job hung in the next all-reduce; the ranks' sums were lost.)"""
+    config = tmp_path / "accumulating.yaml"
+    config.write_text(yaml.safe_dump(ACCUMULATING))
+    script = [PYTHON, str(WORKERS / "train_and_compare_weights.py"), str(config),
+              f"runtime.keras={keras}"]  # fmt: skip
+    whole = check(horovodrun(2, [*script, "run.dir=whole"], tmp_path, timeout=240))
+    mid = tmp_path / "whole" / "checkpoints" / "ckpt-00000003"
+    assert json.loads((mid / "state.json").read_text())["step"] == 3
+    with np.load(mid / "window.npz") as z:  # both ranks' part-way sums, neither all zero
+        assert {k.split("/")[0] for k in z.files} == {"0", "1"}
+        assert all(np.any(z[k]) for k in z.files if k.endswith("/0"))
+    resumed = check(horovodrun(2, [*script, "run.dir=resumed", f"train.resume={mid}"], tmp_path,
+                               timeout=240))  # fmt: skip
+    assert "resuming from" in resumed.stdout and "step 3" in resumed.stdout, resumed.stdout[-2000:]
+    assert len(_digests(whole.stdout)) == 1, whole.stdout[-2000:]
+    assert _digests(resumed.stdout) == _digests(whole.stdout), resumed.stdout[-2000:]
+
+
+@pytest.mark.multiworker
+def test_a_rank_whose_weights_differ_ends_the_run_naming_the_variable(tmp_path) -> None:
+    """Rank 1's first weight is nudged after step 4 of the run; the check before the
+    checkpoint at step 6 finds it: every rank ends at that step with one line naming the
+    variable and the rank, exit code 3, the record says failed, and no checkpoint is written
+    after the nudge."""
+    items = [{"class": "probe_callbacks:NudgeOneWeight", "args": {"rank": 1, "step": 4}}]
+    run_dir = tmp_path / "run"
+    cmd = [PYTHON, "-m", "hvd_train", "--config", str(QUICKSTART),
+           "--set", "callbacks=" + json.dumps(items),
+           *(x for s in ("train.verbose=false", "logging.tensorboard=false", f"run.dir={run_dir}",
+                         "train.epochs=2", "checkpoint.every_steps=6")
+             for x in ("--set", s))]  # fmt: skip
+    proc = horovodrun(2, cmd, WORKERS, timeout=240)
+    assert proc.returncode == ReplicaMismatch.exit_code, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "failed" and summary["error_type"] == "ReplicaMismatch", summary
+    # The first weight of the quickstart's convnet, and the rank that holds other values.
+    assert re.search(r"epoch 1, step 6: \S*conv\S*kernel\b.*rank\(s\) 1 hold other values",
+                     summary["error"]), summary["error"]  # fmt: skip
+    assert not list((run_dir / "checkpoints").glob("ckpt-*")), "a checkpoint after the nudge"
+
+
+# --------------------------------------------------------------------------- in one process
+
+
+def _model(keras_name: str, accumulation: int, loss_scale: bool):
+    """A small model (Dense, BatchNormalization, Dropout, Dense) compiled with the binding's
+    distributed optimizer and built for training, in a fresh process's binding."""
+    active = binding.activate(keras_name)
+    keras = active.keras
+    active.seed(1)
+    inputs = keras.Input((4,))
+    x = keras.layers.Dense(3)(inputs)
+    x = keras.layers.BatchNormalization()(x)
+    x = keras.layers.Dropout(0.5)(x)
+    model = keras.Model(inputs, keras.layers.Dense(2)(x))
+    model.compile(active.distributed_optimizer(keras.optimizers.Adam(1e-3), False, accumulation,
+                                               loss_scale), "mse")  # fmt: skip
+    active.build_for_training(model, (4,), 2)
+    return active, model
+
+
+@pytest.mark.parametrize("keras", KERASES)
+def test_the_replicated_state_is_what_the_checkpoint_saves_less_each_ranks_own(keras) -> None:
+    """Weights, slots, step counter, moving statistics and the window's counter (Keras 3) or
+    the dynamic loss scale (tf_keras, which keeps it out of `.variables`) are in it; the
+    dropout generators' states and the accumulation sums are not."""
+    from hvd_train.runtime import replicas
+
+    accumulation, loss_scale = (2, False) if keras == binding.KERAS3 else (1, True)
+    active, model = _model(keras, accumulation, loss_scale)
+    named = replicas.replicated_variables(model)
+    names = [n for n, _ in named]
+    ids = {id(v) for _, v in named}
+    assert len(set(names)) == len(names), names
+    for weight in model.weights:
+        assert id(replicas._tf_variable(weight)) in ids, weight.name
+    assert any("moving_mean" in n for n in names), names
+    assert any(n.endswith("iteration") for n in names), names
+    if keras == binding.KERAS3:
+        assert "hvd_count" in names, names
+        sums = active.accumulation_sums(model)
+        assert len(sums) == len(model.trainable_variables)
+        assert not ids & {id(v) for v in sums}
+    else:
+        assert any("current_loss_scale" in n for n in names), names
+    own = active.random_states(model)
+    assert own and not ids & {id(replicas._tf_variable(v)) for v in own}
+
+
+@pytest.mark.parametrize("keras", KERASES)
+def test_moving_statistics_are_batch_norms_without_sync(keras) -> None:
+    active, model = _model(keras, 1, False)
+    found = {id(v) for v in active.moving_statistics(model)}
+    bn = next(layer for layer in model.layers if "batch_normalization" in layer.name)
+    assert found == {id(bn.moving_mean), id(bn.moving_variance)}
+    synced = active.SyncBatchNormalization()
+    synced.build((None, 3))
+    assert not active.moving_statistics(active.keras.Sequential([synced]))
+
+
+def test_fingerprints_differ_with_one_bit() -> None:
+    from hvd_train.runtime import replicas
+
+    tf = pytest.importorskip("tensorflow")
+    v = tf.Variable(np.arange(6, dtype=np.float32))
+    before = replicas.fingerprint(v)
+    assert replicas.fingerprint(tf.Variable(np.arange(6, dtype=np.float32))) == before
+    v.assign(v + np.array([0, 0, 0, 0, 0, 1e-6], np.float32))
+    assert replicas.fingerprint(v) != before
+
+
+@pytest.mark.parametrize("name", KERASES)
+def test_each_keras_binding_satisfies_the_binding_contract(name) -> None:
+    """Every member `contract.KerasBinding` declares is in the binding, with the same
+    parameters (as Keras checks every backend against one op list)."""
+    module = binding.activate(name)
+    members = [m for m in dir(contract.KerasBinding) if not m.startswith("_")]
+    assert members, "the contract declares nothing"
+    hints = typing.get_type_hints(contract.KerasBinding)
+    for member in members:
+        assert hasattr(module, member), f"{module.__name__} lacks {member}"
+        declared = getattr(contract.KerasBinding, member)
+        if callable(declared) and not isinstance(declared, type):
+            got = list(inspect.signature(getattr(module, member)).parameters)
+            want = [p for p in inspect.signature(declared).parameters if p != "self"]
+            assert got == want, f"{module.__name__}.{member}{got}: the contract says {want}"
+    for attribute in hints:
+        assert hasattr(module, attribute), f"{module.__name__} lacks {attribute}"
+    assert isinstance(module, contract.KerasBinding)
+
+
+def test_keras2_mixed_float16_with_accumulation_is_refused_at_load(tmp_path) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump({
+        "runtime": {"keras": "tf_keras", "mixed_precision": "mixed_float16"},
+        "train": {"gradient_accumulation_steps": 2},
+    }))  # fmt: skip
+    with pytest.raises(ConfigError, match="refused on Keras 2"):
+        rules.check(load_config(str(config)), 2)
+    rules.check(load_config(str(config), ["runtime.keras=keras"]), 2)
+    rules.check(load_config(str(config), ["runtime.mixed_precision=mixed_bfloat16"]), 2)
+
+
+def test_replica_checks_every_n_steps_need_the_check_on(tmp_path) -> None:
+    off = ["runtime.check_replicas=off", "runtime.check_replicas_every_steps=5"]
+    with pytest.raises(ConfigError, match="check_replicas is off"):
+        rules.check(load_config(None, off), 1)
+    rules.check(load_config(None, off[1:]), 1)
+    assert load_config(None).runtime.check_replicas == "epoch"
