@@ -73,6 +73,18 @@ def test_logged_rates_follow_the_cosine_schedule_per_batch(runs: pathlib.Path) -
     assert rows[-1]["learning_rate"] < 0.1 * rows[0]["learning_rate"]  # it decayed
 
 
+def test_one_worker_resuming_the_2_worker_run_ends_its_schedule_at_the_floor(runs) -> None:
+    """One worker (44 steps an epoch) resumes the 2-worker run (22) from its epoch-2 checkpoint,
+    in a run.dir of its own: its schedule continues at epoch 2, not at the step counter's 44
+    read as one worker's steps, so epoch 3's last step trains at the cosine's floor, 0."""
+    ckpt = runs / "two" / "checkpoints" / "ckpt-00000044"
+    proc = check(run([PYTHON, *_args("resumed"), "--set", f"train.resume={ckpt}"], cwd=runs))
+    assert f"resuming from {ckpt}: epoch 3, step 0" in proc.stdout, proc.stdout
+    rows, summary = read(runs / "resumed")
+    assert summary["world_size"] == 1 and [r["epoch"] for r in rows] == [3], rows
+    assert rows[-1]["learning_rate"] == 0.0, rows
+
+
 def test_a_folder_without_metrics_is_exit_2_with_one_line(runs: pathlib.Path) -> None:
     proc = run([PYTHON, "-m", "hvd_train", "compare", "one", "nope"], cwd=runs, timeout=60)
     assert proc.returncode == 2

@@ -18,7 +18,10 @@ from harness import PYTHON, QUICKSTART, check, run, start_up_lines
 from hvd_train.base.errors import ConfigError
 from hvd_train.config import check as check_config
 from hvd_train.config import derive, load_config
+from hvd_train.runtime import binding, distributed
 from hvd_train.runtime.schedules import WarmupScaledMath, learning_rate_schedule, rates
+from hvd_train.train import resume as resuming
+from hvd_train.train.checkpoint import CheckpointStore
 
 COMMON = ["optimizer.learning_rate=0.1", "optimizer.lr_scaling=linear", "train.batch_size=10",
           "optimizer.warmup_epochs=1", "train.epochs=11"]  # fmt: skip
@@ -114,6 +117,114 @@ def test_schedule_round_trips_through_a_saved_model_with_its_optimizer(
     assert int(loaded.optimizer.iterations) == 2
     # the rate the next step will use: step 2 of the warm-up, 0.1 + 0.3 x 2/10
     assert float(restored(loaded.optimizer.iterations)) == pytest.approx(0.16)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_a_fresh_schedule_is_at_the_step_counter_bit_for_bit(case: str) -> None:
+    """Its position is the step counter as float32, as the rates were computed before the
+    schedule lived in epochs; re-based at the same steps per epoch (a resume at the same
+    worker count), it still is."""
+    s = schedule(f"optimizer.schedule={case.removesuffix('_floor')}", *CASES[case][0])
+    counters = [0, 1, 9, 10, 109, 10**6 + 7, 2**24 + 1, 2**25 + 3]  # float32 rounds the last two
+    as_before = [float(tf.cast(tf.constant(c, tf.int64), tf.float32)) for c in counters]
+    assert [float(s.position(tf.constant(c, tf.int64))) for c in counters] == as_before
+    before = rates(s, 110)
+    assert before == (s._unscaled(tf.range(110, dtype=tf.float32)) * s.multiplier).numpy().tolist()
+    s.continue_at(2.0, 20)  # 10 steps an epoch: step 20 starts epoch 2
+    assert rates(s, 110) == before
+
+
+# Resumed after 2 epochs of 6, inside a 3-epoch warm-up: 400 examples, 10 per worker, so 20
+# steps an epoch at 2 workers, 40 at one, 12 at 3 with 2 batches per update.
+RESUMED = ["optimizer.learning_rate=0.1", "optimizer.lr_scaling=linear", "train.batch_size=10",
+           "optimizer.warmup_epochs=3", "train.epochs=6", "optimizer.min_lr_fraction=0.05"]  # fmt: skip
+
+
+@pytest.mark.parametrize("decay", ["cosine", "warmup_decay"])
+# (one worker accumulating 2 batches: its rate is scaled x2, so it has a warm-up to end)
+@pytest.mark.parametrize(("before", "after", "accumulation"), [(2, 1, 2), (1, 2, 1), (2, 3, 2)])
+def test_a_schedule_resumed_at_another_worker_count_continues_at_its_epoch(
+    decay, before, after, accumulation
+) -> None:
+    """Re-based at epoch 2 (the step counter as `before` workers left it), the schedule of
+    `after` workers ends its warm-up at epoch 3 and trains the last step of epoch 6, and no
+    step before it, at the floor. Read at its own steps per epoch, the counter would end the
+    run above the floor (fewer steps an epoch before) or reach it epochs early (more)."""
+    cfg = load_config(None, [*RESUMED, f"optimizer.schedule={decay}",
+                             f"train.gradient_accumulation_steps={accumulation}"])  # fmt: skip
+    old, new = derive(cfg, before, 400), derive(cfg, after, 400)
+    assert old.steps_per_epoch != new.steps_per_epoch
+    counter, spe = 2 * old.steps_per_epoch, new.steps_per_epoch
+    s = learning_rate_schedule(cfg, new)
+    s.continue_at(2.0, counter)
+    assert float(s.position(counter)) == 2 * spe
+    ramp = new.base_lr + (new.scaled_lr - new.base_lr) * 2 / 3  # 2 of the 3 warm-up epochs
+    assert at(s, counter) == pytest.approx([ramp], rel=1e-6)
+    assert float(s.position(counter + spe)) == new.warmup_steps  # epoch 3's first step
+    assert float(s(counter + spe - 1)) < new.scaled_lr  # the warm-up's last step
+    assert float(s(counter + spe)) == pytest.approx(new.scaled_lr, rel=1e-6)
+    left = s(tf.range(counter, counter + 4 * spe)).numpy()  # epochs 3 to 6
+    floor = float(tf.constant(0.05 * new.scaled_lr, tf.float32))
+    assert float(left[-1]) == floor
+    assert float(left[:-1].min()) > floor
+
+
+def _old_state(epoch: int, step: int, global_step: int, plan) -> dict:
+    """state.json as hvd_train wrote it before the schedule lived in epochs."""
+    return {"global_step": global_step, "epoch": epoch, "step": step,
+            "examples_in_epoch": step * plan.global_batch, "epochs": 6,
+            "steps_per_epoch": plan.steps_per_epoch, "world_size": plan.world_size,
+            "per_worker_batch": plan.per_worker_batch, "global_batch": plan.global_batch,
+            "seed": 0, "reason": "epoch_end" if not step else "steps", "metrics": {},
+            "lr_multiplier": 0.5, "keras": binding.active().describe(), "random_states": None,
+            "time": 0.0}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("epoch", "step", "position"),
+    # 20 steps an epoch at 2 workers, 40 at one: step 5 of 20 is step 10 of 40
+    [(2, 0, 80), (2, 5, 90)],
+)
+def test_an_old_checkpoint_resumes_at_its_epoch_at_another_worker_count(
+    tmp_path, monkeypatch, each_keras, epoch, step, position
+) -> None:
+    """A checkpoint of 2 workers whose state.json has no key of the schedule's, resumed by
+    train/resume.py at one worker (one process, Horovod's collectives stood in for): the
+    schedule continues at the checkpoint's epoch and ends the run at the floor."""
+    keras = each_keras.keras
+    cfg = load_config(None, [*RESUMED, "optimizer.schedule=cosine", f"run.dir={tmp_path}"])
+    two, one = derive(cfg, 2, 400), derive(cfg, 1, 400)
+
+    def model_with_schedule():
+        s = learning_rate_schedule(cfg, one)
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+        model.compile(optimizer=keras.optimizers.SGD(s), loss="mse")
+        model.optimizer.build(model.trainable_variables)
+        return model, s
+
+    saved, _ = model_with_schedule()
+    counter = epoch * two.steps_per_epoch + step
+    saved.optimizer.iterations.assign(counter)
+    path = CheckpointStore(str(tmp_path), cfg.checkpoint).save(
+        saved, _old_state(epoch, step, counter, two)
+    )
+    names = [name for name, _ in tf.train.list_variables(f"{path}/ckpt")]
+    # The schedule's variables are not in it (its origin, as the multiplier, is set on resume)
+    assert not [n for n in names if "origin" in n or "multiplier" in n], names
+
+    for name, stand_in in [("is_chief", lambda: True), ("rank", lambda: 0),
+                           ("broadcast_object", lambda obj, name: obj), ("log", print)]:  # fmt: skip
+        monkeypatch.setattr(distributed, name, stand_in)
+    monkeypatch.setattr(each_keras, "broadcast_model", lambda model: None)
+    model, s = model_with_schedule()
+    start = resuming.resume(cfg, model, one)
+    assert (start.epoch, start.step) == (epoch, position - epoch * one.steps_per_epoch)
+    assert int(model.optimizer.iterations.numpy()) == counter
+    assert float(s.position(counter)) == position
+    assert float(s.multiplier.numpy()) == 0.5
+    last = counter + 6 * one.steps_per_epoch - position - 1  # the counter at epoch 6's last step
+    assert float(s(last)) == float(tf.constant(0.05 * one.scaled_lr * 0.5, tf.float32))
+    assert float(s(last - 1)) > float(s(last))
 
 
 @pytest.mark.parametrize(

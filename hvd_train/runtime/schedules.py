@@ -3,6 +3,14 @@
 The schedule reads the optimizer's own step counter, so its position is part of the optimizer
 state: a resumed run continues it exactly, and no callback has to set the rate each batch.
 
+The schedule lives in epochs: its lengths are set in epochs (`optimizer.warmup_epochs`,
+`step_boundaries_epochs`, `decay_epochs`, `train.epochs`) and counted in steps of this job's
+`steps_per_epoch`. The step counter means other epochs at another worker count or batch size,
+so a resume or a Horovod Elastic reset re-bases the schedule (`continue_at`): from then on its
+position is the epoch it resumed at plus the steps taken since, and the run continues at the
+same point of its schedule: the warm-up ends at the same epoch and the decays reach their floor
+at the last epoch's last step. A fresh run's position is the step counter itself.
+
 Every schedule has the same two phases. The warm-up ramps linearly from `base_lr` (the rate
 for one worker's batch) to `scaled_lr` (scaled by the worker count) over `warmup_steps`. Then
 the decay runs on `scaled_lr`:
@@ -51,6 +59,8 @@ class WarmupScaledMath:
         boundaries: steps at which `step` multiplies the rate by `factor`.
         decay_steps: steps over which `exponential` multiplies the rate by `decay_rate`.
         min_fraction: the lowest rate, as a fraction of `scaled_lr`.
+        steps_per_epoch: the steps of an epoch, in which the lengths above are counted; the
+            position the schedule is re-based to (`continue_at`) is in epochs. Defaults to 1.
     """
 
     def __init__(
@@ -65,6 +75,7 @@ class WarmupScaledMath:
         decay_rate: float = 1.0,
         decay_steps: float = 1.0,
         min_fraction: float = 0.0,
+        steps_per_epoch: int = 1,
     ):
         if decay not in DECAYS:
             raise ValueError(f"decay: expected one of {DECAYS}, got {decay!r}")
@@ -78,17 +89,36 @@ class WarmupScaledMath:
         self.decay_rate = float(decay_rate)
         self.decay_steps = float(decay_steps)
         self.min_fraction = float(min_fraction)
+        self.steps_per_epoch = int(steps_per_epoch)
         # Scales the whole schedule (warm-up and decay alike): ReduceLROnPlateau's lever (see
         # user_callbacks.py), kept in each checkpoint's state.json. Not in get_config: a fresh
         # schedule starts at 1, and x 1.0 leaves every rate bit for bit as it was.
         self.multiplier = tf.Variable(1.0, trainable=False, dtype=tf.float32, name="lr_multiplier")
+        # The origin: the step counter `origin_step` is at `origin_epoch` of the run (see
+        # `continue_at`). Not in get_config either: a fresh schedule starts at 0, 0, where the
+        # position is the step counter itself, bit for bit. float64: the position is a whole
+        # number of steps again after x steps_per_epoch.
+        self.origin_epoch = tf.Variable(0.0, trainable=False, dtype=tf.float64, name="lr_origin")
+        self.origin_step = tf.Variable(0, trainable=False, dtype=tf.int64, name="lr_origin_step")
 
     def __call__(self, step: tf.Tensor) -> tf.Tensor:
-        """The rate at `step` (a scalar or a vector of steps)."""
-        return self._unscaled(step) * self.multiplier
+        """The rate at the optimizer's step counter `step` (a scalar or a vector of steps)."""
+        return self._unscaled(self.position(step)) * self.multiplier
+
+    def continue_at(self, epoch: float, iterations: int) -> None:
+        """Re-bases the schedule: the optimizer's step counter `iterations` is at `epoch` of
+        the run (the epochs done, a fraction for a part of one); the counter's later steps
+        follow on from there, one `1 / steps_per_epoch` of an epoch each."""
+        self.origin_epoch.assign(float(epoch))
+        self.origin_step.assign(int(iterations))
+
+    def position(self, step: tf.Tensor) -> tf.Tensor:
+        """The run's position at the step counter `step`, in steps of this schedule's epoch
+        (float32): `origin_epoch x steps_per_epoch + step - origin_step`."""
+        since = tf.cast(step, tf.float64) - tf.cast(self.origin_step, tf.float64)
+        return tf.cast(self.origin_epoch * self.steps_per_epoch + since, tf.float32)
 
     def _unscaled(self, step: tf.Tensor) -> tf.Tensor:
-        step = tf.cast(step, tf.float32)
         after = self._decayed(step)
         if self.warmup_steps <= 0:
             return after
@@ -125,6 +155,7 @@ class WarmupScaledMath:
             "decay_rate": self.decay_rate,
             "decay_steps": self.decay_steps,
             "min_fraction": self.min_fraction,
+            "steps_per_epoch": self.steps_per_epoch,
         }
 
 
@@ -149,9 +180,25 @@ def warmup_scaled(keras: ModuleType | None, *args: Any, **kwargs: Any) -> Warmup
 
 def lr_multiplier(optimizer: Any) -> tf.Variable | None:
     """The multiplier of the optimizer's WarmupScaled schedule; None for another rate."""
+    schedule = _schedule(optimizer)
+    return schedule.multiplier if schedule is not None else None
+
+
+def continue_at(optimizer: Any, epoch: float) -> None:
+    """Re-bases the optimizer's WarmupScaled schedule (none: nothing to do) so that its next
+    step, at the step counter as it is now, trains at `epoch` of the run: after a resume or an
+    Elastic reset, whose worker count or batch size may not be the one that advanced the
+    counter."""
+    schedule = _schedule(optimizer)
+    if schedule is not None:
+        inner = getattr(optimizer, "inner_optimizer", optimizer)
+        schedule.continue_at(epoch, int(inner.iterations.numpy()))
+
+
+def _schedule(optimizer: Any) -> WarmupScaledMath | None:
     inner = getattr(optimizer, "inner_optimizer", optimizer)  # under mixed_float16's loss scale
     schedule = getattr(inner, "_learning_rate", None)
-    return schedule.multiplier if isinstance(schedule, WarmupScaledMath) else None
+    return schedule if isinstance(schedule, WarmupScaledMath) else None
 
 
 def learning_rate_schedule(cfg: Config, plan: Derived) -> WarmupScaledMath:
@@ -174,6 +221,7 @@ def schedule_arguments(cfg: Config, plan: Derived) -> dict[str, Any]:
         decay_rate=o.decay_rate,
         decay_steps=o.decay_epochs * spe,
         min_fraction=o.min_lr_fraction,
+        steps_per_epoch=spe,
     )
 
 

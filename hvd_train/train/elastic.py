@@ -18,7 +18,7 @@ from typing import Any
 from hvd_train.config import Config, Derived, derive
 from hvd_train.data.pipeline import Source
 from hvd_train.runtime import binding, distributed
-from hvd_train.runtime.schedules import learning_rate_schedule, lr_multiplier
+from hvd_train.runtime.schedules import continue_at, learning_rate_schedule, lr_multiplier
 from hvd_train.train.callbacks import RunCallbacks
 from hvd_train.train.fitting import fit_from
 from hvd_train.train.hooks import Callback
@@ -67,13 +67,13 @@ def fit_elastic(
     def run(state: Any) -> None:
         d = derive(cfg, distributed.size(), source.num_train)
         report["world_sizes"].append(d.world_size)
-        rescale_learning_rate(model, cfg, d)
         epoch, step = state.epoch, state.batch
         if step and state.global_batch and state.global_batch != d.global_batch:
             step = step * state.global_batch // d.global_batch  # same examples, new batch
         if step >= d.steps_per_epoch:
             epoch, step = epoch + 1, 0
         state.epoch, state.batch = epoch, step
+        rescale_learning_rate(model, cfg, d, epoch + step / d.steps_per_epoch)
         leading = (
             # Horovod Elastic: commit (in memory) every N steps and at each epoch's end.
             active.commit_callback(state, cfg.elastic.commit_every_steps),
@@ -86,12 +86,14 @@ def fit_elastic(
     return history, report
 
 
-def rescale_learning_rate(model: Any, cfg: Config, d: Derived) -> None:
-    """Gives the optimizer this worker count's schedule, with the rate multiplier it had, and
+def rescale_learning_rate(model: Any, cfg: Config, d: Derived, epoch: float) -> None:
+    """Gives the optimizer this worker count's schedule, with the rate multiplier it had, its
+    next step at `epoch` of the run (the step counter went on at other steps per epoch), and
     retraces the step (the traced step holds the old rates as constants)."""
     schedule = learning_rate_schedule(cfg, d)
     multiplier = lr_multiplier(model.optimizer)
     if multiplier is not None:
         schedule.multiplier.assign(multiplier)
     model.optimizer.learning_rate = schedule  # Keras's setter takes a schedule, built or not
+    continue_at(model.optimizer, epoch)
     model.train_function = None

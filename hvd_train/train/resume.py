@@ -11,7 +11,7 @@ from hvd_train.base.errors import CheckpointError, DataError, UserError
 from hvd_train.config import Config, Derived
 from hvd_train.record.layout import RunDir
 from hvd_train.runtime import binding, distributed
-from hvd_train.runtime.schedules import lr_multiplier
+from hvd_train.runtime.schedules import continue_at, lr_multiplier
 from hvd_train.train import random_states
 from hvd_train.train.checkpoint import (
     PREFIX,
@@ -76,6 +76,9 @@ def resume(cfg: Config, model: Model, plan: Derived) -> Start:
         step = state["examples_in_epoch"] // plan.global_batch
     if step >= plan.steps_per_epoch:
         epoch, step = epoch + 1, 0
+    # The schedule lives in epochs: at another worker count or batch size the restored step
+    # counter means other epochs, so the schedule continues from the epoch resumed at.
+    continue_at(model.optimizer, epoch + step / plan.steps_per_epoch)
     aside = ", ".join(found["set_aside"])
     aside = f"; set aside as unloadable: {aside}" if aside else ""
     distributed.log(
