@@ -221,7 +221,13 @@ def build_for_training(model: Any, input_shape: tuple[int, ...], num_classes: in
     and a tf.function that creates variables is traced twice (once to create them, once more
     without), which costs seconds of every job's first step with Horovod's all-reduce in it.
     Keras' own symbolic build creates the loss's and metrics' from one example's shape and a
-    sparse label, as `fit` then sees them, without tracing the step."""
+    sparse label, as `fit` then sees them, without tracing the step.
+
+    A model whose layers are built at its first call (a subclassed model, as keras.io's guides
+    write them) is called once on a batch of zeros first: the optimizer can only update the
+    variables it was built with, and a resume restores into variables that exist."""
+    if not all(layer.built for layer in model._flatten_layers()):  # Keras' own test (fit's)
+        model(tf.zeros((1, *input_shape)), training=False)
     model.optimizer.build(model.trainable_variables)
     example = (tf.zeros((1, *input_shape)), tf.zeros((1,), tf.int64))
     model._symbolic_build(data_batch=example)
