@@ -127,3 +127,40 @@ def test_no_warning_without_advice_but_the_fraction_is_recorded(logged) -> None:
     iw.set_params({"epochs": 1})
     assert run_epoch(iw, clock, 0, [(0.0, 1.0), (1.0, 1.0), (1.0, 1.0)]) == 1.0
     assert logged == []
+
+
+def _stages(ds: tf.data.Dataset) -> list[str]:
+    """The dataset's transformations, last first, by class (`_PrefetchDataset`, ...)."""
+    names = []
+    while ds is not None:
+        names.append(type(ds).__name__)
+        ds = getattr(ds, "_input_dataset", None)
+    return names
+
+
+@pytest.mark.parametrize("gpu", [False, True])
+def test_prefetch_to_device_is_the_last_stage_fit_gets(monkeypatch, gpu: bool) -> None:
+    """With data.prefetch_to_device and a GPU visible (faked: the copy to /gpu:0 is only built,
+    not run), the dataset `fit` gets ends with the device copy and its prefetch, after the
+    resumed epoch's skip and the input-wait stamp, as TensorFlow requires; without a GPU it
+    ends with the stamp."""
+    from hvd_train.config import derive, load_config
+    from hvd_train.data.pipeline import load_source
+    from hvd_train.train.fitting import fit_dataset
+
+    cfg = load_config(None, ["data.source=digits", "data.prefetch_to_device=true"])
+    source = load_source(cfg)
+    plan = derive(cfg, 1, source.num_train)
+    monkeypatch.setattr(distributed, "rank", lambda: 0)
+    if gpu:  # faked: the copy to /gpu:0 is built, never run
+        visible, fake = tf.config.get_visible_devices, [tf.config.PhysicalDevice("GPU:0", "GPU")]
+        monkeypatch.setattr(
+            tf.config, "get_visible_devices", lambda kind=None: fake if kind == "GPU" else visible(kind)
+        )  # fmt: skip
+    stages = _stages(fit_dataset(source, cfg, plan, 0, 3, InputWait(0.5)))
+    # the input-wait stamp (a map, with its options) right after the resumed epoch's skip, after
+    # train_dataset's prefetch
+    fed = ["_OptionsDataset", "_MapDataset", "_SkipDataset", "_PrefetchDataset"]
+    expected = ["_PrefetchDataset", "_CopyToDeviceDataset", *fed] if gpu else fed
+    assert stages[: len(expected)] == expected, stages
+    assert stages.count("_CopyToDeviceDataset") == int(gpu), stages

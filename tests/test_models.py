@@ -16,7 +16,7 @@ import re
 import numpy as np
 import pytest
 import tensorflow as tf
-from harness import PYTHON, ROOT, WORKERS, check, horovodrun, run
+from harness import PYTHON, ROOT, WORKERS, check, horovodrun, load_model, run
 
 from hvd_train.base.errors import ConfigError
 from hvd_train.config import check as check_config
@@ -143,6 +143,51 @@ print("max_diff", float(np.abs(got - np.load({str(run_dir / "predictions.npy")!r
     out = check(run([PYTHON, "-c", script], cwd=run_dir)).stdout
     assert "kinds ['BatchNormalization']" in out, out
     assert float(re.search(r"max_diff (\S+)", out).group(1)) < 1e-5, out
+
+
+SUBCLASSED = "tests/workers/subclassed_models.py:tiny_net"
+
+
+@pytest.fixture(scope="module")
+def subclassed(tmp_path_factory) -> tuple[pathlib.Path, dict[str, dict]]:
+    """A subclassed Keras 3 model (layers built at its first call) one epoch, then the same
+    run.dir resumed for a second, its predictions on a probe saved. 2 workers, one job."""
+    root = tmp_path_factory.mktemp("subclassed")
+    probe = root / "probe.npy"
+    np.save(probe, np.random.default_rng(0).random((4, 32, 32, 3), dtype=np.float32))
+    run = [*TINY, f"model.factory={SUBCLASSED}", f"run.dir={root / 'run'}"]
+    spec = [
+        {"name": "first", "config": None, "overrides": run},
+        {"name": "resumed", "config": None, "overrides": [*run, "train.epochs=2"],
+         "predict_on": str(probe)},
+    ]  # fmt: skip
+    return root, _job(root, spec, workers=2)
+
+
+@pytest.mark.multiworker
+@pytest.mark.skipif(not binding.has_keras3(), reason="Keras 3 (TensorFlow 2.16+)")
+def test_a_subclassed_keras3_model_trains_resumes_and_exports(subclassed) -> None:
+    """A keras.Model subclass whose layers are built at its first call trains at 2 workers,
+    resumes from its checkpoint (the optimizer's step count goes on from it), and its exported
+    model.keras loads where its class is importable, with the trained model's predictions."""
+    import importlib.util
+
+    root, results = subclassed
+    first, resumed = results["first"], results["resumed"]
+    assert (first["status"], first["world_size"]) == ("completed", 2), first
+    assert first["trainable_identical"] and resumed["trainable_identical"]
+    steps = first["iterations"]  # one epoch's
+    assert steps > 0 and resumed["iterations"] == 2 * steps, (first, resumed)
+    summary = json.loads((root / "run" / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["epochs_completed"] == 2, summary
+    # the class is importable where the model loads: its module registers it with Keras
+    path = ROOT / SUBCLASSED.rpartition(":")[0]
+    spec = importlib.util.spec_from_file_location("subclassed_models", path)
+    spec.loader.exec_module(importlib.util.module_from_spec(spec))
+    model = load_model(root / "run" / "model.keras")
+    assert type(model).__name__ == "TinyNet"
+    got = model.predict(np.load(root / "probe.npy"), verbose=0)
+    np.testing.assert_allclose(got, np.load(root / "run" / "predictions.npy"), atol=1e-6)
 
 
 # --------------------------------------------------------------------------- single process

@@ -17,6 +17,7 @@ import pytest
 from harness import KERASES, PYTHON, QUICKSTART, ROOT, WORKERS, check, horovodrun, run
 
 from hvd_train.config import load_config
+from hvd_train.runtime.binding import has_keras3
 from hvd_train.train import perf
 
 # --------------------------------------------------------------------------- timeline arithmetic
@@ -160,22 +161,84 @@ def expected_cores(local_rank: int, local_size: int) -> list[int]:
     )
 
 
-def test_jit_compile_takes_the_whole_step_only_where_horovod_has_its_xla_ops(tmp_path) -> None:
+def test_jit_compile_takes_the_whole_step_only_where_horovod_has_its_xla_ops(
+    tmp_path, monkeypatch
+) -> None:
     """runtime.jit_compile on a GPU whose Horovod has its XLA all-reduce (CUDA builds for
-    TensorFlow 2.15 and 2.18): the whole train step; anywhere else (CPU, or Horovod built for
-    2.19+ without xla_mpi_ops.cc) XLA auto-clustering around the all-reduce, never a whole-step
-    compile that would fail on the HorovodAllreduce op. (No GPU here: the choice is tested, the
-    GPU compile is not.)"""
-    from hvd_train.runtime import tuning
+    TensorFlow 2.15 and 2.18), registered as its library loaded (HOROVOD_ENABLE_XLA_OPS=1): the
+    whole train step; anywhere else (CPU, Horovod built for 2.19+ without xla_mpi_ops.cc, or a
+    library loaded before the variable was set) XLA auto-clustering around the all-reduce,
+    never a whole-step compile that would fail on the HorovodAllreduce op. (No GPU here: the
+    choice is tested, the GPU compile is not.)"""
+    from hvd_train.runtime import xla
 
-    assert [tuning.whole_step_xla(gpu, ops) for gpu in (False, True) for ops in (False, True)] == [
+    assert [xla.whole_step_xla(gpu, ops) for gpu in (False, True) for ops in (False, True)] == [
         False, False, False, True,
     ]  # fmt: skip
     with_ops, without = tmp_path / "with.so", tmp_path / "without.so"
     with_ops.write_bytes(b"\0ELF...XLA_REGISTER CallbackHVDAllreduce\0...")
     without.write_bytes(b"\0ELF...HorovodAllreduce\0...")
-    assert tuning.horovod_has_xla_ops(with_ops) and not tuning.horovod_has_xla_ops(without)
-    assert not tuning.horovod_has_xla_ops()  # this machine's CPU build has none
+    assert xla.horovod_has_xla_ops(with_ops) and not xla.horovod_has_xla_ops(without)
+    assert not xla.horovod_has_xla_ops()  # this machine's CPU build has none
+    monkeypatch.setattr(xla, "horovod_has_xla_ops", lambda lib=None: True)
+    monkeypatch.delenv(xla.ENV, raising=False)
+    assert not xla.whole_step(True, gpu=True)  # the library loaded without it: not registered
+    monkeypatch.setenv(xla.ENV, "1")
+    assert xla.whole_step(True, gpu=True)
+    assert not xla.whole_step(False, gpu=True) and not xla.whole_step(True, gpu=False)
+
+
+def test_xla_ops_are_enabled_before_horovods_library_loads(tmp_path) -> None:
+    """A worker started as `hvd-train train` starts, with runtime.jit_compile on a host made to
+    look like a GPU host whose Horovod has its XLA all-reduce, has HOROVOD_ENABLE_XLA_OPS=1 in
+    its environment when horovod.tensorflow.mpi_ops (the import that loads Horovod's library,
+    whose registrars read it) is imported, and trains. What XLA then does with the all-reduce
+    needs a GPU and a CUDA build of Horovod: not run here."""
+    proc = check(run([
+        PYTHON, str(WORKERS / "xla_env_at_load.py"), "--config", str(QUICKSTART),
+        "--set", "run.dir=out", "--set", "runtime.jit_compile=true", "--set", "train.epochs=1",
+        "--set", "train.steps_per_epoch=1", "--set", "train.verbose=false",
+        "--set", "logging.tensorboard=false", "--set", "model.name=mlp",
+    ], cwd=tmp_path))  # fmt: skip
+    assert "AT_LOAD ['1'] CODE 0" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+def _allreduce_ops(jit_compile: bool, monkeypatch) -> set[str]:
+    """The Horovod ops in a Keras 3 train step traced as `fit` traces it (`tf.function` with
+    the model's `jit_compile`), as one of 2 workers: traced only, neither compiled nor run."""
+    import tensorflow as tf
+
+    from hvd_train.runtime import keras3
+
+    # 2 workers, without Horovod's init: tracing asks only for the size
+    monkeypatch.setattr(keras3.hvd_tf, "size", lambda: 2)
+    monkeypatch.setattr(keras3.hvd_tf.global_process_set, "size", lambda: 2)
+    keras = keras3.keras
+    inputs = keras.Input((4,))
+    model = keras.Model(inputs, keras.layers.Dense(3)(keras.layers.Dense(5)(inputs)))
+    model.compile(
+        optimizer=keras3.DistributedOptimizer(keras.optimizers.SGD(0.1)),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        jit_compile=jit_compile,
+    )
+    keras3.build_for_training(model, (4,), 3)
+    step = tf.function(model.train_step, jit_compile=model.jit_compile)
+    specs = (tf.TensorSpec((2, 4), tf.float32), tf.TensorSpec((2,), tf.int64))
+    graph = step.get_concrete_function(specs).graph.as_graph_def()
+    ops = {n.op for n in graph.node}
+    for f in graph.library.function:
+        ops |= {n.op for n in f.node_def}
+    return {op for op in ops if op.startswith("Horovod")}
+
+
+@pytest.mark.skipif(not has_keras3(), reason="Keras 3 (TensorFlow 2.16+)")
+def test_a_whole_step_xla_compile_all_reduces_tensor_by_tensor(monkeypatch) -> None:
+    """Horovod's XLA kernel is for HorovodAllreduce alone: in a Keras 3 step compiled whole
+    (jit_compile=True) the gradients are all-reduced one by one, with no
+    HorovodGroupedAllreduce; without XLA, in one grouped all-reduce. (Traced on CPU; compiling
+    and running it needs a GPU and Horovod's CUDA build: not run here.)"""
+    assert _allreduce_ops(True, monkeypatch) == {"HorovodAllreduce"}
+    assert _allreduce_ops(False, monkeypatch) == {"HorovodGroupedAllreduce"}
 
 
 @pytest.mark.stack  # runtime.jit_compile, mixed precision: on every stack

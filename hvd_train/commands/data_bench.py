@@ -6,7 +6,7 @@ from hvd_train.base import logs
 from hvd_train.commands.train import parser
 from hvd_train.config import load_config
 from hvd_train.record.layout import RunDir
-from hvd_train.runtime import binding
+from hvd_train.runtime import binding, xla
 
 
 def main(argv: list[str], prog: str) -> int:
@@ -21,6 +21,8 @@ def main(argv: list[str], prog: str) -> int:
     binding.prepare(cfg.runtime.keras)  # before TensorFlow loads: what tf.keras means
     logs.quiet_tensorflow(RunDir(cfg.run.dir).started_run_logs(), "hvd-train data-bench")
     binding.import_tensorflow()  # matplotlib deferred, the collector paused
+    # Before Horovod's library loads: its XLA all-reduce is registered then or never.
+    xla.prepare(cfg.runtime.jit_compile)
     from hvd_train.train.data_bench import data_bench
 
     data_bench(cfg, max(1, args.batches))

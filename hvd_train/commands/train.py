@@ -29,7 +29,7 @@ def main(argv: list[str], prog: str) -> int:
     cfg = load_config(args.config, args.overrides)  # before TensorFlow loads: fast to fail
     from hvd_train.base import logs, startup
     from hvd_train.record import stops
-    from hvd_train.runtime import binding
+    from hvd_train.runtime import binding, xla
 
     binding.prepare(cfg.runtime.keras)  # before TensorFlow loads: what tf.keras means
 
@@ -42,6 +42,8 @@ def main(argv: list[str], prog: str) -> int:
     # once run.dir is this job's; alone, TensorFlow's start-up lines are kept for that log.
     logs.quiet_tensorflow()
     binding.import_tensorflow()  # matplotlib deferred, the collector paused
+    # Before Horovod's library loads: its XLA all-reduce is registered then or never.
+    xla.prepare(cfg.runtime.jit_compile)
     from hvd_train.train.trainer import train
 
     startup.mark("imports")  # TensorFlow, Horovod and the trainer

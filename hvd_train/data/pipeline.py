@@ -24,7 +24,15 @@ from hvd_train.config import Config, Derived
 from hvd_train.data.augment import augment_batch_fn
 from hvd_train.data.sources import Source, load_source
 
-__all__ = ["Source", "load_source", "train_dataset", "val_shard", "batch_shard", "model_input"]
+__all__ = [
+    "Source",
+    "load_source",
+    "train_dataset",
+    "to_device",
+    "val_shard",
+    "batch_shard",
+    "model_input",
+]
 
 
 def epoch_batches(n: int, plan: Derived, rank: int, epoch: tf.Tensor, seed: int, shuffle: bool):
@@ -79,10 +87,16 @@ def train_dataset(
         )
     options = tf.data.Options()
     options.experimental_deterministic = True
-    ds = ds.with_options(options).prefetch(tf.data.AUTOTUNE)
-    if cfg.data.prefetch_to_device and tf.config.get_visible_devices("GPU"):
-        # Untested (no GPU here): copies the next batches to this worker's GPU ahead of the step.
-        ds = ds.apply(tf.data.experimental.prefetch_to_device("/gpu:0"))
+    return ds.with_options(options).prefetch(tf.data.AUTOTUNE)
+
+
+def to_device(ds: tf.data.Dataset, prefetch_to_device: bool) -> tf.data.Dataset:
+    """`ds` as the step reads it: with `data.prefetch_to_device` and a GPU visible, its next
+    batches copied to this worker's GPU ahead of the step. TensorFlow requires that stage to
+    be the pipeline's last, so it goes on after every other (the trainer's `skip` and input-wait
+    stamp included), right before `fit`. Not run on a GPU by this project."""
+    if prefetch_to_device and tf.config.get_visible_devices("GPU"):
+        return ds.apply(tf.data.experimental.prefetch_to_device("/gpu:0"))
     return ds
 
 

@@ -120,7 +120,12 @@ def build_for_training(model: Any, input_shape: tuple[int, ...], num_classes: in
     quickstart's first step here). Built from the shapes `compile` was given for: one output
     of `num_classes` scores and sparse integer labels, as `fit` then sees them. The optimizer's
     slots must also exist on every rank before a resume restores or broadcasts them.
+
+    A subclassed model, whose layers are built at its first call, is called once on a batch of
+    zeros first: its variables must exist before the optimizer's slots are made for them.
     """
+    if not model.built:
+        model(tf.zeros((1, *input_shape)), training=False)
     model.optimizer.build(model.trainable_variables)
     helper = _window(model)
     if helper is not None and not helper.locally_aggregated_grads:

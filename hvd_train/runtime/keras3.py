@@ -27,7 +27,6 @@ which XLA cannot do with this Horovod: hvd_train always passes it explicitly.
 from __future__ import annotations
 
 import functools
-import os
 import warnings
 from typing import Any
 
@@ -36,7 +35,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from hvd_train.runtime import binding, distributed, replicas, tuning
+from hvd_train.runtime import binding, distributed, replicas, xla
 from hvd_train.runtime.schedules import schedule_class, warmup_scaled
 
 NAME = binding.KERAS3
@@ -136,8 +135,9 @@ class Averaging:
         tf.cond(self._hvd_count % self._hvd_accumulation == 0, update, count)
 
     def _hvd_average(self, grads: list[Any]) -> list[Any]:
-        """`grads` averaged over the workers (one grouped all-reduce); None stays None. At one
-        worker there is nothing to average, and no all-reduce is built."""
+        """`grads` averaged over the workers (one grouped all-reduce; one all-reduce per tensor
+        in a step XLA compiles whole); None stays None. At one worker there is nothing to
+        average, and no all-reduce is built."""
         if hvd_tf.size() == 1:
             return grads
         present = [i for i, g in enumerate(grads) if g is not None]
@@ -147,11 +147,29 @@ class Averaging:
         compression = hvd_tf.Compression.fp16 if self._hvd_fp16 else hvd_tf.Compression.none
         # Named as Horovod's own DistributedOptimizer names its all-reduces (in its timeline).
         with tf.name_scope(f"Distributed{type(self).__name__}_Allreduce"):
-            averaged = hvd_tf.grouped_allreduce(dense, op=hvd_tf.Average, compression=compression)
+            if _compiled_by_xla():  # XLA has a kernel for HorovodAllreduce alone
+                averaged = [
+                    hvd_tf.allreduce(g, op=hvd_tf.Average, compression=compression) for g in dense
+                ]
+            else:
+                averaged = hvd_tf.grouped_allreduce(
+                    dense, op=hvd_tf.Average, compression=compression
+                )
         out = list(grads)
         for i, g in zip(present, averaged, strict=True):
             out[i] = g
         return out
+
+
+def _compiled_by_xla() -> bool:
+    """Whether the step being traced is compiled whole by XLA (`jit_compile=True`): TensorFlow
+    traces such a function inside an XLA context. A private TensorFlow module: where it is
+    missing, False (the grouped all-reduce, as without XLA)."""
+    try:
+        from tensorflow.python.ops import control_flow_util
+    except ImportError:
+        return False
+    return control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())
 
 
 @functools.cache
@@ -218,7 +236,13 @@ def build_for_training(model: Any, input_shape: tuple[int, ...], num_classes: in
     and a tf.function that creates variables is traced twice (once to create them, once more
     without), which costs seconds of every job's first step with Horovod's all-reduce in it.
     Keras' own symbolic build creates the loss's and metrics' from one example's shape and a
-    sparse label, as `fit` then sees them, without tracing the step."""
+    sparse label, as `fit` then sees them, without tracing the step.
+
+    A model whose layers are built at its first call (a subclassed model, as keras.io's guides
+    write them) is called once on a batch of zeros first: the optimizer can only update the
+    variables it was built with, and a resume restores into variables that exist."""
+    if not all(layer.built for layer in model._flatten_layers()):  # Keras' own test (fit's)
+        model(tf.zeros((1, *input_shape)), training=False)
     model.optimizer.build(model.trainable_variables)
     example = (tf.zeros((1, *input_shape)), tf.zeros((1,), tf.int64))
     model._symbolic_build(data_batch=example)
@@ -285,7 +309,7 @@ class BroadcastInitialState(keras.callbacks.Callback):
 def _no_xla_around_the_all_reduce(model: Any) -> None:
     """Turns off a `jit_compile` that would compile Horovod's all-reduce with XLA, which fails
     at the first step in a Horovod without XLA ops (every CPU build; the CUDA builds for
-    TensorFlow 2.19+: runtime/tuning.py), and makes `fit` trace its step again. `compile`'s
+    TensorFlow 2.19+: runtime/xla.py), and makes `fit` trace its step again. `compile`'s
     default, "auto", means XLA on a GPU. At one worker nothing is all-reduced."""
     if hvd_tf.size() == 1 or not model.jit_compile or _xla_all_reduce():
         return
@@ -299,11 +323,10 @@ def _no_xla_around_the_all_reduce(model: Any) -> None:
 
 
 def _xla_all_reduce() -> bool:
-    """Whether Horovod can all-reduce inside XLA here: on a GPU, its XLA ops built and enabled
-    at init (HOROVOD_ENABLE_XLA_OPS=1, which hvd_train's trainer sets where they are)."""
-    gpu = bool(tf.config.list_physical_devices("GPU"))
-    enabled = os.environ.get("HOROVOD_ENABLE_XLA_OPS") == "1"
-    return enabled and tuning.whole_step_xla(gpu, tuning.horovod_has_xla_ops())
+    """Whether Horovod can all-reduce inside XLA here: on a GPU, its XLA ops built and
+    registered as its library loaded (HOROVOD_ENABLE_XLA_OPS=1 before `import horovod`, which
+    hvd_train's commands set where they are: runtime/xla.py)."""
+    return xla.whole_step(True, xla.gpu_visible())
 
 
 def broadcast_callback() -> Any:

@@ -7,64 +7,27 @@ the model is built, the optimizer wrapping at compile.
 from __future__ import annotations
 
 import os
-import pathlib
 from typing import Any
 
 import tensorflow as tf
 
 from hvd_train.config import Config, Derived, RuntimeConfig
-from hvd_train.runtime import binding, distributed
+from hvd_train.runtime import binding, distributed, xla
 
 
 def before_init(runtime: RuntimeConfig) -> None:
     """What must happen before `hvd.init()` and before TensorFlow creates its thread pools."""
     if distributed.binds_cores(runtime.bind_cores):
         distributed.bind_cores()
-    if runtime.jit_compile:
-        _prepare_xla()
-
-
-def _prepare_xla() -> None:
-    # Horovod's all-reduce has an XLA implementation only in CUDA builds that compiled its
-    # xla_mpi_ops.cc (HOROVOD_ENABLE_XLA_OPS, read at hvd.init): there the whole train step is
-    # compiled. Elsewhere (CPU; Horovod built for TensorFlow 2.19+, which drops that file:
-    # scripts/patch_horovod.py) compiling the whole step fails on the HorovodAllreduce op, so
-    # XLA auto-clustering compiles what it can of the step, and the all-reduce stays outside.
-    if whole_step_xla(bool(tf.config.list_physical_devices("GPU")), horovod_has_xla_ops()):
-        os.environ.setdefault("HOROVOD_ENABLE_XLA_OPS", "1")
-    else:
-        flags = os.environ.get("TF_XLA_FLAGS", "")
-        if "--tf_xla_cpu_global_jit" not in flags:
-            os.environ["TF_XLA_FLAGS"] = f"{flags} --tf_xla_cpu_global_jit".strip()
-        tf.config.optimizer.set_jit("autoclustering")
-
-
-def whole_step_xla(gpu: bool, xla_ops: bool) -> bool:
-    """Whether `runtime.jit_compile` compiles the whole train step (all-reduce included)."""
-    return gpu and xla_ops
-
-
-def horovod_has_xla_ops(lib: pathlib.Path | None = None) -> bool:
-    """Whether Horovod's TensorFlow library (`lib`: the installed one) holds its XLA all-reduce,
-    the custom-call target xla_mpi_ops.cc registers in CUDA builds: its bytes searched, nothing
-    imported or loaded."""
-    import importlib.util
-    import mmap
-
-    if lib is None:
-        spec = importlib.util.find_spec("horovod.tensorflow")
-        origin = spec.origin if spec else None
-        lib = next(pathlib.Path(origin).parent.glob("mpi_lib*.so"), None) if origin else None
-    if lib is None or lib.stat().st_size == 0:
-        return False
-    with open(lib, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
-        return data.find(b"CallbackHVDAllreduce") >= 0
+    # The commands made this decision before Horovod's library loaded (xla.py); a caller that
+    # imported the trainer first gets auto-clustering here.
+    xla.prepare(runtime.jit_compile)
 
 
 def jit_compile(runtime: RuntimeConfig, device: str) -> bool:
     """Keras' `jit_compile` for model.compile: the whole train step where XLA can compile the
-    all-reduce (see _prepare_xla)."""
-    return runtime.jit_compile and whole_step_xla(device == "gpu", horovod_has_xla_ops())
+    all-reduce (xla.whole_step)."""
+    return xla.whole_step(runtime.jit_compile, device == "gpu")
 
 
 def precision_policy(runtime: RuntimeConfig) -> str:
@@ -102,7 +65,9 @@ def log_knobs(cfg: Config, plan: Derived) -> None:
     if cfg.runtime.jit_compile:
         auto = tf.config.optimizer.get_jit() == "autoclustering"
         parts.append(
-            "XLA auto-clustering (the all-reduce outside)" if auto else "XLA: the whole train step"
+            "XLA auto-clustering (the all-reduce outside)"
+            if auto
+            else "XLA: the whole train step, Horovod's all-reduce tensor by tensor"
         )
     if cfg.horovod.timeline:
         parts.append("Horovod timeline on (its writer thread polls on rank 0: slower steps)")

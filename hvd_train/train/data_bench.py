@@ -9,7 +9,7 @@ from dataclasses import replace
 import tensorflow as tf
 
 from hvd_train.config import Config, Derived, derive
-from hvd_train.data.pipeline import Source, load_source, train_dataset
+from hvd_train.data.pipeline import Source, load_source, to_device, train_dataset
 from hvd_train.record.layout import RunDir
 from hvd_train.runtime import distributed, worker
 from hvd_train.train.hooks import Callback
@@ -28,9 +28,8 @@ def data_bench(cfg: Config, batches: int) -> dict[str, float]:
     warm = 5
     epochs = -(-(warm + batches) // plan.steps_per_epoch)
     long_cfg = _with_epochs(cfg, epochs)
-    input_rate = _pipeline_rate(
-        train_dataset(source, long_cfg, plan, distributed.rank()), warm, batches
-    )
+    data = train_dataset(source, long_cfg, plan, distributed.rank())
+    input_rate = _pipeline_rate(to_device(data, cfg.data.prefetch_to_device), warm, batches)
     model_rate = _model_rate(cfg, plan, source, device, warm, batches)
     rates = distributed.allgather_object((input_rate, model_rate), name="data_bench")
     worst_in, worst_model = min(r[0] for r in rates), min(r[1] for r in rates)

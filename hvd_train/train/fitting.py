@@ -14,9 +14,10 @@ from typing import Any
 import tensorflow as tf
 
 from hvd_train.config import Config, Derived
-from hvd_train.data.pipeline import Source, train_dataset
+from hvd_train.data.pipeline import Source, to_device, train_dataset
 from hvd_train.runtime import distributed
 from hvd_train.train.callbacks import RunCallbacks, wants_progress_bar
+from hvd_train.train.input_wait import InputWait
 
 # Keras times the callbacks' batch hooks over a fit's first batches, the first included, and
 # warns when they take longer than the steps. Measured on the quickstart (2 workers, 28 ms
@@ -48,11 +49,11 @@ def fit_from(
     # Keras' bar (build_callbacks put a callbacks.ProgressBar in the list), else none.
     verbose = 1 if wants_progress_bar(cfg.train.verbose) else 0
     while epoch < cfg.train.epochs:
-        data = train_dataset(source, cfg, plan, distributed.rank(), first_epoch=epoch)
+        data = fit_dataset(source, cfg, plan, epoch, step, callbacks.input_wait)
         last = epoch + 1 if step else cfg.train.epochs  # a part-done epoch on its own
         with without_first_batch_timing_warning():
             h = model.fit(
-                callbacks.input_wait.attach(data.skip(step)), initial_epoch=epoch, epochs=last,
+                data, initial_epoch=epoch, epochs=last,
                 steps_per_epoch=plan.steps_per_epoch - step, callbacks=list(callbacks.all),
                 verbose=verbose, shuffle=False,  # the data is in its epoch's order already
             )  # fmt: skip
@@ -62,6 +63,16 @@ def fit_from(
             break
         epoch, step = last, 0
     return history
+
+
+def fit_dataset(
+    source: Source, cfg: Config, plan: Derived, epoch: int, step: int, input_wait: InputWait
+) -> tf.data.Dataset:
+    """This worker's batches from (epoch, step), as `fit` reads them: the epoch's data with the
+    done steps skipped, the input-wait stamp, and last (TensorFlow requires it last) the copy
+    to the GPU that `data.prefetch_to_device` asks for."""
+    data = train_dataset(source, cfg, plan, distributed.rank(), first_epoch=epoch)
+    return to_device(input_wait.attach(data.skip(step)), cfg.data.prefetch_to_device)
 
 
 class _DropMessage(logging.Filter):

@@ -2,7 +2,8 @@
 
 Usage: train_runs.py SPEC.json, where SPEC.json is a list of
 `{"name": ..., "config": PATH or null, "overrides": ["k=v", ...], "predict_on": NPY or null}`.
-For each run, rank 0 prints one line `RESULT {json}` with the summary status, whether the
+For each run, rank 0 prints one line `RESULT {json}` with the summary status, the optimizer's
+step count, whether the
 trainable weights and the BatchNormalization statistics are identical on all ranks, and how
 many SyncBatchNormalization layers the trained model has. With `predict_on`, rank 0 also saves
 the trained model's predictions on those inputs to `<run.dir>/predictions.npy`.
@@ -54,6 +55,8 @@ for run in spec:
         "bn_statistics_identical": identical(f"{run['name']}_bn", stats),
         "sync_layers": sum(type(x).__name__ == "SyncBatchNormalization" for x in all_layers(model)),
         "final_metrics": summary["final_metrics"],
+        # the optimizer's step counter: a resume continues it from the checkpoint's
+        "iterations": int(binding.active().inner_optimizer(model.optimizer).iterations.numpy()),
     }
     if distributed.is_chief():
         if run.get("predict_on"):

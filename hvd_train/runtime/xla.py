@@ -1,0 +1,84 @@
+"""XLA and Horovod's all-reduce: whether `runtime.jit_compile` compiles the whole train step.
+
+Horovod's all-reduce has an XLA implementation only in CUDA builds that compiled its
+xla_mpi_ops.cc, and only for `HorovodAllreduce` (not the grouped all-reduce). A static
+initializer of Horovod's TensorFlow library (`mpi_lib*.so`) registers it when
+HOROVOD_ENABLE_XLA_OPS=1 as the library loads, which is when `horovod.tensorflow` is first
+imported; set later (at `hvd.init`), it registers nothing, and a whole-step compile fails on the
+all-reduce. So a worker decides before that import (`prepare`: the commands call it before they
+import the trainer), and every later question reads the environment it left (`whole_step`).
+Elsewhere (CPU; Horovod built for TensorFlow 2.19+, which drops that file:
+scripts/patch_horovod.py) XLA auto-clustering compiles what it can of the step, and the
+all-reduce stays outside.
+
+Imports neither Horovod nor, until `prepare` runs, TensorFlow.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import mmap
+import os
+import pathlib
+import sys
+
+ENV = "HOROVOD_ENABLE_XLA_OPS"
+# The module whose import loads Horovod's TensorFlow library (and runs its registrars).
+LIBRARY_MODULE = "horovod.tensorflow.mpi_ops"
+
+
+def prepare(jit_compile: bool) -> None:
+    """Before Horovod's library loads: with `runtime.jit_compile` on, HOROVOD_ENABLE_XLA_OPS=1
+    where the whole step can be compiled (a GPU, Horovod's XLA all-reduce built), else XLA
+    auto-clustering. Once the library is loaded, the variable is left as it is (set now, it
+    would claim an all-reduce that was never registered)."""
+    if not jit_compile:
+        return
+    if whole_step_xla(gpu_visible(), horovod_has_xla_ops()) and LIBRARY_MODULE not in sys.modules:
+        os.environ.setdefault(ENV, "1")
+    if not whole_step(jit_compile, gpu_visible()):
+        _autoclustering()
+
+
+def whole_step(jit_compile: bool, gpu: bool) -> bool:
+    """Whether `runtime.jit_compile` compiles the whole train step, all-reduce included: on a
+    GPU, with Horovod's XLA all-reduce built and registered (HOROVOD_ENABLE_XLA_OPS=1 when its
+    library loaded: `prepare`)."""
+    registered = os.environ.get(ENV) == "1"
+    return jit_compile and registered and whole_step_xla(gpu, horovod_has_xla_ops())
+
+
+def whole_step_xla(gpu: bool, xla_ops: bool) -> bool:
+    """Whether XLA can compile the whole train step here: a GPU, and Horovod's XLA ops."""
+    return gpu and xla_ops
+
+
+def gpu_visible() -> bool:
+    """Whether TensorFlow sees a GPU (it only lists them: nothing is initialised)."""
+    import tensorflow as tf
+
+    return bool(tf.config.list_physical_devices("GPU"))
+
+
+def horovod_has_xla_ops(lib: pathlib.Path | None = None) -> bool:
+    """Whether Horovod's TensorFlow library (`lib`: the installed one) holds its XLA all-reduce,
+    the custom-call target xla_mpi_ops.cc registers in CUDA builds: its bytes searched, nothing
+    imported or loaded."""
+    if lib is None:
+        spec = importlib.util.find_spec("horovod.tensorflow")
+        origin = spec.origin if spec else None
+        lib = next(pathlib.Path(origin).parent.glob("mpi_lib*.so"), None) if origin else None
+    if lib is None or lib.stat().st_size == 0:
+        return False
+    with open(lib, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        return data.find(b"CallbackHVDAllreduce") >= 0
+
+
+def _autoclustering() -> None:
+    """XLA auto-clustering of the step's ops (on CPU too), the all-reduce left outside."""
+    import tensorflow as tf
+
+    flags = os.environ.get("TF_XLA_FLAGS", "")
+    if "--tf_xla_cpu_global_jit" not in flags:
+        os.environ["TF_XLA_FLAGS"] = f"{flags} --tf_xla_cpu_global_jit".strip()
+    tf.config.optimizer.set_jit("autoclustering")
