@@ -47,7 +47,7 @@ def kerashub_run(tmp_path_factory) -> tuple[pathlib.Path, dict]:
 def test_a_kerashub_model_trains_at_2_workers_with_keras_3(kerashub_run) -> None:
     """The run completes with Keras 3 (summary.json's versions.keras) and both ranks end with
     identical trainable weights. (Each rank's BatchNormalization moving statistics follow its own
-    batches, as for any model without `model.sync_batch_norm`: docs/models.md.)"""
+    batches during an epoch, and are averaged over the ranks at its end: docs/models.md.)"""
     root, result = kerashub_run
     summary = json.loads((root / "run" / "summary.json").read_text())
     assert (summary["status"], summary["world_size"]) == ("completed", 2), summary

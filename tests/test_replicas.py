@@ -12,7 +12,7 @@ import typing
 import numpy as np
 import pytest
 import yaml
-from harness import BINDING_RUNS, KERASES, PYTHON, QUICKSTART, WORKERS, check, horovodrun
+from harness import BINDING_RUNS, KERASES, PYTHON, QUICKSTART, WORKERS, check, horovodrun, run
 
 from hvd_train.base.errors import ConfigError, ReplicaMismatch
 from hvd_train.config import load_config, rules
@@ -115,7 +115,7 @@ def test_the_replicated_state_is_what_the_checkpoint_saves_less_each_ranks_own(k
     ids = {id(v) for _, v in named}
     assert len(set(names)) == len(names), names
     for weight in model.weights:
-        assert id(replicas._tf_variable(weight)) in ids, weight.name
+        assert id(replicas.tf_variable(weight)) in ids, weight.name
     assert any("moving_mean" in n for n in names), names
     assert any(n.endswith("iteration") for n in names), names
     if keras == binding.KERAS3:
@@ -126,7 +126,7 @@ def test_the_replicated_state_is_what_the_checkpoint_saves_less_each_ranks_own(k
     else:
         assert any("current_loss_scale" in n for n in names), names
     own = active.random_states(model)
-    assert own and not ids & {id(replicas._tf_variable(v)) for v in own}
+    assert own and not ids & {id(replicas.tf_variable(v)) for v in own}
 
 
 @pytest.mark.parametrize("keras", KERASES)
@@ -189,3 +189,31 @@ def test_replica_checks_every_n_steps_need_the_check_on(tmp_path) -> None:
         rules.check(load_config(None, off), 1)
     rules.check(load_config(None, off[1:]), 1)
     assert load_config(None).runtime.check_replicas == "epoch"
+
+
+@pytest.mark.skipif(binding.KERAS3 not in KERASES, reason="Keras 3 (TensorFlow 2.16+)")
+def test_keras3_accumulation_leaves_a_weight_without_gradient_alone(tmp_path) -> None:
+    """AdamW with weight decay, accumulation over 2 batches: a weight whose gradient is None in
+    every step is neither updated nor decayed (a zero gradient would decay it), the other one
+    is updated once per window, and a step the loss scaler skips counts as a batch (a fresh
+    process: Horovod's state is global)."""
+    script = """
+import numpy as np, tensorflow as tf, keras, horovod.tensorflow as hvd
+hvd.init()
+from hvd_train.runtime import keras3
+used, unused = keras.Variable(np.ones(3, np.float32)), keras.Variable(np.ones(3, np.float32))
+opt = keras3.DistributedOptimizer(keras.optimizers.AdamW(0.1, weight_decay=0.5), accumulation=2)
+opt.build([used, unused])
+for _ in range(4):
+    opt.apply([tf.ones(3), None], [used, unused])
+print("unused", unused.numpy().tolist(), "moved", bool(np.all(used.numpy() < 1)),
+      "iterations", int(opt.iterations.numpy()))
+scaled = keras3.DistributedOptimizer(keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1)))
+w = keras.Variable(np.ones(2, np.float32))
+scaled.build([w])
+scaled.apply([tf.constant([np.inf, 1.0])], [w])
+print("skipped", w.numpy().tolist(), "iterations", int(scaled.iterations.numpy()))
+"""
+    out = check(run([PYTHON, "-c", script], cwd=tmp_path, timeout=120)).stdout
+    assert "unused [1.0, 1.0, 1.0] moved True iterations 4" in out, out
+    assert "skipped [1.0, 1.0] iterations 1" in out, out

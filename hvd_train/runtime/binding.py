@@ -144,6 +144,14 @@ def activated(name: str) -> Iterator[ModuleType]:
         _active = before
 
 
+def of(model: object) -> ModuleType:
+    """The binding of `model`'s Keras, without making it the active one (a user's own
+    `model.fit` script chooses no binding for the rest of hvd_train); the active one for an
+    object of neither Keras."""
+    name = of_model(model)
+    return importlib.import_module(_MODULES[name]) if name else active()
+
+
 def keras() -> ModuleType:
     """The active binding's Keras module (`keras`, or `tf_keras` / `tf.keras`)."""
     return active().keras

@@ -82,8 +82,9 @@ class Averaging:
     """Mixed in before a Keras 3 optimizer class: `apply` averages the gradients over the
     workers, then the optimizer's own `apply` runs on the averages. With `accumulation` A > 1,
     A batches' gradients are summed locally and all-reduced once, as one update of the mean
-    gradient over the A batches (Horovod's `backward_passes_per_step`); the step counter still
-    counts every batch, so the learning-rate schedule runs per batch.
+    gradient over the A batches (Horovod's `backward_passes_per_step`). The step counter counts
+    every batch (a step the loss scaler skips too), so the learning-rate schedule runs per
+    batch.
 
     The window's position (`_hvd_count`, batches seen) is in the checkpoint, and so replicated
     state (runtime/replicas.py): every rank holds rank 0's after a resume, and all-reduce at
@@ -109,10 +110,19 @@ class Averaging:
             self._hvd_count = tf.Variable(0, dtype=tf.int64, trainable=False, name="hvd_count")
 
     def apply(self, grads: Any, trainable_variables: Any = None) -> Any:
-        if self._hvd_accumulation == 1:
-            return super().apply(self._hvd_average(list(grads)), trainable_variables)
         if not self.built:
             self.build(trainable_variables)
+        # Every batch counts, a step the loss scaler skipped (inf or NaN) included, as in
+        # Keras 2: the schedule and the checkpoints count batches, which an overflow on one
+        # rank must not shift (Keras 3's LossScaleOptimizer leaves a skipped step uncounted).
+        before = tf.identity(self.iterations)
+        self._hvd_apply(grads, trainable_variables)
+        self.iterations.assign(before + 1)
+
+    def _hvd_apply(self, grads: Any, trainable_variables: Any) -> None:
+        if self._hvd_accumulation == 1:
+            super().apply(self._hvd_average(list(grads)), trainable_variables)
+            return
         grads = list(grads)
         for total, g in zip(self._hvd_sums, grads, strict=True):
             if g is not None:
@@ -129,10 +139,7 @@ class Averaging:
             for total in self._hvd_sums:
                 total.assign(tf.zeros_like(total))
 
-        def count() -> None:
-            self.iterations.assign_add(1)
-
-        tf.cond(self._hvd_count % self._hvd_accumulation == 0, update, count)
+        tf.cond(self._hvd_count % self._hvd_accumulation == 0, update, lambda: None)
 
     def _hvd_average(self, grads: list[Any]) -> list[Any]:
         """`grads` averaged over the workers (one grouped all-reduce; one all-reduce per tensor

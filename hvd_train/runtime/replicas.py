@@ -43,12 +43,12 @@ def replicated_variables(model: Model) -> list[tuple[str, tf.Variable]]:
     states: the same names in the same order on every rank. A variable is named by its Keras
     path ("dense/kernel", "adam/dense_kernel_momentum") or TensorFlow name; Keras 3's are given
     as the TensorFlow variables under them (Horovod's broadcast assigns to those)."""
-    active = binding.active()
-    own = {id(_tf_variable(v)) for v in active.random_states(model)}
+    active = binding.of(model)
+    own = {id(tf_variable(v)) for v in active.random_states(model)}
     found: list[tuple[str, tf.Variable]] = []
     seen: set[int] = set()
     for _path, obj in _walk(active.checkpoint(model)):
-        variable = _tf_variable(obj)
+        variable = tf_variable(obj)
         if variable is None or id(variable) in seen or id(variable) in own:
             continue
         seen.add(id(variable))
@@ -72,7 +72,7 @@ def _walk(root: Any) -> list[tuple[str, Any]]:
     return found
 
 
-def _tf_variable(obj: Any) -> tf.Variable | None:
+def tf_variable(obj: Any) -> tf.Variable | None:
     """The TensorFlow variable `obj` is or holds (Keras 3's Variable holds one as `.value`);
     None for anything else."""
     if isinstance(obj, tf.Variable):
@@ -91,7 +91,7 @@ def average_moving_statistics(model: Model) -> None:
     """Averages the moving mean and variance of BatchNormalization without sync over the ranks
     (one grouped all-reduce; a collective). With sync batch norm, or at one worker, they are
     every rank's alike already: nothing is sent."""
-    variables = [_tf_variable(v) for v in binding.active().moving_statistics(model)]
+    variables = [tf_variable(v) for v in binding.of(model).moving_statistics(model)]
     if hvd_tf.size() == 1 or not variables:
         return
     averaged = hvd_tf.grouped_allreduce(
@@ -105,15 +105,18 @@ def average_moving_statistics(model: Model) -> None:
 def fingerprint(variable: tf.Variable) -> int:
     """56 bits of a hash of the variable's bytes: equal values give equal fingerprints on
     every rank (the same dtype and shape, the same bits)."""
-    data = np.ascontiguousarray(variable.numpy()).tobytes()
-    return int.from_bytes(hashlib.blake2b(data, digest_size=7).digest(), "little")
+    data = np.ascontiguousarray(variable.numpy())  # hashed in place, not copied to bytes
+    return int.from_bytes(hashlib.blake2b(data.data, digest_size=7).digest(), "little")
 
 
-def disagreement(model: Model) -> str | None:
+def disagreement(model: Model, named: list[tuple[str, tf.Variable]] | None = None) -> str | None:
     """None when every rank holds the same replicated state; else which variable differs
     first and which ranks differ from rank 0 (the same text on every rank). A collective: one
-    all-reduce of the fingerprints, then, only on a mismatch, one gather of one of them."""
-    named = replicated_variables(model)
+    all-reduce of the fingerprints, then, only on a mismatch, one gather of one of them.
+
+    `named`: `replicated_variables(model)`, when the caller keeps it. Defaults to None (found
+    anew)."""
+    named = replicated_variables(model) if named is None else named
     mine = np.array([fingerprint(v) for _, v in named], np.int64)
     if hvd_tf.size() == 1 or not len(mine):
         return None
@@ -162,7 +165,7 @@ class ElasticState(ObjectState):
 
     def sync(self) -> None:
         broadcast(self.model)
-        binding.active().start_window(self.model, restart=True)
+        binding.of(self.model).start_window(self.model, restart=True)
         self._save_model()
         super().sync()
 

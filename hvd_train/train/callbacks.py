@@ -119,6 +119,11 @@ class CheckReplicas(Callback):
     def __init__(self, control: RunControl, due: Callable[[int], bool]):
         super().__init__()
         self.control, self.due = control, due
+        self._named: list[Any] | None = None
+
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        # The replicated variables, found once a `fit` (the checkpoint's graph is walked once).
+        self._named = replicas.replicated_variables(self.model)
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
         if self.due(self.control.position_step):
@@ -128,7 +133,7 @@ class CheckReplicas(Callback):
         self._check()
 
     def _check(self) -> None:
-        found = replicas.disagreement(self.model)
+        found = replicas.disagreement(self.model, self._named)
         if found is not None:
             c = self.control
             raise ReplicaMismatch(

@@ -70,7 +70,9 @@ class CheckpointStore:
     A checkpoint is a folder `ckpt-<global step, 8 digits>/` holding the model's and the
     optimizer's variables (`tf.train.Checkpoint`: weights, slots, the step counter that drives
     the learning-rate schedule) and `state.json` (epoch, step in epoch, examples of the epoch
-    already seen, seed, worker count, batch sizes, the epoch's metrics). It is written under a
+    already seen, seed, worker count, batch sizes, the epoch's metrics, every rank's random
+    states), and, taken between two updates of an accumulation window, `window.npz` (every
+    rank's running sums: runtime/replicas.py). It is written under a
     temporary name and renamed into place, so a crash mid-write never leaves a partial
     checkpoint under a valid name. Only rank 0 calls `save`.
     """

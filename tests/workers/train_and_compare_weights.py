@@ -1,4 +1,6 @@
-"""Runs on every rank: trains from a config, then asserts all ranks hold identical weights.
+"""Runs on every rank: trains from a config, then asserts all ranks hold identical replicated
+state (weights, optimizer slots and step counter, loss scale, the accumulation window's
+counter: runtime/replicas.py), and prints its digest.
 
 Usage: train_and_compare_weights.py CONFIG [KEY=VALUE ...]
 """
@@ -14,12 +16,15 @@ from hvd_train.runtime import binding
 cfg = load_config(sys.argv[1], sys.argv[2:])
 binding.prepare(cfg.runtime.keras)  # before TensorFlow is imported, as `hvd-train train` does
 binding.import_tensorflow()
-from hvd_train.runtime import distributed  # noqa: E402 - TensorFlow from here on
+from hvd_train.runtime import distributed, replicas  # noqa: E402 - TensorFlow from here on
 from hvd_train.train.trainer import train  # noqa: E402
 
 model, summary = train(cfg)
-flat = np.concatenate([w.ravel() for w in model.get_weights()])
-digest = hashlib.sha256(flat.tobytes()).hexdigest()
+digest = hashlib.sha256()
+for name, variable in replicas.replicated_variables(model):
+    digest.update(name.encode())
+    digest.update(np.ascontiguousarray(variable.numpy()).tobytes())
+digest = digest.hexdigest()
 digests = distributed.allgather_object(digest, name="weights_digest")
 assert len(set(digests)) == 1, f"rank {distributed.rank()}: weights differ across ranks: {digests}"
 assert summary["status"] == "completed", summary
