@@ -4,8 +4,9 @@
 
 Every rank trains the shipped quickstart for 2 epochs with the check off (a scratch run.dir),
 then times, on the trained model, what the check does at each epoch's end: the moving
-statistics' average (`replicas.average_moving_statistics`, also done without the check) and the
-check itself (`replicas.disagreement`: every replicated variable hashed, one all-reduce), each
+statistics' average (`replicas.average_moving_statistics`, also done without the check), the
+hashing alone, and the check itself (`replicas.disagreement`: every replicated variable hashed,
+one all-reduce), each
 `--repeats` times, interleaved. Rank 0 prints the medians and their share of the median epoch's
 training time (metrics.csv `epoch_time_s`). The check runs once per epoch (and before each
 mid-epoch checkpoint), so that share is its cost.
@@ -42,9 +43,10 @@ def main() -> None:
 
     model, _ = train(cfg)
     named = replicas.replicated_variables(model)  # found once a `fit`, as the callback does
-    timings: dict[str, list[float]] = {"average": [], "check": []}
+    timings: dict[str, list[float]] = {"average": [], "hash": [], "check": []}
     for _ in range(args.repeats):
         for name, fn in (("average", replicas.average_moving_statistics),
+                         ("hash", lambda m: [replicas.fingerprint(v) for _, v in named]),
                          ("check", lambda m: replicas.disagreement(m, named))):  # fmt: skip
             distributed.barrier("bench.replica_check")
             start = time.perf_counter()
