@@ -69,9 +69,11 @@ class CheckpointError(TrainingError):
 class ReplicaMismatch(TrainingError):
     """The ranks hold different values of a replicated variable (`runtime.check_replicas`):
     one line naming the first variable that differs and the ranks that disagree, exit code 3.
-    No checkpoint is written; the last one was checked before it was written."""
+    No checkpoint is written; the last one was checked before it was written, so a restart
+    from it (`hvd-train launch --max-restarts`) is sound: a bit flip does not recur."""
 
     exit_code = 3
+    recurs = ""
 
 
 class Interrupted(Exception):
