@@ -146,13 +146,15 @@ class ElasticState(ObjectState):
     The replicated state above, all of it: Horovod's own KerasState keeps the model's and the
     optimizer's `variables`, which leave out tf_keras' dynamic loss scale, and reads them with
     Keras 2's API. Committed in memory; a reset rolls back to the last commit, then rank 0's
-    copy goes to every worker (new ones included). A part-done accumulation window starts
-    again at its first batch: its sums were each rank's own, and the ranks have changed.
+    copy goes to every worker (new ones included). After a reset, a part-done accumulation
+    window starts again at its first batch: its sums were each rank's own, and the ranks have
+    changed (the first sync, as training starts, keeps what a resume gave).
     """
 
     def __init__(self, model: Model, **position: Any):
         self.model = model
         self._saved: list[tf.Tensor] = []
+        self._synced = False
         self._save_model()
         super().__init__(bcast_object=hvd_tf.broadcast_object, get_rank=hvd_tf.rank, **position)
 
@@ -167,7 +169,9 @@ class ElasticState(ObjectState):
 
     def sync(self) -> None:
         broadcast(self.model)
-        binding.of(self.model).start_window(self.model, restart=True)
+        if self._synced:  # after a reset
+            binding.of(self.model).start_window(self.model, restart=True)
+        self._synced = True
         self._save_model()
         super().sync()
 
