@@ -180,3 +180,33 @@ print("skipped", w.numpy().tolist(), "iterations", int(scaled.iterations.numpy()
     out = check(run([PYTHON, "-c", script], cwd=tmp_path, timeout=120)).stdout
     assert "unused [1.0, 1.0, 1.0] moved True iterations 4" in out, out
     assert "skipped [1.0, 1.0] iterations 1" in out, out
+
+
+def test_keras2_accumulation_trains_an_embedding(tmp_path) -> None:
+    """tf_keras (Keras 2) with accumulation over 2 batches and an Embedding, whose gradient is
+    sparse: Horovod's accumulation takes it made dense (it fails at trace time otherwise), and
+    the window's sums exist before the first step (a fresh process: Horovod's state is
+    global)."""
+    script = """
+import numpy as np
+from hvd_train.runtime import binding
+binding.prepare("tf_keras"); binding.import_tensorflow()
+import horovod.tensorflow as hvd
+hvd.init()
+active = binding.activate("tf_keras")
+keras = active.keras
+model = keras.Sequential([keras.Input((3,), dtype="int32"), keras.layers.Embedding(20, 4),
+                          keras.layers.Flatten(), keras.layers.Dense(2)])
+model.compile(active.distributed_optimizer(keras.optimizers.SGD(0.1), False, 2, False),
+              keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+active.build_for_training(model, (3,), 2)
+print("sums", len(active.accumulation_sums(model)), "before", active.mid_window(model))
+before = model.layers[0].embeddings.numpy().copy()
+model.fit(np.arange(24).reshape(8, 3) % 20, np.arange(8) % 2, batch_size=2, epochs=1, verbose=0)
+print("moved", bool(np.any(model.layers[0].embeddings.numpy() != before)),
+      "iterations", int(active.inner_optimizer(model.optimizer).iterations.numpy()),
+      "after", active.mid_window(model))
+"""
+    out = check(run([PYTHON, "-c", script], cwd=tmp_path, timeout=120)).stdout
+    assert "sums 3 before False" in out, out  # the embedding, the kernel and the bias
+    assert "moved True iterations 4 after False" in out, out
