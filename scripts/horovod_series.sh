@@ -11,7 +11,7 @@
 #   bash scripts/horovod_series.sh apply DIR    # applies the series to the unpacked sdist DIR
 #
 # The version's local label is `hvdtrain.g` and the first 8 hex digits of the SHA-256 of the
-# applied patches, in order: a changed patch is another version (and another cached wheel),
+# applied patches' diffs, in order: a changed diff is another version (and another cached wheel),
 # and `hvd-train doctor` and summary.json's `versions` show which series a Horovod carries.
 # (`hvdtrain`, not `hvd_train`: PEP 440 normalizes `_` in a local label to `.`; the `g`, as in
 # `git describe`, keeps an all-digit hash from losing its leading zeros the same way.)
@@ -45,11 +45,13 @@ series_files() {
   done < "$SERIES/series"
 }
 
+# The label hashes the diffs alone, from each patch's first `diff`/`---` line: a header is
+# documentation, and editing one rebuilds nothing.
 series_version() {
   local files
   files=$(series_files)
   # shellcheck disable=SC2086  # paths without spaces
-  echo "$HOROVOD_VERSION+hvdtrain.g$(cat $files | sha256sum | cut -c1-8)"
+  echo "$HOROVOD_VERSION+hvdtrain.g$(awk 'FNR == 1 { body = 0 } /^(diff |--- )/ { body = 1 } body' $files | sha256sum | cut -c1-8)"
 }
 
 sdist() {

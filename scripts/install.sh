@@ -154,7 +154,7 @@ fi
 # (0.28.1+hvdtrain.g<hash>). --no-build-isolation: the build must see the installed TensorFlow.
 # cmake<4: CMake 4 rejects the Gloo that Horovod 0.28.1 bundles. The compiled wheel is kept in a
 # cache outside the clone ($HVD_TRAIN_CACHE, default ~/.cache/hvd_train), keyed by everything
-# that changes the build: the series (its version label, a hash of the patches applied), the
+# that changes the build: the series (its version label, a hash of the applied diffs), the
 # TensorFlow package and version, the Python's version and ABI (sys.implementation.cache_tag:
 # cpython-311, cpython-313), the machine, CPU or GPU and the build flags; not numpy, which
 # Horovod's extension does not compile against. A second clone, or a second virtualenv of the
