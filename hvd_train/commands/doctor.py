@@ -322,7 +322,7 @@ def _horovod_problems(facts: dict[str, Any]) -> list[Problem]:
     out = []
     built = (hv.get("built_against") or {}).get("tensorflow")
     if built and tf_version and built != tf_version:
-        out.append(Problem("error", f"Horovod {hv['version']} was built against TensorFlow {built}, but TensorFlow {tf_version} is installed: rebuild Horovod against it (pip install --no-cache-dir --no-build-isolation horovod=={hv['version']}, or delete .venv and run scripts/install.sh)"))  # fmt: skip
+        out.append(Problem("error", f"Horovod {hv['version']} was built against TensorFlow {built}, but TensorFlow {tf_version} is installed: rebuild Horovod against it (scripts/install.sh does, from its source with hvd_train's patches: patches/horovod-0.28.1)"))  # fmt: skip
     elif not built and "tensorflow" in hv.get("frameworks", []):
         out.append(Problem("warning", f"Horovod has no record of the TensorFlow it was built against ({hv.get('path')}/metadata.json)"))  # fmt: skip
     if "tensorflow" not in hv.get("frameworks", []):
