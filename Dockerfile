@@ -39,21 +39,23 @@ ENV DEBIAN_FRONTEND=noninteractive PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=2 HVD
 
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 
-# Open MPI (mpirun, and headers for Horovod and mpi4py), and what Horovod compiles with.
+# Open MPI (mpirun, and headers for Horovod and mpi4py), and what Horovod compiles with
+# (`patch` applies hvd_train's series to its source: patches/horovod-0.28.1).
 # NCCL comes from the nvidia-nccl wheel that tensorflow[and-cuda] installs (install.sh).
 # hadolint ignore=DL3008
 RUN apt-get update \
  && apt-get install -y --no-install-recommends \
       openmpi-bin libopenmpi-dev openssh-client \
-      python3-venv python3-dev g++ make ca-certificates procps \
+      python3-venv python3-dev g++ make patch ca-certificates procps \
  && rm -rf /var/lib/apt/lists/*
 
-# The install, from only what it reads (the pinned dependencies and the install script), so
-# that editing the code, configs, launch scripts or tests does not rebuild TensorFlow and
-# Horovod (the slow layer: Horovod compiles for minutes).
+# The install, from only what it reads (the pinned dependencies, the install scripts and
+# Horovod's patch series), so that editing the code, configs, launch scripts or tests does not
+# rebuild TensorFlow and Horovod (the slow layer: Horovod compiles for minutes).
 WORKDIR /opt/hvd_train
 COPY pyproject.toml ./
-COPY scripts/install.sh scripts/stack.sh scripts/patch_horovod.py scripts/loopback_bind.c scripts/
+COPY scripts/install.sh scripts/stack.sh scripts/horovod_series.sh scripts/build_loopback_bind.sh scripts/loopback_bind.c scripts/
+COPY patches/ patches/
 # HOROVOD_CUDA_HOME only for the GPU build: set, Horovod's CMake requires nvcc there.
 # The package is installed editable, so an empty hvd_train/ and README.md (pyproject.toml names
 # it) suffice here: the real ones arrive with the project below, in the place the install

@@ -14,7 +14,7 @@ first step, tracing included). The job's whole wall time is measured here too.
 
 `--compare-check` interleaves a second variant in which horovodrun checks how Horovod was built
 at every job (as Horovod 0.28.1 does unpatched: a TensorFlow import in the launcher): the kept
-answers file of scripts/patch_horovod.py is hidden for that run (a folder in its place, which
+answers file of patches/horovod-0.28.1/0002 is hidden for that run (a folder in its place, which
 the patched check can neither read nor replace), and put back after it.
 
 `--before ROOT PYTHON` interleaves another tree of hvd_train run by another interpreter (its

@@ -69,13 +69,15 @@ case " $STACK_PYTHONS " in *" $py_minor "*) ;; *)
   die "Python $py_minor: TensorFlow $TF_VERSION has wheels for Python ${STACK_PYTHONS// /, } only; set PYTHON=python3.11 (or another of those)";;
 esac
 
-# --- system packages: Open MPI (mpirun, headers for Horovod and mpi4py) ---
-if ! command -v mpirun >/dev/null 2>&1 || ! command -v mpicxx >/dev/null 2>&1; then
-  say "installing Open MPI from apt"; changed=1
+# --- system packages: Open MPI (mpirun, headers for Horovod and mpi4py), and patch ---
+# `patch` applies hvd_train's series to Horovod's source (scripts/horovod_series.sh).
+if ! command -v mpirun >/dev/null 2>&1 || ! command -v mpicxx >/dev/null 2>&1 \
+   || ! command -v patch >/dev/null 2>&1; then
+  say "installing Open MPI and patch from apt"; changed=1
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
   quietly $SUDO apt-get update -qq
   quietly $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-    libopenmpi-dev openmpi-bin g++ make
+    libopenmpi-dev openmpi-bin g++ make patch
 fi
 
 # --- ssh: multi_node.sh and horovodrun reach other hosts with it ---
@@ -145,18 +147,24 @@ if [ -n "$TB_REQ" ] && ! have "$TB_REQ"; then
   pip install -q "$TB_REQ"
 fi
 
-# --- Horovod, compiled against that TensorFlow ---
-# --no-build-isolation: the build must see the installed TensorFlow. cmake<4: CMake 4 rejects
-# the Gloo that Horovod 0.28.1 bundles. The compiled wheel is kept in a cache outside the clone
-# ($HVD_TRAIN_CACHE, default ~/.cache/hvd_train), keyed by everything that changes the build:
-# Horovod's version, the TensorFlow package and version, the Python's version and ABI
-# (sys.implementation.cache_tag: cpython-311, cpython-313), the machine, CPU or GPU and the build
-# flags; not numpy, which Horovod's extension does not compile against. A second clone, or a
-# second virtualenv of the same stack and Python, installs it in seconds; a changed key builds
-# again. (pip's own wheel cache is keyed by the source alone, so it
-# would hand a build for one TensorFlow to another: --no-cache-dir.) scripts/patch_horovod.py
-# patches the installed files after the install, so the cached wheel is Horovod's own build.
+# --- Horovod, compiled against that TensorFlow, from its source with hvd_train's patches ---
+# Horovod 0.28.1's pristine sdist (cached once per machine, SHA-256 checked) with the series of
+# patches/horovod-0.28.1 applied before the build (scripts/horovod_series.sh; each patch's
+# header says what and why): the wheel built is the Horovod that runs, labelled with its series
+# (0.28.1+hvdtrain.g<hash>). --no-build-isolation: the build must see the installed TensorFlow.
+# cmake<4: CMake 4 rejects the Gloo that Horovod 0.28.1 bundles. The compiled wheel is kept in a
+# cache outside the clone ($HVD_TRAIN_CACHE, default ~/.cache/hvd_train), keyed by everything
+# that changes the build: the series (its version label, a hash of the applied diffs), the
+# TensorFlow package and version, the Python's version and ABI (sys.implementation.cache_tag:
+# cpython-311, cpython-313), the machine, CPU or GPU and the build flags; not numpy, which
+# Horovod's extension does not compile against. A second clone, or a second virtualenv of the
+# same stack and Python, installs it in seconds; a changed key (a changed patch) builds again.
+# (pip's own wheel cache is keyed by the source alone, so it would hand a build for one
+# TensorFlow to another: --no-cache-dir.)
+HOROVOD_LABELLED=$(bash scripts/horovod_series.sh version) || die "cannot read patches/horovod-$HOROVOD_VERSION/series (see above)"
+horovod_version() { "$VENV/bin/python" -c 'from importlib.metadata import version; print(version("horovod"))' 2>/dev/null; }
 built_against() { "$VENV/bin/python" -c 'import horovod, json, os; print(json.load(open(os.path.join(os.path.dirname(horovod.__file__), "metadata.json")))["tensorflow"])' 2>/dev/null; }
+horovod_dir() { "$VENV/bin/python" -c 'import importlib.util; print(importlib.util.find_spec("horovod").submodule_search_locations[0])' 2>/dev/null; }
 export HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITH_MPI=1 \
        HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 CMAKE_POLICY_VERSION_MINIMUM=3.5
 if [ "$device" = gpu ]; then
@@ -165,54 +173,60 @@ if [ "$device" = gpu ]; then
   export HOROVOD_GPU_OPERATIONS=NCCL
 fi
 wheel_key() {
-  { echo "horovod==$HOROVOD_VERSION $tf_pkg==$TF_VERSION device=$device"
-    [ "$XLA_OPS" = yes ] || echo "source: without xla_mpi_ops.cc"
+  { echo "horovod==$HOROVOD_LABELLED $tf_pkg==$TF_VERSION device=$device"
     "$VENV/bin/python" -c 'import platform, sys, sysconfig; print(sys.implementation.cache_tag, sysconfig.get_platform(), platform.libc_ver())'
     env | grep -E '^(HOROVOD_|CMAKE_POLICY)' | grep -v '^HOROVOD_NCCL_HOME=' | sort
   } | sha256sum | cut -c1-16
 }
-if ! have "horovod==$HOROVOD_VERSION" || [ "$(built_against)" != "$TF_VERSION" ] \
+held_horovod=$(horovod_version || true)
+# Reinstalled when it is not this series' build (another series, or a Horovod that an earlier
+# install patched in site-packages after pip installed it: plain 0.28.1), or was built for
+# another TensorFlow.
+if [ "$held_horovod" != "$HOROVOD_LABELLED" ] || [ "$(built_against)" != "$TF_VERSION" ] \
    || ! "$VENV/bin/python" -c "import horovod.tensorflow as h; assert h.gloo_built()" 2>/dev/null; then
   changed=1
   wheels="${HVD_TRAIN_CACHE:-${XDG_CACHE_HOME:-${HOME:-/tmp}/.cache}/hvd_train}/horovod-wheels/$(wheel_key)"
-  wheel=$(ls "$wheels"/horovod-"$HOROVOD_VERSION"-*.whl 2>/dev/null | head -n 1 || true)
+  wheel=$(ls "$wheels"/horovod-"$HOROVOD_LABELLED"-*.whl 2>/dev/null | head -n 1 || true)
   if [ -z "$wheel" ]; then
-    say "building horovod $HOROVOD_VERSION against TensorFlow $TF_VERSION (2-3 minutes on 2 cores; cached in $wheels)"
+    say "building horovod $HOROVOD_LABELLED (0.28.1 and patches/horovod-$HOROVOD_VERSION) against TensorFlow $TF_VERSION (2-3 minutes on 2 cores; cached in $wheels)"
+    began=$SECONDS
     pip install -q "cmake>=3.13,<4"
     if [ "$device" = gpu ] && [ -z "${HOROVOD_NCCL_HOME:-}" ] && [ ! -e /usr/include/nccl.h ]; then
       nccl=$("$VENV/bin/python" -c "import nvidia.nccl as n; print(list(n.__path__)[0])")
       ln -sf libnccl.so.2 "$nccl/lib/libnccl.so"  # the wheel ships only the versioned name
       export HOROVOD_NCCL_HOME="$nccl"
     fi
+    sdist=$(bash scripts/horovod_series.sh sdist "$VENV/bin/python" 2>> "$LOG") \
+      || die "cannot download Horovod $HOROVOD_VERSION's sdist (full output: $LOG)"
     mkdir -p "$wheels"
     tmp=$(mktemp -d "$wheels/.build.XXXXXX")
-    source="horovod==$HOROVOD_VERSION"
-    if [ "$XLA_OPS" = no ]; then  # built from its source, less xla_mpi_ops.cc (scripts/stack.sh)
-      pip download -q --no-deps --no-binary :all: -d "$tmp" "$source"
-      tar -xzf "$tmp/horovod-$HOROVOD_VERSION.tar.gz" -C "$tmp"
-      source="$tmp/horovod-$HOROVOD_VERSION"
-      "$VENV/bin/python" scripts/patch_horovod.py --without-xla-ops "$source" >> "$LOG" \
-        || die "cannot patch Horovod's source (see above)"
-    fi
+    tar -xzf "$sdist" -C "$tmp" --no-same-owner
+    quietly bash scripts/horovod_series.sh apply "$tmp/horovod-$HOROVOD_VERSION"
     PATH="$PWD/$VENV/bin:$PATH" pip wheel -q --no-deps --no-cache-dir --no-build-isolation \
-      -w "$tmp" "$source"
+      -w "$tmp" "$tmp/horovod-$HOROVOD_VERSION"
     built=$(ls "$tmp"/horovod-*.whl)
     mv "$built" "$wheels/"  # a rename: another install never sees half a wheel
     rm -rf "$tmp"
     wheel="$wheels/$(basename "$built")"
+    say "built $(basename "$wheel") in $((SECONDS - began)) s"
   else
-    say "installing horovod $HOROVOD_VERSION built earlier against TensorFlow $TF_VERSION ($wheel)"
+    say "installing horovod $HOROVOD_LABELLED built earlier against TensorFlow $TF_VERSION ($wheel)"
   fi
-  ! have "horovod==$HOROVOD_VERSION" || pip uninstall -q -y horovod  # a build for another TensorFlow
+  if [ -n "$held_horovod" ]; then
+    old_dir=$(cd "$(horovod_dir)" 2>/dev/null && pwd -P || true)
+    pip uninstall -q -y horovod
+    # What pip does not know it installed: the files an earlier install's post-install patching
+    # wrote (hand-written bytecode, the loopback library), and the build check's answers.
+    # Only inside this virtualenv (never, say, the source folder of an editable Horovod).
+    case "$old_dir" in "$(cd "$VENV" && pwd -P)"/*) rm -rf "$old_dir" ;; esac
+  fi
   pip install -q "$wheel"
 fi
-# Ten changes to Horovod 0.28.1 (see the script), among them: horovodrun keeps a stopped
-# worker's exit code, checks once how Horovod was built, ends a failed job in one line, and
-# starts without distutils (Python 3.12+); the all-reduce is traced without a tf.cond or autograph;
-# a job on one host listens on loopback alone (under MPI with a library it compiles with cc from
-# scripts/loopback_bind.c: without a C compiler it says so in one line, and goes on).
-patched=$("$VENV/bin/python" scripts/patch_horovod.py) || die "cannot patch Horovod (see above)"
-[ -z "$patched" ] || while IFS= read -r line; do say "$line"; done <<< "$patched"
+# The one piece of patch 0010 that is not Python: the library with which horovodrun keeps
+# mpirun's listener on loopback, built beside mpi_run.py, where it looks (without a C compiler,
+# one line, and the install goes on).
+loopback=$(bash scripts/build_loopback_bind.sh "$(horovod_dir)/runner")
+[ -z "$loopback" ] || say "$loopback"
 
 # --- this package and the rest of its pinned dependencies ---
 # Reinstalled whenever pyproject.toml (the pinned dependencies) changes.
@@ -322,4 +336,4 @@ print(" ".join(r.split(";")[0].replace(" ", "") for r in requires("hvd_train") i
 esac
 [ "$changed" = 1 ] && what="installed" || what="nothing to install"
 numpy_what="numpy $("$VENV/bin/python" -c 'from importlib.metadata import version; print(version("numpy"))')"
-say "$what: horovod $HOROVOD_VERSION with TensorFlow $TF_VERSION, $keras_what and $numpy_what ($device, Python $py_minor) in $VENV; tensor operations: $ops$hub_what$mlflow_what"
+say "$what: horovod $HOROVOD_LABELLED with TensorFlow $TF_VERSION, $keras_what and $numpy_what ($device, Python $py_minor) in $VENV; tensor operations: $ops$hub_what$mlflow_what"

@@ -1,6 +1,7 @@
-/* mpirun on loopback: an LD_PRELOAD library that horovodrun (as scripts/patch_horovod.py
- * leaves it, change 10) puts in mpirun's environment when every host of an Open MPI job is
- * this machine.
+/* mpirun on loopback: an LD_PRELOAD library that horovodrun (as
+ * patches/horovod-0.28.1/0010-open-mpi-on-one-host-listens-on-loopback.patch leaves it) puts in
+ * mpirun's environment when every host of an Open MPI job is this machine. The install builds it
+ * into the installed horovod/runner/ (scripts/build_loopback_bind.sh).
  *
  * Open MPI 4.1's mpirun binds its out-of-band listener to INADDR_ANY and in6addr_any whatever
  * its MCA parameters say (create_listen and create_listen6 in orte/mca/oob/tcp/

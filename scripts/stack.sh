@@ -20,8 +20,8 @@
 #
 # From 2.19, Horovod 0.28.1 is built without its XLA ops (XLA_OPS=no): its xla_mpi_ops.cc
 # includes TensorFlow's XLA headers, which from 2.19 include LLVM headers the wheel does not
-# ship (2.20 also moved one); scripts/patch_horovod.py --without-xla-ops drops that one file from
-# Horovod's CMake list before the build.
+# ship (2.20 also moved one); patches/horovod-0.28.1/0011-without-xla-ops.patch drops that one
+# file from Horovod's CMake list before the build (its `series` line is guarded XLA_OPS=no).
 #
 # TensorFlow 2.16+ makes Keras 3 the default, which hvd_train trains (hvd_train/runtime/keras3.py);
 # Keras 2 ships beside it as the tf_keras package (hvd_train/runtime/keras2.py, runtime.keras).

@@ -25,6 +25,20 @@ BIN = pathlib.Path(sys.executable).parent
 PYTHON = sys.executable
 WORKERS = ROOT / "tests" / "workers"
 QUICKSTART = ROOT / "configs" / "quickstart.yaml"
+
+
+def _series_version() -> str:
+    """The version scripts/install.sh gives the Horovod it builds for this virtualenv's stack:
+    0.28.1 labelled with the patch series it carries (scripts/horovod_series.sh)."""
+    stamp = pathlib.Path(sys.prefix, ".hvd_train-stack")  # the stack the install made it for
+    stack = stamp.read_text().strip() if stamp.is_file() else os.environ.get("HVD_TRAIN_TF", "")
+    env = {**os.environ, "HVD_TRAIN_TF": stack or "2.21"}
+    script = [ROOT / "scripts" / "horovod_series.sh", "version"]
+    return subprocess.run(["bash", *map(str, script)], env=env, capture_output=True, text=True,
+                          check=True).stdout.strip()  # fmt: skip
+
+
+SERIES_VERSION = _series_version()
 # The Kerases this stack trains with (runtime.keras): Keras 3 and tf_keras on TensorFlow 2.16+,
 # TensorFlow's own Keras 2 alone on 2.15.
 KERASES = ["keras", "tf_keras"] if has_keras3() else ["tf_keras"]

@@ -10,7 +10,7 @@ import pathlib
 import subprocess
 
 import pytest
-from harness import PYTHON, ROOT, run, start_up_lines
+from harness import PYTHON, ROOT, SERIES_VERSION, run, start_up_lines
 
 from hvd_train.commands.doctor import diagnose, version_tuple
 from hvd_train.runtime import binding
@@ -43,13 +43,14 @@ def test_doctor_reports_this_machine_ready(here) -> None:
     except PackageNotFoundError:  # the CUDA build
         installed = version("tensorflow")
     assert facts["tensorflow"]["version"] == installed
-    assert facts["horovod"]["version"] == horovod.__version__
+    assert facts["horovod"]["version"] == horovod.__version__ == SERIES_VERSION
+    assert facts["horovod"]["patches"] == SERIES_VERSION.partition("+")[2]
     # only the frameworks Horovod was built against: no placeholder from its metadata.json
     assert facts["horovod"]["built_against"] == {"tensorflow": facts["tensorflow"]["version"]}
     assert facts["horovod"]["frameworks"] == ["tensorflow"]
     assert set(facts["horovod"]["controllers"]) == {"gloo", "mpi"}
     assert {"gloo", "mpi"} <= set(facts["horovod"]["tensor_ops"])
-    assert facts["horovod"]["keeps_stop_exit_code"] is True  # install.sh patched it
+    assert facts["horovod"]["keeps_stop_exit_code"] is True  # built with patches/horovod-0.28.1
     assert facts["tensorflow"]["gpus"] == []  # no GPU on this machine
     assert facts["mpirun"]["version"].startswith("mpirun (Open MPI)")
 
@@ -95,13 +96,13 @@ def test_doctor_fails_on_a_horovod_built_against_another_tensorflow(tmp_path, he
     assert code == 1, out
     tf_version = here["facts"]["tensorflow"]["version"]
     assert (
-        f"error: Horovod 0.28.1 was built against TensorFlow 2.14.0, but TensorFlow {tf_version} "
+        f"error: Horovod {SERIES_VERSION} was built against TensorFlow 2.14.0, but TensorFlow {tf_version} "
         "is installed: rebuild Horovod against it"
     ) in out
     assert out.rstrip().endswith("NOT READY: 1 error(s): training cannot work here")
     code, line, err = doctor("--versions", cwd=tmp_path, pythonpath=str(site))
     assert code == 1 and "built against TensorFlow 2.14.0" in err
-    assert line.strip() == f"hvd_train=0.1.0 tensorflow={tf_version} horovod=0.28.1"
+    assert line.strip() == f"hvd_train=0.1.0 tensorflow={tf_version} horovod={SERIES_VERSION}"
 
 
 def test_versions_takes_the_last_check_of_an_unchanged_install(tmp_path, here) -> None:
@@ -124,7 +125,7 @@ def test_versions_takes_the_last_check_of_an_unchanged_install(tmp_path, here) -
     assert again == (0, first[1], "tensorflow False"), again
     assert doctor_in_process()[2] == "tensorflow True"
     tf_version = here["facts"]["tensorflow"]["version"]
-    assert first[1].strip() == f"hvd_train=0.1.0 tensorflow={tf_version} horovod=0.28.1"
+    assert first[1].strip() == f"hvd_train=0.1.0 tensorflow={tf_version} horovod={SERIES_VERSION}"
 
     site = plant_horovod_built_against(tmp_path, here, "2.14.0")
     code, line, last = doctor_in_process("--versions", pythonpath=f"{site}{os.pathsep}{ROOT}")
@@ -291,8 +292,8 @@ def test_horovodrun_that_loses_a_stopped_workers_exit_code_is_a_warning(facts) -
     assert errors(facts) == []
     assert warnings_(facts) == [
         "horovodrun may exit 0 after Ctrl-C or SIGTERM (Horovod 0.28.1 can lose a stopped "
-        "worker's exit code; summary.json still says interrupted): python "
-        "scripts/patch_horovod.py fixes it, as scripts/install.sh does"
+        "worker's exit code; summary.json still says interrupted): scripts/install.sh builds "
+        "Horovod with hvd_train's patches (patches/horovod-0.28.1), which fix it"
     ]
 
 

@@ -23,7 +23,7 @@ RuntimeError: Horovod detected that one or more processes exited with non-zero s
 Process name: {rank}
 Exit code: {code}
 """
-# The same ending as Horovod is patched at install (scripts/patch_horovod.py): one line.
+# The same ending as Horovod is built with (patches/horovod-0.28.1/0005): one line.
 GLOO_ENDING = (
     "horovodrun: process {rank} exited first, with code {code}{how}, and ended the job; its "
     "output is above, and in <run.dir>/logs/rank-{rank}.log for hvd_train\n"

@@ -1,20 +1,58 @@
-"""scripts/patch_horovod.py, which install.sh applies to Horovod 0.28.1: horovodrun keeps a
-stopped worker's exit code (unpatched, 34 of 100 stops here came back as exit code 0, so 20
-stops that all keep their 143 would happen by chance about once in 4,000 runs), and it starts a
-job without importing TensorFlow to check how Horovod was built; a job whose worker failed ends
-in one line, with that worker's exit code."""
+"""Horovod as scripts/install.sh builds it: 0.28.1's sdist with the series of
+patches/horovod-0.28.1 applied before the build. The series applies cleanly to the pristine
+sdist, the installed Horovod carries it (its version says which), and each change does what its
+header says: horovodrun keeps a stopped worker's exit code (unpatched, 34 of 100 stops here came
+back as exit code 0, so 20 stops that all keep their 143 would happen by chance about once in
+4,000 runs), it starts a job without importing TensorFlow to check how Horovod was built, and a
+job whose worker failed ends in one line, with that worker's exit code."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import pathlib
-import struct
+import re
+import shutil
 import subprocess
+import tarfile
 
 import pytest
-from harness import BIN, PYTHON, ROOT, WORKERS, check, run
+from harness import BIN, PYTHON, ROOT, SERIES_VERSION, WORKERS, check, run
+
+SERIES = ROOT / "patches" / "horovod-0.28.1"
+
+
+def series_files(stack: str | None = None) -> list[pathlib.Path]:
+    """The patches the install applies on `stack` (default: this virtualenv's), in order."""
+    env = {**os.environ, **({"HVD_TRAIN_TF": stack} if stack else {})}
+    script = str(ROOT / "scripts" / "horovod_series.sh")
+    out = subprocess.run(["bash", script, "files"], env=env, capture_output=True, text=True,
+                         check=True).stdout  # fmt: skip
+    return [ROOT / line for line in out.split()]
+
+
+def installed_horovod() -> pathlib.Path:
+    """Horovod's installed package folder, found without importing it (horovod.tensorflow
+    would import TensorFlow)."""
+    import importlib.util
+
+    return pathlib.Path(importlib.util.find_spec("horovod").submodule_search_locations[0])
+
+
+def added_blocks(patch: pathlib.Path) -> list[tuple[str, str]]:
+    """(file inside Horovod's package, lines the patch adds there, joined) for each run of
+    added lines: what the patched file holds, whatever the patches after it change nearby."""
+    blocks, path, run_ = [], None, []
+    for line in [*patch.read_text().splitlines(), ""]:
+        if line.startswith("+") and not line.startswith("+++ "):
+            run_.append(line[1:])
+            continue
+        if run_ and path:
+            blocks.append((path, "\n".join(run_)))
+        run_ = []
+        if line.startswith("+++ b/horovod/"):
+            path = line[len("+++ b/horovod/") :]
+    return blocks
 
 
 def test_a_stopped_worker_keeps_its_exit_code() -> None:
@@ -24,20 +62,110 @@ def test_a_stopped_worker_keeps_its_exit_code() -> None:
     assert json.loads(proc.stdout.splitlines()[-1]) == [143] * 20
 
 
-def test_the_patch_is_applied_and_applies_once() -> None:
-    patch = [PYTHON, str(ROOT / "scripts" / "patch_horovod.py")]
-    proc = subprocess.run(patch, capture_output=True, text=True, timeout=60)
-    assert (proc.returncode, proc.stdout, proc.stderr) == (0, "", "")  # already patched
-    # Each patched file's bytecode is its own (written by the patch): no process compiles it.
-    for module in {patch.module for patch in PATCHER.PATCHES}:
-        path = PATCHER._module_file(module)  # found without importing it
-        header = pathlib.Path(importlib.util.cache_from_source(str(path))).read_bytes()[4:16]
-        stat = path.stat()
-        assert header == struct.pack("<III", 0, int(stat.st_mtime), stat.st_size), path
+def test_the_installed_horovod_says_which_series_it_carries() -> None:
+    """Its version: 0.28.1 labelled with a hash of the applied diffs (what `hvd-train doctor`
+    and summary.json's `versions` report); a changed patch is another version."""
+    from importlib.metadata import version
+
+    import horovod
+
+    assert re.fullmatch(r"0\.28\.1\+hvdtrain\.g[0-9a-f]{8}", SERIES_VERSION), SERIES_VERSION
+    assert horovod.__version__ == version("horovod") == SERIES_VERSION
+
+
+def test_the_label_follows_the_diffs_not_the_headers(tmp_path) -> None:
+    """The version, and with it the wheel cache's key, changes when a patch's diff changes (the
+    install builds again), and not when only its header does (documentation)."""
+    for script in ("horovod_series.sh", "stack.sh"):
+        (tmp_path / "scripts").mkdir(exist_ok=True)
+        shutil.copy(ROOT / "scripts" / script, tmp_path / "scripts" / script)
+    copy = tmp_path / "patches" / SERIES.name
+    shutil.copytree(SERIES, copy)
+
+    def version() -> str:
+        script = str(tmp_path / "scripts" / "horovod_series.sh")
+        return check(run(["bash", script, "version"], tmp_path)).stdout.strip()
+
+    first = copy / "0001-horovodrun-keeps-a-stopped-workers-exit-code.patch"
+    before = version()
+    first.write_text(first.read_text().replace("Description: ", "Description: (reworded) ", 1))
+    assert version() == before
+    first.write_text(
+        first.read_text().replace("+    # hvd_train's fix", "+    # hvd_train's fix!", 1)
+    )
+    assert version() != before
+
+
+@pytest.mark.parametrize("patch", sorted(SERIES.glob("*.patch")), ids=lambda p: p.name[:4])
+def test_each_patch_is_in_the_installed_horovod(patch) -> None:
+    """Every line a patch of this stack's series adds is in the installed file it patches
+    (CMake's list is not installed: 0011 is checked on the source); a patch this stack does not
+    apply (0011 on 2.15 and 2.18) leaves the installed Horovod as Horovod ships it."""
+    blocks = [(f, b) for f, b in added_blocks(patch) if f.endswith(".py")]
+    if patch not in series_files():
+        assert all(b not in (installed_horovod() / f).read_text() for f, b in blocks)
+        return
+    for file, block in blocks:
+        assert block in (installed_horovod() / file).read_text(), f"{patch.name}: {file}"
+
+
+def test_the_xla_ops_go_only_where_the_stack_says() -> None:
+    """0011 is guarded XLA_OPS=no in `series`: applied on 2.19, 2.20 and 2.21, whose
+    TensorFlow cannot compile xla_mpi_ops.cc; not on 2.15 and 2.18. The rest of the series is
+    the same on every stack, in the same order."""
+    every = [p.name for p in series_files("2.21")]
+    assert every[-1] == "0011-without-xla-ops.patch"
+    for stack in ("2.19", "2.20"):
+        assert [p.name for p in series_files(stack)] == every
+    for stack in ("2.15", "2.18"):
+        assert [p.name for p in series_files(stack)] == every[:-1]
+
+
+def sdist() -> pathlib.Path:
+    """Horovod 0.28.1's sdist as the install keeps it (downloaded once, SHA-256 checked); the
+    tests do not download it."""
+    cache = os.environ.get("HVD_TRAIN_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "hvd_train"
+    )
+    path = pathlib.Path(cache, "horovod-sdist", "horovod-0.28.1.tar.gz")
+    if not path.is_file():
+        pytest.skip(f"no {path}: scripts/install.sh keeps Horovod's sdist there when it builds it")
+    return path
+
+
+def test_the_series_applies_cleanly_to_the_pristine_sdist(tmp_path) -> None:
+    """Every patch of every stack's series, in order, on a scratch copy of the sdist: `patch
+    --dry-run`, then the patch, with no fuzz and no offset; the result, labelled as the install
+    labels it, is the installed Horovod, file for file."""
+    with tarfile.open(sdist()) as tar:
+        tar.extractall(tmp_path, filter="data")
+    source = tmp_path / "horovod-0.28.1"
+    pristine = tmp_path / "pristine"
+    shutil.copytree(source, pristine)
+    for patch in series_files("2.21"):  # every patch: 2.21's series is 2.18's and 0011
+        for dry in (["--dry-run"], []):
+            cmd = ["patch", "-p1", "--forward", "--batch", "--fuzz=0", *dry, "-d", str(source)]
+            proc = subprocess.run([*cmd, "-i", str(patch)], capture_output=True, text=True)
+            assert proc.returncode == 0, f"{patch.name}: {proc.stdout}{proc.stderr}"
+            assert not re.search(r"offset|fuzz|Hunk", proc.stdout), f"{patch.name}: {proc.stdout}"
+    assert not list(source.rglob("*.rej")) and not list(source.rglob("*.orig"))
+    cmake = (source / "horovod" / "tensorflow" / "CMakeLists.txt").read_text()
+    assert 'xla_mpi_ops.cc")' not in cmake and '/horovod/tensorflow/mpi_ops.cc")' in cmake
+    # The installed files this stack's series patches, against the same series applied alone.
+    mine = tmp_path / "mine"
+    shutil.copytree(pristine, mine)
+    script = str(ROOT / "scripts" / "horovod_series.sh")
+    check(run(["bash", script, "apply", str(mine)], tmp_path))
+    for patch in series_files():
+        for file in {f for f, _ in added_blocks(patch) if f.endswith(".py")}:
+            got, want = installed_horovod() / file, mine / "horovod" / file
+            assert got.read_text() == want.read_text(), f"{file} is not the patched source's"
+    init = (mine / "horovod" / "__init__.py").read_text()
+    assert f"__version__ = '{SERIES_VERSION}'" in init
 
 
 def test_stopping_a_worker_whose_shell_just_ended_raises_nothing(monkeypatch) -> None:
-    """The race of change 7, made certain: the stopping thread holds the shell's psutil.Process,
+    """The race of 0007, made certain: the stopping thread holds the shell's psutil.Process,
     then the middleman's main thread reaps the shell; the stop must return quietly."""
     import psutil
     from horovod.runner.common.util import safe_shell_exec
@@ -51,27 +179,20 @@ def test_stopping_a_worker_whose_shell_just_ended_raises_nothing(monkeypatch) ->
     assert safe_shell_exec.terminate_executor_shell_and_children(shell.pid) is None
 
 
-def test_horovod_source_loses_only_its_xla_ops(tmp_path) -> None:
-    """--without-xla-ops on a copy of Horovod 0.28.1's CMake list (its lines 78-79): that one
-    source line goes, once; a file that is not 0.28.1's is refused and left as it was."""
-    cmake = tmp_path / "horovod" / "tensorflow" / "CMakeLists.txt"
-    cmake.parent.mkdir(parents=True)
-    mpi_ops = 'list(APPEND TF_SOURCES "${PROJECT_SOURCE_DIR}/horovod/tensorflow/mpi_ops.cc")\n'
-    xla_ops = 'list(APPEND TF_SOURCES "${PROJECT_SOURCE_DIR}/horovod/tensorflow/xla_mpi_ops.cc")\n'
-    cmake.write_text("# TF SOURCES\n" + mpi_ops + xla_ops + "\n# Create library\n")
-    patch = [PYTHON, str(ROOT / "scripts" / "patch_horovod.py"), "--without-xla-ops", str(tmp_path)]
-    first = subprocess.run(patch, capture_output=True, text=True, timeout=60)
-    assert first.returncode == 0 and "without its XLA ops" in first.stdout, first.stderr
-    text = cmake.read_text()
-    assert (
-        'xla_mpi_ops.cc")' not in text and mpi_ops in text and text.endswith("# Create library\n")
-    )
-    again = subprocess.run(patch, capture_output=True, text=True, timeout=60)
-    assert (again.returncode, again.stdout, cmake.read_text()) == (0, "", text)
-    cmake.write_text("# another Horovod\n" + mpi_ops)
-    foreign = subprocess.run(patch, capture_output=True, text=True, timeout=60)
-    assert foreign.returncode == 1 and "not Horovod 0.28.1's" in foreign.stderr
-    assert cmake.read_text() == "# another Horovod\n" + mpi_ops
+def test_horovodrun_imports_without_distutils(tmp_path) -> None:
+    """0009: with distutils not importable (as on Python 3.12+ without setuptools' copy),
+    horovodrun's modules import, js_run included."""
+    block = tmp_path / "block"
+    block.mkdir()
+    (block / "distutils.py").write_text("raise ImportError('no distutils here')\n")
+    code = "import horovod.runner.js_run, horovod.runner.launch; print('ok')"
+    # stdlib: setuptools' own distutils, which its import hook would hand out, stays out too.
+    env = {**os.environ, "PYTHONPATH": str(block), "SETUPTOOLS_USE_DISTUTILS": "stdlib"}
+    proc = subprocess.run([PYTHON, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.stdout == "ok\n", proc.stderr[-3000:]
+    unpatched = "from distutils.spawn import find_executable"  # 0.28.1's js_run.py line
+    proc = subprocess.run([PYTHON, "-c", unpatched], env=env, capture_output=True, text=True)
+    assert "no distutils here" in proc.stderr, "the block did not hold: this test proves nothing"
 
 
 @pytest.mark.parametrize("controller", ["--gloo", "--mpi"])
@@ -125,49 +246,6 @@ def test_a_failed_worker_ends_horovodrun_in_one_line(tmp_path) -> None:
     ), proc.stderr
 
 
-def _patch_script():
-    """scripts/patch_horovod.py's changes to the installed Horovod, imported as a module."""
-    path = ROOT / "scripts" / "patch_horovod.py"
-    spec = importlib.util.spec_from_file_location("patch_horovod", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-PATCHER = _patch_script()
-
-
-@pytest.mark.parametrize("patch", PATCHER.PATCHES, ids=lambda p: p.module.rsplit(".", 1)[1])
-def test_each_change_applies_once_and_a_foreign_file_is_refused(tmp_path, patch) -> None:
-    """On a copy of the installed file with that one change taken back out (0.28.1's text
-    there): the change is made, once; a file without 0.28.1's text is refused, untouched."""
-    installed = PATCHER._module_file(patch.module).read_text()
-    assert installed.count(patch.new) == 1, "the install made this change"
-    copy = tmp_path / "module.py"
-    copy.write_text(installed.replace(patch.new, patch.old))
-    assert PATCHER.apply(patch, copy) == 0 and copy.read_text() == installed
-    assert PATCHER.apply(patch, copy) == 0 and copy.read_text() == installed
-    foreign = installed.replace(patch.new, "")
-    copy.write_text(foreign)
-    assert PATCHER.apply(patch, copy) == 1 and copy.read_text() == foreign
-
-
-def test_a_horovod_patched_by_the_first_ending_is_brought_up_to_date(tmp_path, capsys) -> None:
-    """Change 5 first kept horovodrun's exit code 1; a launch.py it patched then (or Horovod's
-    own) gets the ending with the worker's exit code, once; a third text is refused."""
-    patch = _patch_script()
-    [ending] = [p for p in patch.PATCHES if p.module == "horovod.runner.launch"]
-    path = tmp_path / "launch.py"
-    for before in (ending.old, patch.ENDING_V1):
-        path.write_text(f"import sys\n\n\n{before}\n\nif __name__ == '__main__':\n    pass\n")
-        assert patch.apply(ending, path) == 0
-        text = path.read_text()
-        assert text.count(ending.new) == 1 and "sys.exit(1)" not in text
-        assert patch.apply(ending, path) == 0 and path.read_text() == text
-    path.write_text("def run_commandline():\n    pass\n")
-    assert patch.apply(ending, path) == 1 and "not Horovod 0.28.1's" in capsys.readouterr().err
-
-
 @pytest.mark.parametrize(
     ("message", "line_starts", "code"),
     [
@@ -183,34 +261,36 @@ def test_a_horovod_patched_by_the_first_ending_is_brought_up_to_date(tmp_path, c
     ids=["bad input", "stopped", "signal as -N", "mpirun", "no exit status"],
 )  # fmt: skip
 def test_the_ending_exits_with_the_first_failed_workers_code(message, line_starts, code) -> None:
-    """The patched run_commandline's helper, run on the messages Horovod raises: a signal's
+    """0005's helper in the installed horovodrun, on the messages Horovod raises: a signal's
     negative code becomes 128 + N, as a shell reports it; a code no exit status holds, 1."""
-    scope: dict = {}
-    exec(_patch_script().ENDING_NEW, scope)  # defines run_commandline and its helpers
-    line, got = scope["_failed_job"](message)
+    from horovod.runner import launch
+
+    line, got = launch._failed_job(message)
     assert line.startswith(line_starts) and got == code, (line, got)
-    assert scope["_failed_job"]("some other RuntimeError") is None
+    assert launch._failed_job("some other RuntimeError") is None
 
 
-def test_mpiruns_loopback_library_is_built_once_and_a_missing_compiler_is_said(
-    tmp_path, monkeypatch, capsys
-) -> None:
-    """Change 10's library: built beside a copy of its source, once (a second install says
-    nothing); without a C compiler, or when it fails, one line and no library (horovodrun then
-    keeps mpirun's listener where Open MPI puts it, and says so: tests/test_listening.py)."""
-    lib = tmp_path / PATCHER.LOOPBACK_BIND
+def test_mpiruns_loopback_library_is_built_once_and_a_missing_compiler_is_said(tmp_path) -> None:
+    """0010's library (scripts/build_loopback_bind.sh): built beside a copy of its source, once
+    (a second install says nothing); without a C compiler, or when it fails, one line and no
+    library (horovodrun then keeps mpirun's listener where Open MPI puts it, and says so:
+    tests/test_listening.py). The install built it where mpi_run.py looks for it."""
+    build = ["bash", str(ROOT / "scripts" / "build_loopback_bind.sh"), str(tmp_path)]
+    lib = tmp_path / "hvd_train_loopback_bind.so"
     for cc, why in (("/nowhere/cc", "no C compiler: /nowhere/cc"), ("false", "false failed")):
-        monkeypatch.setenv("CC", cc)
-        assert PATCHER.build_loopback_bind(tmp_path) == 0
-        [line] = capsys.readouterr().out.splitlines()
-        assert line.startswith(f"not built {lib} ({why}") and "mpirun's listener" in line, line
-        assert list(tmp_path.iterdir()) == []
-    monkeypatch.delenv("CC")
-    assert PATCHER.build_loopback_bind(tmp_path) == 0
-    assert (
-        capsys.readouterr().out
-        == f"built {lib}: mpirun listens on loopback alone for a job on one host\n"
-    )
+        proc = subprocess.run(build, env={**os.environ, "CC": cc}, capture_output=True, text=True)
+        [line] = proc.stdout.splitlines()
+        assert proc.returncode == 0 and line.startswith(f"not built {lib} ({why}"), line
+        assert "mpirun's listener" in line and list(tmp_path.iterdir()) == []
+    env = {k: v for k, v in os.environ.items() if k != "CC"}
+    proc = subprocess.run(build, env=env, capture_output=True, text=True)
+    assert proc.stdout == f"built {lib}: mpirun listens on loopback alone for a job on one host\n"
     assert lib.read_bytes().startswith(b"\x7fELF")
-    assert lib.with_suffix(".c").read_text() == PATCHER.LOOPBACK_BIND_SOURCE.read_text()
-    assert PATCHER.build_loopback_bind(tmp_path) == 0 and capsys.readouterr().out == ""
+    source = (ROOT / "scripts" / "loopback_bind.c").read_text()
+    assert lib.with_suffix(".c").read_text() == source
+    again = subprocess.run(build, env=env, capture_output=True, text=True)
+    assert (again.returncode, again.stdout) == (0, "")
+    from horovod.runner import mpi_run
+
+    assert mpi_run._LOOPBACK_BIND == str(installed_horovod() / "runner" / lib.name)
+    assert pathlib.Path(mpi_run._LOOPBACK_BIND).read_bytes().startswith(b"\x7fELF")

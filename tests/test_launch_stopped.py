@@ -1,5 +1,5 @@
 """`hvd-train launch` never calls a stopped job completed, whatever its launcher's exit code
-(a Horovod without scripts/patch_horovod.py may exit 0 after a Ctrl-C), and ends a stop it
+(a Horovod without patches/horovod-0.28.1 may exit 0 after a Ctrl-C), and ends a stop it
 passed on with 128 + the signal, not with horovodrun's code for the workers it stopped."""
 
 from __future__ import annotations

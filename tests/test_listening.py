@@ -87,7 +87,7 @@ def test_an_elastic_job_on_one_host_listens_on_loopback_only(tmp_path) -> None:
 
 
 def test_horovods_servers_listen_where_they_are_told_and_elsewhere_as_before() -> None:
-    """Horovod as scripts/patch_horovod.py leaves it (change 8), in this process: the
+    """Horovod as patches/horovod-0.28.1/0008 leaves it, in this process: the
     rendezvous server on the address horovodrun gives it, an Elastic worker's notification
     service on the one address of its interface; other callers' servers as before."""
     from horovod.runner.common.util import network, secret
@@ -114,7 +114,7 @@ def test_horovods_servers_listen_where_they_are_told_and_elsewhere_as_before() -
 
 
 def test_horovodrun_keeps_an_open_mpi_job_on_one_host_on_loopback(monkeypatch, tmp_path, capsys):
-    """Horovod's mpi_run as scripts/patch_horovod.py leaves it (change 10), mpirun's start
+    """Horovod's mpi_run as patches/horovod-0.28.1/0010 leaves it, mpirun's start
     faked: every host this machine, `-mca btl_base_include self,vader` (not twice: the
     launchers pass it in --mpi-args) and the library first in mpirun's LD_PRELOAD, a user's
     entry kept; a host elsewhere, neither; the library not built, one line, and mpirun starts

@@ -212,7 +212,7 @@ def test_a_killed_rank_is_recorded_failed(tmp_path, controller, rank) -> None:
     os.kill(workers(str(d))[rank], signal.SIGKILL)
     s = ended(d, proc)  # within JOB_END_LIMIT_S
     assert s["status"] == "failed", s
-    if controller == "gloo":  # scripts/patch_horovod.py (5): one line, the killed rank's code
+    if controller == "gloo":  # patches/horovod-0.28.1/0005: one line, the killed rank's code
         assert s["_exit_code"] == 137, s
         assert (
             s["_output"]
@@ -317,7 +317,7 @@ def test_a_rank_killed_early_is_recorded_failed(tmp_path, launcher, controller, 
     right after reading the config: it writes the record itself), or as soon as the record says
     `running`. The SIGTERM that horovodrun or mpirun then sends rank 0 must not make the ending
     a stop: under `hvd-train launch` the launcher knows better; under raw horovodrun (Gloo),
-    horovodrun has noted the failure for rank 0 first (scripts/patch_horovod.py)."""
+    horovodrun has noted the failure for rank 0 first (patches/horovod-0.28.1/0006)."""
     d = tmp_path / "run"
     if launcher == "horovodrun":
         cmd = horovodrun(controller, trainer(d, *SYNTHETIC))

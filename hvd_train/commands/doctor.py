@@ -83,8 +83,8 @@ def gather(remembered: bool = False) -> dict[str, Any]:
 def install_key(env: dict[str, str | None], gpus: int | None) -> dict[str, Any]:
     """What TensorFlow's and Horovod's facts depend on, read without importing either: this
     interpreter; the path, size and time of the files an install changes (each package's
-    `__init__.py`; TensorFlow's libraries; Horovod's build record, TensorFlow extension and
-    patched horovodrun); the settings that change what TensorFlow reports; the GPUs nvidia-smi
+    `__init__.py`, Horovod's with its version and patch series; TensorFlow's libraries; Horovod's
+    build record and TensorFlow extension); the settings that change what TensorFlow reports; the GPUs nvidia-smi
     lists. A library that goes missing outside these packages (a host's libmpi, say) is not
     seen until the job starts, which then names the worker that failed."""
     files: dict[str, Any] = {}
@@ -92,8 +92,7 @@ def install_key(env: dict[str, str | None], gpus: int | None) -> dict[str, Any]:
         ("tensorflow", ("libtensorflow*.so*",)),
         ("keras", ()),
         ("tf_keras", ()),
-        ("horovod", ("metadata.json", "tensorflow/mpi_lib*.so",
-                     "runner/common/util/safe_shell_exec.py")),
+        ("horovod", ("metadata.json", "tensorflow/mpi_lib*.so")),
     ):  # fmt: skip
         try:
             spec = importlib.util.find_spec(package)
@@ -177,6 +176,9 @@ def _horovod_facts() -> dict[str, Any]:
     pkg = os.path.dirname(os.path.abspath(horovod.__file__))
     out: dict[str, Any] = {
         "version": horovod.__version__,
+        # hvd_train's patch series it was built with (scripts/horovod_series.sh labels the
+        # version 0.28.1+hvdtrain.g<hash>); None: a Horovod built some other way.
+        "patches": horovod.__version__.partition("+")[2] or None,
         "path": pkg,
         # Horovod's setup.py records the framework versions it compiled against here; its own
         # import of horovod.tensorflow compares this record with the installed TensorFlow.
@@ -193,8 +195,8 @@ def _horovod_facts() -> dict[str, Any]:
 
 
 def _keeps_stop_exit_code() -> bool | None:
-    """Whether horovodrun keeps a stopped worker's exit code: Horovod 0.28.1 patched by
-    scripts/patch_horovod.py (None: its launcher does not import)."""
+    """Whether horovodrun keeps a stopped worker's exit code: Horovod 0.28.1 built with
+    patches/horovod-0.28.1/0001 (None: its launcher does not import)."""
     try:
         from horovod.runner.common.util import safe_shell_exec
     except Exception:  # noqa: BLE001
@@ -320,7 +322,7 @@ def _horovod_problems(facts: dict[str, Any]) -> list[Problem]:
     out = []
     built = (hv.get("built_against") or {}).get("tensorflow")
     if built and tf_version and built != tf_version:
-        out.append(Problem("error", f"Horovod {hv['version']} was built against TensorFlow {built}, but TensorFlow {tf_version} is installed: rebuild Horovod against it (pip install --no-cache-dir --no-build-isolation horovod=={hv['version']}, or delete .venv and run scripts/install.sh)"))  # fmt: skip
+        out.append(Problem("error", f"Horovod {hv['version']} was built against TensorFlow {built}, but TensorFlow {tf_version} is installed: rebuild Horovod against it (scripts/install.sh does, from its source with hvd_train's patches: patches/horovod-0.28.1)"))  # fmt: skip
     elif not built and "tensorflow" in hv.get("frameworks", []):
         out.append(Problem("warning", f"Horovod has no record of the TensorFlow it was built against ({hv.get('path')}/metadata.json)"))  # fmt: skip
     if "tensorflow" not in hv.get("frameworks", []):
@@ -330,8 +332,8 @@ def _horovod_problems(facts: dict[str, Any]) -> list[Problem]:
     else:
         out += _controller_problems(hv.get("controllers", []), facts["mpirun"])
     if hv.get("keeps_stop_exit_code") is False:
-        out.append(Problem("warning", f"horovodrun may exit 0 after Ctrl-C or SIGTERM (Horovod 0.28.1 can lose a stopped worker's exit code; {layout.SUMMARY} still says interrupted): python scripts/patch_horovod.py fixes it, as scripts/install.sh does"))  # fmt: skip
-    if hv["version"] != TESTED_HOROVOD:
+        out.append(Problem("warning", f"horovodrun may exit 0 after Ctrl-C or SIGTERM (Horovod 0.28.1 can lose a stopped worker's exit code; {layout.SUMMARY} still says interrupted): scripts/install.sh builds Horovod with hvd_train's patches (patches/horovod-0.28.1), which fix it"))  # fmt: skip
+    if hv["version"].partition("+")[0] != TESTED_HOROVOD:  # a local label is hvd_train's series
         out.append(Problem("warning", f"Horovod {hv['version']}: hvd_train is tested with {TESTED_HOROVOD}"))  # fmt: skip
     return out
 
@@ -390,6 +392,7 @@ def render(facts: dict[str, Any], problems: list[Problem]) -> str:
         + (f" ({_kerases(tf)}, built with CUDA: {_yes(tf.get('built_with_cuda'))})" if tf.get("version") else ""),
         f"horovod      {hv.get('version') or 'missing'}"
         + (f", built against TensorFlow {built}" if hv.get("version") else ""),
+        f"  patches      {hv.get('patches') or 'none (not built by scripts/install.sh)'}",
         f"  frameworks   {_list(hv.get('frameworks'))}",
         f"  controllers  {_list(hv.get('controllers'))}",
         f"  tensor ops   {_list(hv.get('tensor_ops'))} (NCCL: {_yes('nccl' in (hv.get('tensor_ops') or []))})",

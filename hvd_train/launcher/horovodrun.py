@@ -139,7 +139,7 @@ def probe_note(elastic: ElasticConfig, hosts: str | None, nics: str) -> str | No
     common through a service of its own and one on every host, which listen on all interfaces
     while it starts (an interface they reach each other on is what they are looking for); its
     rendezvous server then listens on the address of the interface found
-    (scripts/patch_horovod.py). An elastic job's hosts come from its discovery script, unknown
+    (patches/horovod-0.28.1/0008). An elastic job's hosts come from its discovery script, unknown
     here.
     """
     if nics or not (elastic.enabled or (hosts and not on_loopback(hosts))):
@@ -156,8 +156,8 @@ def probe_note(elastic: ElasticConfig, hosts: str | None, nics: str) -> str | No
 def mpi_note(controller: str, hosts: str | None) -> str | None:
     """One line before an Open MPI job with hosts on other machines, else None.
 
-    On one host mpirun and the ranks listen on loopback alone (scripts/patch_horovod.py, change
-    10); across hosts Open MPI binds mpirun's out-of-band listener and each rank's TCP transport
+    On one host mpirun and the ranks listen on loopback alone (patches/horovod-0.28.1/0010);
+    across hosts Open MPI binds mpirun's out-of-band listener and each rank's TCP transport
     to every address of their host, whatever its interface settings (docs/security.md).
     """
     if controller != "mpi" or not hosts or on_loopback(hosts):
@@ -215,8 +215,8 @@ def network_flags(
     NCCL_SOCKET_IFNAME from them, and mpirun's own traffic follows oob_tcp_if_include. Else,
     when every host is this machine's loopback: `--network-interfaces lo` and, under MPI,
     LOOPBACK_MPI_ARGS. horovodrun's rendezvous server (Gloo) listens on the address the
-    workers are given (scripts/patch_horovod.py): 127.0.0.1 here, that interface's address
-    across hosts; on one host horovodrun also puts mpirun's listeners on loopback (change 10).
+    workers are given (patches/horovod-0.28.1/0008): 127.0.0.1 here, that interface's address
+    across hosts; on one host horovodrun also puts mpirun's listeners on loopback (0010).
     What stays on all interfaces, whatever the flags: mpirun's out-of-band listener across
     hosts, and the services horovodrun searches for an interface with (`probe_note`):
     docs/security.md.

@@ -53,7 +53,7 @@ from hvd_train.record.summary import early_summary, read_summary, write_summary
 
 GLOO_FIRST = re.compile(r"Terminating remaining workers after failure of Process (\d+)")
 GLOO_NAMED = re.compile(r"Process name: (\d+)\s+Exit code: (-?\d+)")
-# The same, in the one line that ends the job under Horovod as scripts/patch_horovod.py leaves it.
+# The same, in the one line that ends the job under Horovod as patches/horovod-0.28.1/0005 leaves it.
 GLOO_ENDING = re.compile(r"^horovodrun: process (\d+) exited first, with code (-?\d+)", re.M)
 HOROVODRUN_ENDING = re.compile(r"horovodrun: (?:process \d+ exited first|mpirun failed)")
 GLOO_EXIT = re.compile(r"Process (\d+) exit with status code (-?\d+)")
@@ -353,7 +353,7 @@ def _record(path: str, history: list[dict[str, Any]], restarts: int) -> None:
 
 def _stopped_code(summary_path: str, stop_signal: int) -> int:
     """The exit code of a job that exited 0 after the launcher passed a stop on: 0 if the run
-    completed anyway, else 128 + the signal (a Horovod without scripts/patch_horovod.py may
+    completed anyway, else 128 + the signal (a Horovod without patches/horovod-0.28.1 may
     report a stopped job as exit 0)."""
     completed = _read(summary_path, wait_s=10).get("status") == "completed"
     return 0 if completed else 128 + stop_signal

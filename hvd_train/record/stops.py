@@ -161,7 +161,7 @@ class StopSignals:
 
 def horovodrun_first_failure() -> dict | None:
     """The worker that failed first, as horovodrun (Gloo) noted it in its rendezvous server
-    before it sent the others SIGTERM ({"rank", "exit_code"}; scripts/patch_horovod.py);
+    before it sent the others SIGTERM ({"rank", "exit_code"}; patches/horovod-0.28.1/0006);
     None when there is no such note: a stop, another launcher, or an unpatched Horovod."""
     if not _noted_by_horovodrun():
         return None

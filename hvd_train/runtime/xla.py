@@ -8,7 +8,7 @@ imported; set later (at `hvd.init`), it registers nothing, and a whole-step comp
 all-reduce. So a worker decides before that import (`prepare`: the commands call it before they
 import the trainer), and every later question reads the environment it left (`whole_step`).
 Elsewhere (CPU; Horovod built for TensorFlow 2.19+, which drops that file:
-scripts/patch_horovod.py) XLA auto-clustering compiles what it can of the step, and the
+patches/horovod-0.28.1/0011) XLA auto-clustering compiles what it can of the step, and the
 all-reduce stays outside.
 
 Imports neither Horovod nor, until `prepare` runs, TensorFlow.
