@@ -340,7 +340,8 @@ def _sets(*overrides: str) -> list[str]:
 def test_elastic_goes_on_with_one_worker_after_one_is_killed(tmp_path, rank) -> None:
     """Horovod Elastic on Gloo: two one-slot 'hosts' (localhost and 127.0.0.1, both this
     machine). The worker of `rank` is killed; Horovod blacklists its host and the survivor
-    finishes alone, its learning rate rescaled for one worker. When rank 0 was the one lost,
+    finishes alone, its learning rate rescaled for one worker and its cosine schedule at its
+    floor on the last step (the schedule lives in epochs). When rank 0 was the one lost,
     the survivor, rank 0 now, ends the record."""
     hosts = tmp_path / "hosts"
     hosts.write_text("localhost:1\n127.0.0.1:1\n")
@@ -351,7 +352,8 @@ def test_elastic_goes_on_with_one_worker_after_one_is_killed(tmp_path, rank) -> 
     proc = start([PYTHON, "-m", "hvd_train", "launch", "--np", "2", *LONG,
                   *_sets(f"run.dir={d}", "elastic.enabled=true", "elastic.min_workers=1",
                          f"elastic.discovery_script={discover}", "elastic.commit_every_steps=10",
-                         "optimizer.warmup_epochs=0")], tmp_path)  # fmt: skip
+                         "optimizer.warmup_epochs=0", "optimizer.schedule=cosine",
+                         "optimizer.min_lr_fraction=0.5")], tmp_path)  # fmt: skip
     wait_for_epochs(d, 1, proc)
     os.kill(workers(str(d))[rank], signal.SIGKILL)
     check(finish(proc, 400))
@@ -361,5 +363,7 @@ def test_elastic_goes_on_with_one_worker_after_one_is_killed(tmp_path, rank) -> 
     # horovodrun's output in one loaded run (cause not found); the log is not the contract.
     assert s["elastic"]["resets"] >= 1, s
     assert s["elastic"]["world_sizes"] == [2, 1] and s["world_size"] == 1
-    assert s["final_metrics"]["learning_rate"] == pytest.approx(0.001)  # 0.002 at 2 workers
+    # The schedule went on at the committed epoch for one worker: cosine ends at its floor,
+    # half of one worker's rate (0.001; 0.002 at 2 workers), on the last epoch's last step.
+    assert s["final_metrics"]["learning_rate"] == pytest.approx(0.0005)
     assert epochs_in_csv(d) == [1, 2, 3, 4, 5, 6]
