@@ -289,7 +289,7 @@ def test_speed_knobs_are_applied_in_every_worker(tmp_path: pathlib.Path) -> None
     summary = json.loads((run_dir / "summary.json").read_text())
     assert 0 < summary["allreduce_time_share"] < 1
     assert 0 <= summary["negotiation_time_share"] <= 1
-    assert summary["effective_batch_size"] == 2 * summary["global_batch_size"]
+    assert summary["effective_batch_size"] == accumulation * summary["global_batch_size"]
     assert summary["train_examples_per_sec_per_worker"] * 2 == pytest.approx(
         summary["train_examples_per_sec"]
     )
