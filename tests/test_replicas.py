@@ -47,6 +47,14 @@ def test_a_rank_whose_weights_differ_ends_the_run_naming_the_variable(tmp_path) 
 # --------------------------------------------------------------------------- in one process
 
 
+@pytest.fixture(autouse=True)
+def _the_binding_active_before_is_active_after():
+    """Tests here activate one binding or the other; a test after them in the same process
+    must find the binding it found before (test_elastic's make_optimizer asks for it)."""
+    with binding.activated(KERASES[0]):
+        yield
+
+
 def _model(keras_name: str, accumulation: int, loss_scale: bool):
     """A small model (Dense, BatchNormalization, Dropout, Dense) compiled with the binding's
     distributed optimizer and built for training, in a fresh process's binding."""
