@@ -92,11 +92,10 @@ class EpochStats(Callback):
         logs["learning_rate"] = binding.active().last_learning_rate(self.model.optimizer)
 
 
-class AverageMovingStatistics(Callback):
-    """Averages BatchNormalization's moving statistics over the ranks where they must be every
-    rank's alike: at each epoch's end (before the exact validation, so that the model
-    validated is the model saved) and wherever a checkpoint or a replica check is due
-    mid-epoch (a collective, on every rank at the same steps: runtime/replicas.py)."""
+class _AtSyncPoints(Callback):
+    """Calls `act()` where the replicated state must be every rank's alike: at each epoch's end
+    and after each step where `due(position step)` holds (a checkpoint, a replica check). A
+    collective: every rank at the same steps."""
 
     def __init__(self, control: RunControl, due: Callable[[int], bool]):
         super().__init__()
@@ -104,35 +103,34 @@ class AverageMovingStatistics(Callback):
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
         if self.due(self.control.position_step):
-            replicas.average_moving_statistics(self.model)
+            self.act()
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        self.act()
+
+    def act(self) -> None:
+        raise NotImplementedError
+
+
+class AverageMovingStatistics(_AtSyncPoints):
+    """Averages BatchNormalization's moving statistics over the ranks at those points: before
+    the exact validation at an epoch's end (the model validated is the model saved) and before
+    a mid-epoch checkpoint or check (runtime/replicas.py)."""
+
+    def act(self) -> None:
         replicas.average_moving_statistics(self.model)
 
 
-class CheckReplicas(Callback):
+class CheckReplicas(_AtSyncPoints):
     """`runtime.check_replicas`: every rank compares a fingerprint of every replicated variable
-    (one small all-reduce) at each epoch's end and wherever `due(position step)` holds (a
-    checkpoint, `check_replicas_every_steps`), before the checkpoint is written. A mismatch
+    (one small all-reduce) at those points, before the checkpoint is written. A mismatch
     raises ReplicaMismatch on every rank alike (exit code 3), so none is left waiting."""
-
-    def __init__(self, control: RunControl, due: Callable[[int], bool]):
-        super().__init__()
-        self.control, self.due = control, due
-        self._named: list[Any] | None = None
 
     def on_train_begin(self, logs: dict | None = None) -> None:
         # The replicated variables, found once a `fit` (the checkpoint's graph is walked once).
         self._named = replicas.replicated_variables(self.model)
 
-    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
-        if self.due(self.control.position_step):
-            self._check()
-
-    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
-        self._check()
-
-    def _check(self) -> None:
+    def act(self) -> None:
         found = replicas.disagreement(self.model, self._named)
         if found is not None:
             c = self.control
