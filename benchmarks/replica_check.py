@@ -3,13 +3,18 @@
     .venv/bin/horovodrun -np 2 -H localhost:2 --gloo .venv/bin/python benchmarks/replica_check.py
 
 Every rank trains the shipped quickstart for 4 epochs with the check off (a scratch run.dir),
-then times, on the trained model, what the check does at each epoch's end: the moving
-statistics' average (`replicas.average_moving_statistics`, also done without the check), the
-hashing alone, and the check itself (`replicas.disagreement`: every replicated variable hashed,
-one all-reduce), each
-`--repeats` times, interleaved. Rank 0 prints the medians and their share of the median epoch's
-training time (metrics.csv `epoch_time_s`, the first epoch left out: it traces the step). The
-check runs once per epoch (and before each mid-epoch checkpoint), so that share is its cost.
+then times, on the trained model, what an epoch's end does with and without the check, each
+`--repeats` times, interleaved, a barrier before each:
+- `average`: the moving statistics' average (done with the check or without);
+- `hash`: this rank's fingerprints alone (`Fingerprints.mine`);
+- `gather`: the all-gather of the random states that an epoch's end does anyway;
+- `gather + check`: the same all-gather carrying the fingerprints, and their comparison: what
+  the check makes of an epoch's end; its cost is the difference from `gather` (each repeat's
+  pair, then their median);
+- `check alone`: the fingerprints all-gathered by themselves and compared, as at a step that
+  `runtime.check_replicas_every_steps` adds.
+Rank 0 prints the medians and their share of the median epoch's training time (metrics.csv
+`epoch_time_s`, the first epoch left out: it traces the step).
 """
 
 from __future__ import annotations
@@ -39,31 +44,48 @@ def main() -> None:
     binding.prepare(cfg.runtime.keras)
     binding.import_tensorflow()
     from hvd_train.runtime import distributed, replicas
+    from hvd_train.train import random_states
     from hvd_train.train.trainer import train
 
     model, _ = train(cfg)
-    named = replicas.replicated_variables(model)  # found once a `fit`, as the callback does
-    timings: dict[str, list[float]] = {"average": [], "hash": [], "check": []}
+    prints = replicas.Fingerprints(model)  # made once a `fit`, as the callback does
+    names = [n for n, _ in prints.named]
+
+    def gather(also):
+        mine = (random_states.read(model), random_states.window_sums(model), also and also())
+        return distributed.allgather_object(mine, name="bench.random_states")
+
+    steps = {
+        "average": lambda: replicas.average_moving_statistics(model),
+        "hash": prints.mine,
+        "gather": lambda: gather(None),
+        "gather + check": lambda: replicas.disagreement(
+            names, [also for _, _, also in gather(prints.mine)]
+        ),
+        "check alone": lambda: replicas.disagreement(names, prints.gather()),
+    }
+    timings: dict[str, list[float]] = {name: [] for name in steps}
     for _ in range(args.repeats):
-        for name, fn in (("average", replicas.average_moving_statistics),
-                         ("hash", lambda m: [replicas.fingerprint(v) for _, v in named]),
-                         ("check", lambda m: replicas.disagreement(m, named))):  # fmt: skip
+        for name, fn in steps.items():
             distributed.barrier("bench.replica_check")
             start = time.perf_counter()
-            fn(model)
+            fn()
             timings[name].append(time.perf_counter() - start)
     if not distributed.is_chief():
         return
     with open(os.path.join(run_dir, "metrics.csv")) as f:
         rows = list(csv.DictReader(f))[1:]  # the first epoch traces the step
         epoch_s = statistics.median(float(r["epoch_time_s"]) for r in rows)
-    count, size = len(named), sum(int(v.numpy().size) for _, v in named)
-    print(f"{distributed.size()} workers, {count} replicated variables ({size} values), "
+    size = sum(int(v.shape.num_elements()) for _, v in prints.named)
+    print(f"{distributed.size()} workers, {len(names)} replicated variables ({size} values), "
           f"median epoch {epoch_s:.3f} s, {args.repeats} repeats")  # fmt: skip
     print("| step | median ms | of an epoch |")
     print("|---|---:|---:|")
-    for name, values in timings.items():
-        ms = 1000 * statistics.median(values)
+    medians = {name: 1000 * statistics.median(values) for name, values in timings.items()}
+    # What the check adds to an epoch's end: each repeat's pair, then their median.
+    added = [c - g for c, g in zip(timings["gather + check"], timings["gather"], strict=True)]
+    medians["the check at an epoch's end"] = 1000 * statistics.median(added)
+    for name, ms in medians.items():
         print(f"| {name} | {ms:.2f} | {ms / 1000 / epoch_s:.2%} |")
 
 

@@ -18,6 +18,7 @@ import pytest
 import tensorflow as tf
 from harness import (
     BINDING_RUNS,
+    KERASES,
     PYTHON,
     QUICKSTART,
     WORKERS,
@@ -336,13 +337,18 @@ def _sets(*overrides: str) -> list[str]:
 
 @pytest.mark.stack
 @pytest.mark.timeout(1200)  # a wait and a job, each bounded on its own below
-@pytest.mark.parametrize("rank", [0, 1])
-def test_elastic_goes_on_with_one_worker_after_one_is_killed(tmp_path, rank) -> None:
+@pytest.mark.parametrize(
+    ("keras", "rank"),
+    [(KERASES[0], 0), (KERASES[0], 1),
+     *([pytest.param("tf_keras", 1, marks=pytest.mark.second_keras)] if len(KERASES) > 1 else [])],
+)  # fmt: skip
+def test_elastic_goes_on_with_one_worker_after_one_is_killed(tmp_path, keras, rank) -> None:
     """Horovod Elastic on Gloo: two one-slot 'hosts' (localhost and 127.0.0.1, both this
     machine). The worker of `rank` is killed; Horovod blacklists its host and the survivor
     finishes alone, its learning rate rescaled for one worker and its cosine schedule at its
     floor on the last step (the schedule lives in epochs). When rank 0 was the one lost,
-    the survivor, rank 0 now, ends the record."""
+    the survivor, rank 0 now, ends the record. On each Keras (ElasticState serves both; the
+    tf_keras run is CI's, on Python 3.13)."""
     hosts = tmp_path / "hosts"
     hosts.write_text("localhost:1\n127.0.0.1:1\n")
     discover = tmp_path / "discover.sh"
@@ -353,7 +359,8 @@ def test_elastic_goes_on_with_one_worker_after_one_is_killed(tmp_path, rank) -> 
                   *_sets(f"run.dir={d}", "elastic.enabled=true", "elastic.min_workers=1",
                          f"elastic.discovery_script={discover}", "elastic.commit_every_steps=10",
                          "optimizer.warmup_epochs=0", "optimizer.schedule=cosine",
-                         "optimizer.min_lr_fraction=0.5")], tmp_path)  # fmt: skip
+                         "optimizer.min_lr_fraction=0.5", f"runtime.keras={keras}")],
+                 tmp_path)  # fmt: skip
     wait_for_epochs(d, 1, proc)
     os.kill(workers(str(d))[rank], signal.SIGKILL)
     check(finish(proc, 400))

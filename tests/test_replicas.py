@@ -20,24 +20,32 @@ from hvd_train.runtime import binding, contract
 
 
 @pytest.mark.multiworker
-def test_a_rank_whose_weights_differ_ends_the_run_naming_the_variable(tmp_path) -> None:
-    """Rank 1's first weight is nudged after step 4 of the run; the check before the
-    checkpoint at step 6 finds it: every rank ends at that step with one line naming the
-    variable and the rank, exit code 3, the record says failed, and no checkpoint is written
-    after the nudge."""
+@pytest.mark.parametrize(
+    ("where", "settings", "step"),
+    [("checkpoint", ["checkpoint.every_steps=6"], 6),
+     ("every_steps", ["runtime.check_replicas_every_steps=5"], 5)],
+)  # fmt: skip
+def test_a_rank_whose_weights_differ_ends_the_run_naming_the_variable(
+    tmp_path, where, settings, step
+) -> None:
+    """Rank 1's first weight is nudged after step 4 of the run; the next check finds it: the
+    one before the checkpoint at step 6 (its fingerprints ride in the random states'
+    all-gather), or the one `check_replicas_every_steps` asks at step 5 (gathered alone). Every
+    rank ends at that step with one line naming the variable and the rank, exit code 3, the
+    record says failed, and no checkpoint is written after the nudge."""
     items = [{"class": "probe_callbacks:NudgeOneWeight", "args": {"rank": 1, "step": 4}}]
     run_dir = tmp_path / "run"
     cmd = [PYTHON, "-m", "hvd_train", "--config", str(QUICKSTART),
            "--set", "callbacks=" + json.dumps(items),
            *(x for s in ("train.verbose=false", "logging.tensorboard=false", f"run.dir={run_dir}",
-                         "train.epochs=2", "checkpoint.every_steps=6")
+                         "train.epochs=2", *settings)
              for x in ("--set", s))]  # fmt: skip
     proc = horovodrun(2, cmd, WORKERS, timeout=240)
     assert proc.returncode == ReplicaMismatch.exit_code, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "failed" and summary["error_type"] == "ReplicaMismatch", summary
     # The first weight of the quickstart's convnet, and the rank that holds other values.
-    assert re.search(r"epoch 1, step 6: \S*conv\S*kernel\b.*rank\(s\) 1 hold other values",
+    assert re.search(rf"epoch 1, step {step}: \S*conv\S*kernel\b.*rank\(s\) 1 hold other values",
                      summary["error"]), summary["error"]  # fmt: skip
     assert not list((run_dir / "checkpoints").glob("ckpt-*")), "a checkpoint after the nudge"
     # The launcher may restart from the last checkpoint (it was checked): nothing says it recurs.
@@ -111,15 +119,53 @@ def test_moving_statistics_are_batch_norms_without_sync(keras) -> None:
     assert not active.moving_statistics(active.keras.Sequential([synced]))
 
 
-def test_fingerprints_differ_with_one_bit() -> None:
+def test_fingerprints_differ_with_one_bit_and_with_two_values_swapped() -> None:
     from hvd_train.runtime import replicas
 
     tf = pytest.importorskip("tensorflow")
-    v = tf.Variable(np.arange(6, dtype=np.float32))
+    values = np.arange(7, dtype=np.float32)  # 28 bytes: the last word is padded
+    v = tf.Variable(values)
     before = replicas.fingerprint(v)
-    assert replicas.fingerprint(tf.Variable(np.arange(6, dtype=np.float32))) == before
-    v.assign(v + np.array([0, 0, 0, 0, 0, 1e-6], np.float32))
-    assert replicas.fingerprint(v) != before
+    assert replicas.fingerprint(tf.Variable(values.copy())) == before
+    flipped = values.copy()
+    flipped.view(np.uint32)[6] ^= 1  # the lowest bit of the last value
+    assert replicas.fingerprint(tf.Variable(flipped)) != before
+    swapped = values[[2, 1, 0, 3, 4, 5, 6]]  # the same values, two words' halves swapped
+    assert replicas.fingerprint(tf.Variable(swapped)) != before
+    assert replicas.fingerprint(tf.Variable(values[[1, 0, 2, 3, 4, 5, 6]])) != before
+
+
+@pytest.mark.parametrize("keras", KERASES)
+def test_a_models_fingerprints_taken_at_once_are_each_variables_own(keras) -> None:
+    """`Fingerprints.mine` joins every variable's bytes in one traced function: each slice is
+    the variable's own fingerprint, whatever its dtype (float32 weights, the int64 step
+    counter, tf_keras' loss scale), and a change to one variable changes its alone."""
+    from hvd_train.runtime import replicas
+
+    _, model = _model(keras, 2, keras == binding.KERAS2)
+    prints = replicas.Fingerprints(model)
+    mine = prints.mine()
+    pairs = mine.view(np.uint64).reshape(-1, 2)  # two sums a variable
+    assert [tuple(p) for p in pairs.tolist()] == [replicas.fingerprint(v) for _, v in prints.named]
+    assert len({v.dtype for _, v in prints.named}) > 1
+    name, weight = prints.named[0]
+    weight.assign_add(np.ones(weight.shape, weight.dtype.as_numpy_dtype))
+    changed = (prints.mine().reshape(-1, 2) != mine.reshape(-1, 2)).any(axis=1)
+    assert list(np.nonzero(changed)[0]) == [0], name
+
+
+def test_a_disagreement_names_the_first_variable_that_differs_and_the_ranks() -> None:
+    """Every rank reads the same gathered table, so every rank writes the same line; ranks
+    that agree with rank 0 are not named, and nothing is said when all agree."""
+    from hvd_train.runtime import replicas
+
+    names = ["dense/kernel", "dense/bias", "adam/iterations"]
+    same = np.array([7, 8, 9], np.int64)
+    assert replicas.disagreement(names, [same, same.copy(), same.copy()]) is None
+    found = replicas.disagreement(names, [same, same.copy(), np.array([7, 0, 1], np.int64)])
+    assert found == "dense/bias and 1 more of 3 variables: rank(s) 2 hold other values than rank 0"
+    found = replicas.disagreement(names, [same, np.array([7, 8, 0]), np.array([7, 8, 0])])
+    assert found == "adam/iterations: rank(s) 1, 2 hold other values than rank 0"
 
 
 @pytest.mark.parametrize("name", KERASES)

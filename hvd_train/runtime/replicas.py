@@ -19,13 +19,12 @@ Each rank's own, and not in that list:
   model saved, and at those points they are replicated state too.
 
 `broadcast` gives every rank rank 0's values (the first broadcast, after a resume, Horovod
-Elastic's sync); `disagreement` compares every rank's with one small all-reduce
-(`runtime.check_replicas`: docs/faults.md).
+Elastic's sync); `Fingerprints` compares every rank's (`runtime.check_replicas`:
+docs/faults.md).
 """
 
 from __future__ import annotations
 
-import zlib
 from typing import Any
 
 import horovod.tensorflow as hvd_tf
@@ -102,40 +101,97 @@ def average_moving_statistics(model: Model) -> None:
         variable.assign(value)
 
 
-def fingerprint(variable: tf.Variable) -> int:
-    """56 bits from two checksums of the variable's bytes (CRC-32, and 24 bits of Adler-32):
-    equal values give equal fingerprints on every rank; one flipped bit always changes the
-    CRC, and other differences go unseen with a chance of about 2^-56. Checksums, not a
-    cryptographic hash: 4 times faster (docs/benchmarks.md#the-replica-check)."""
-    data = np.ascontiguousarray(variable.numpy()).data  # read in place, not copied to bytes
-    return zlib.crc32(data) << 24 | zlib.adler32(data) & 0xFFFFFF
+def fingerprint(variable: tf.Variable) -> tuple[int, int]:
+    """One variable's fingerprint (`Fingerprints` computes all of a model's at once)."""
+    data = np.ascontiguousarray(variable.numpy()).reshape(-1).view(np.uint8)
+    return _sums(np.pad(data, (0, -data.size % 8)).view(np.uint64))
 
 
-def disagreement(model: Model, named: list[tuple[str, tf.Variable]] | None = None) -> str | None:
-    """None when every rank holds the same replicated state; else which variable differs
-    first and which ranks differ from rank 0 (the same text on every rank). A collective: one
-    all-reduce of the fingerprints, then, only on a mismatch, one gather of one of them.
+# Position weights 1..CHUNK for `_sums`, made once; a longer variable is summed CHUNK words at
+# a time, so what this keeps in memory does not grow with the model.
+CHUNK = 1 << 20
+_WEIGHTS = np.arange(1, CHUNK + 1, dtype=np.uint64)
 
-    `named`: `replicated_variables(model)`, when the caller keeps it. Defaults to None (found
-    anew)."""
-    named = replicated_variables(model) if named is None else named
-    mine = np.array([fingerprint(v) for _, v in named], np.int64)
-    if hvd_tf.size() == 1 or not len(mine):
-        return None
-    # The largest and the smallest fingerprint of each variable, in one all-reduce.
-    both = hvd_tf.allreduce(
-        tf.constant(np.concatenate([mine, -mine])), op=hvd_tf.Max, name="hvd_train.replicas"
-    ).numpy()
-    differ = np.nonzero(both[: len(mine)] != -both[len(mine) :])[0]
+
+def _sums(words: np.ndarray) -> tuple[int, int]:
+    """Two sums, modulo 2^64, of the 64-bit words a variable's bytes make: their plain sum
+    (a change of any one word, a single flipped bit say, always changes it) and their sum
+    weighted by position, 1, 2, 3, ... (words swapped change it). Exact integer sums, so
+    every rank that holds the same bytes gets the same two numbers, in any summation order.
+    A fingerprint, not a cryptographic hash: about twice as fast as CRC-32 with Adler-32
+    (docs/benchmarks.md#the-replica-check), both sums one pass over memory."""
+    plain = weighted = np.uint64(0)
+    with np.errstate(over="ignore"):  # modulo 2^64 is the point
+        for start in range(0, words.size, CHUNK):
+            part = words[start : start + CHUNK]
+            total = part.sum(dtype=np.uint64)
+            weighted += np.dot(part, _WEIGHTS[: part.size]) + np.uint64(start) * total
+            plain += total
+    return int(plain), int(weighted)
+
+
+def _as_words(variable: tf.Variable) -> tf.Tensor:
+    """The variable's bytes, zero-padded to a whole number of 64-bit words."""
+    value = tf.convert_to_tensor(variable)
+    if value.dtype == tf.bool:
+        value = tf.cast(value, tf.uint8)
+    data = tf.reshape(tf.bitcast(value, tf.uint8), [-1])
+    pad = -variable.shape.num_elements() * variable.dtype.size % 8
+    return tf.pad(data, [[0, pad]]) if pad else data
+
+
+class Fingerprints:
+    """The fingerprints of a model's replicated variables (`replicated_variables`, found once):
+    two 64-bit sums of each one's bytes (`_sums`).
+
+    All the variables' bytes are joined on the device by one traced function (one dispatch and
+    one copy to host memory, not one of each per variable), then summed slice by slice.
+    """
+
+    def __init__(self, model: Model):
+        self.named = replicated_variables(model)
+        variables = [v for _, v in self.named]
+        words = [-(-v.shape.num_elements() * v.dtype.size // 8) for v in variables]
+        self._ends = np.cumsum(words, dtype=np.int64)
+        self._joined = tf.function(
+            lambda: tf.concat([_as_words(v) for v in variables], 0), autograph=False
+        )
+
+    def mine(self) -> np.ndarray:
+        """This rank's fingerprints: two int64 per variable, in `named`'s order."""
+        if not self.named:
+            return np.zeros(0, np.int64)
+        words = self._joined().numpy().view(np.uint64)
+        starts = [0, *self._ends[:-1]]
+        sums = [_sums(words[a:b]) for a, b in zip(starts, self._ends, strict=True)]
+        return np.array(sums, np.uint64).reshape(-1).view(np.int64)
+
+    def gather(self) -> list[np.ndarray]:
+        """Every rank's fingerprints, in rank order, on every rank (a collective: one
+        all-gather)."""
+        mine = self.mine()
+        if hvd_tf.size() == 1:
+            return [mine]
+        every = hvd_tf.allgather(tf.constant(mine[None]), name="hvd_train.replicas")
+        return list(every.numpy())
+
+
+def disagreement(names: list[str], every: list[np.ndarray]) -> str | None:
+    """None when every rank's fingerprints (`every`, in rank order, as `Fingerprints.gather`
+    gives them; `names`: the variables') are rank 0's; else which variable differs first and
+    which ranks differ from rank 0. The same text on every rank, which holds the same `every`.
+    """
+    table = np.stack(every).reshape(len(every), len(names), -1)  # rank, variable, its sums
+    unlike = (table != table[0]).any(axis=2)  # rank, variable
+    differ = np.nonzero(unlike.any(axis=0))[0]
     if not differ.size:
         return None
     first = int(differ[0])
-    every = hvd_tf.allgather_object(int(mine[first]), name="hvd_train.replicas_first")
-    ranks = [r for r, f in enumerate(every) if f != every[0]]
-    others = f" and {differ.size - 1} more of {len(mine)} variables" if differ.size > 1 else ""
+    ranks = np.nonzero(unlike[:, first])[0]
+    others = f" and {differ.size - 1} more of {len(names)} variables" if differ.size > 1 else ""
     return (
-        f"{named[first][0]}{others}: rank(s) {', '.join(map(str, ranks))} hold other values "
-        f"than rank 0"
+        f"{names[first]}{others}: rank(s) {', '.join(map(str, ranks))} hold other values than "
+        "rank 0"
     )
 
 

@@ -123,15 +123,26 @@ class AverageMovingStatistics(_AtSyncPoints):
 
 class CheckReplicas(_AtSyncPoints):
     """`runtime.check_replicas`: every rank compares a fingerprint of every replicated variable
-    (one small all-reduce) at those points, before the checkpoint is written. A mismatch
-    raises ReplicaMismatch on every rank alike (exit code 3), so none is left waiting."""
+    at those points, before the checkpoint is written. Where a checkpoint may be written, the
+    fingerprints ride in RandomStates' all-gather, just before (`carrier`); elsewhere they are
+    all-gathered alone. A mismatch raises ReplicaMismatch on every rank alike (exit code 3),
+    so none is left waiting."""
+
+    def __init__(self, control: RunControl, due: Callable[[int], bool], carrier: RandomStates):
+        super().__init__(control, due)
+        self.carrier = carrier
 
     def on_train_begin(self, logs: dict | None = None) -> None:
         # The replicated variables, found once a `fit` (the checkpoint's graph is walked once).
-        self._named = replicas.replicated_variables(self.model)
+        self._fingerprints = replicas.Fingerprints(self.model)
+        self.carrier.also = self._fingerprints.mine
 
     def act(self) -> None:
-        found = replicas.disagreement(self.model, self._named)
+        every, self.carrier.also_gathered = self.carrier.also_gathered, None
+        if distributed.size() == 1:
+            return
+        prints = self._fingerprints
+        found = replicas.disagreement([n for n, _ in prints.named], every or prints.gather())
         if found is not None:
             c = self.control
             raise ReplicaMismatch(
@@ -602,7 +613,7 @@ def build_callbacks(
         random,
         # Every rank holds the same replicated state (a collective), checked before the
         # checkpoint writes it: a mismatch ends the run on every rank, with nothing written.
-        *([CheckReplicas(control, sync_due)] if checking else []),
+        *([CheckReplicas(control, sync_due, random)] if checking else []),
         # The learning-rate warm-up is not a callback: it lives in the optimizer's schedule
         # (schedules.WarmupScaled), scaled by the worker count and stepped per batch.
         # Side effects on rank 0 only (none is a collective): console, files, TensorBoard,

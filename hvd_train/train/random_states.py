@@ -14,6 +14,7 @@ generators, Keras 2's tf.random.Generator states (its dropout draws from one: ke
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -88,6 +89,10 @@ class RandomStates(Callback):
         self.control, self.every_steps = control, every_steps
         self.gathered: list[State] | None = None
         self.sums: list[list[np.ndarray]] | None = None
+        # What else each rank sends in the same all-gather (the replica check's fingerprints,
+        # set by callbacks.CheckReplicas), and every rank's of it, gathered at the last point.
+        self.also: Callable[[], Any] | None = None
+        self.also_gathered: list[Any] | None = None
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
         if every_steps_due(self.every_steps, self.control.position_step):
@@ -97,11 +102,12 @@ class RandomStates(Callback):
         self._gather()
 
     def _gather(self) -> None:
-        mine = (read(self.model), window_sums(self.model))
         if distributed.size() == 1:
-            every = [mine]
+            every = [(read(self.model), window_sums(self.model), None)]
         else:
+            mine = (read(self.model), window_sums(self.model), self.also and self.also())
             every = distributed.allgather_object(mine, name="hvd_train.random_states")
-        self.gathered = [states for states, _ in every]
+            self.also_gathered = [also for _, _, also in every] if self.also else None
+        self.gathered = [states for states, _, _ in every]
         # Part-way on one rank is part-way on all: the window's position is replicated.
-        self.sums = None if every[0][1] is None else [sums for _, sums in every]
+        self.sums = None if every[0][1] is None else [sums for _, sums, _ in every]
