@@ -110,12 +110,31 @@ def main(argv: list[str] | None = None, prog: str = "hvd-train") -> int:
         return _bug(e)
 
 
+# How long a failed process may take to end (its atexit handlers and the interpreter's
+# teardown) before the watchdog ends it: `watch_the_exit`.
+EXIT_WATCHDOG_S = 60.0
+
+
 def run(prog: str = "hvd-train") -> None:
     """The `hvd-train` and `python -m hvd_train` entry: main(), then its exit code."""
     code = main(prog=prog)
     if code == 0:
         exit_without_teardown()
+    watch_the_exit()
     sys.exit(code)
+
+
+def watch_the_exit() -> None:
+    """A failure exits the usual way, through atexit's handlers (Horovod's shutdown) and the
+    interpreter's teardown. Should that hang (once, in a 2-worker job whose input file was cut
+    short under it, both ranks printed their failure and never ended; the cause was not
+    found), every thread's traceback goes to stderr after EXIT_WATCHDOG_S and the process
+    ends with exit code 1: the record already says `failed`, and no job is held forever by a
+    worker that has nothing left to do. faulthandler's watchdog is a thread of C that needs
+    no interpreter lock, so it fires whatever holds it."""
+    import faulthandler
+
+    faulthandler.dump_traceback_later(EXIT_WATCHDOG_S, exit=True)
 
 
 def exit_without_teardown() -> NoReturn:

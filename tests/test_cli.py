@@ -112,3 +112,26 @@ def test_a_successful_command_exits_0_after_atexit_and_with_its_output_flushed(t
         assert (proc.returncode, proc.stdout) == (code, "buffered, not flushed"), proc.stderr
         assert marker.read_text() == "ran"
         assert ("interpreter teardown" in proc.stderr) == (code != 0), proc.stderr
+
+
+def test_a_failed_process_whose_exit_hangs_ends_with_every_threads_traceback(tmp_path) -> None:
+    """A failure exits through atexit's handlers and the interpreter's teardown; one that
+    hangs there (here an atexit handler that never returns) is ended by the watchdog: every
+    thread's traceback on stderr, naming where it waited, and exit code 1, never a process
+    that holds its job forever."""
+    import subprocess
+    import sys
+
+    script = (
+        "import atexit, sys, time\n"
+        "from hvd_train import cli\n"
+        "cli.EXIT_WATCHDOG_S = 1.0\n"
+        "def stuck_at_exit(): time.sleep(3600)\n"
+        "atexit.register(stuck_at_exit)\n"
+        "cli.main = lambda prog: 2\n"
+        "cli.run()\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert proc.returncode == 1, proc.stderr
+    assert "Timeout (0:00:01)!" in proc.stderr and "stuck_at_exit" in proc.stderr, proc.stderr
