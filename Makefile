@@ -16,7 +16,7 @@ install:
 	@bash scripts/install.sh
 
 demo: install
-	$(VENV)/bin/hvd-train launch --np $(NP) --gloo --config configs/quickstart.yaml
+	$(VENV)/bin/hvd-train launch --np $(NP) --config configs/quickstart.yaml
 	@echo "Results: runs/quickstart (summary.json, metrics.csv, config.yaml, model.keras, tensorboard/, logs/)"
 
 # The multi-node launch tests start private ssh servers: the install adds openssh-server. The

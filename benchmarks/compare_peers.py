@@ -3,6 +3,13 @@ MultiWorkerMirroredStrategy on one host, each on Keras 3 and on tf_keras (Keras 
 
     .venv/bin/python benchmarks/compare_peers.py            # 3 repeats, both workloads
     .venv/bin/python benchmarks/compare_peers.py --quick    # 1 repeat, few steps: a smoke run
+    .venv/bin/python benchmarks/compare_peers.py --launch   # `hvd-train launch --np N` itself
+
+The launch mode (--launch) runs the default launch as a user runs it, `hvd-train launch --np 2`
+(on a CPU host: Open MPI, each worker bound to its own core) and with --gloo, against one
+worker (`taskset -c 0 hvd-train launch --np 1`), a plain Keras fit on one core and the
+machine's ceiling (two independent Keras processes), interleaved, medians of the repeats; a
+launch's rate is its summary.json's `train_examples_per_sec` (the first epoch left out).
 
 Same model (convnet), data shape (32x32x3 synthetic, in memory), per-worker batch 64, SGD with
 momentum, the loss and accuracy, and TensorFlow threads per worker (1 intra-op thread, each
@@ -34,9 +41,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from peer_worker import WORKLOADS  # noqa: E402  (beside this file)
+
 ROOT = os.path.dirname(HERE)
 WORKER = os.path.join(HERE, "peer_worker.py")
 PY = sys.executable
@@ -49,7 +60,7 @@ class Setup:
     workers: int
     pinned: bool  # each worker bound to a core of its own
     threads: int = 1  # intra-op threads per worker; 0: the mode's default
-    controller: str = "gloo"  # horovodrun --gloo or --mpi
+    controller: str = "gloo"  # horovodrun --gloo or --mpi; launch: "" leaves it to the launcher
     sets: tuple[str, ...] = ()  # hvd_train config overrides
     env: tuple[tuple[str, str], ...] = ()
     defaults: bool = False  # hvd_train: binding and threads as the config's defaults set them
@@ -116,6 +127,13 @@ CONFIGS = {
     "hvd_train@2-mpi-cycle10ms": Setup(
         "hvd_train", 2, True, controller="mpi", sets=("horovod.cycle_time_ms=10",)
     ),
+    # `hvd-train launch --np N`, as a user runs it (the launch mode, --launch): the controller
+    # and the binding are the launcher's defaults (on this CPU host: Open MPI, each worker bound
+    # to a core of its own). One worker is started under `taskset` on one core, the baseline
+    # of "twice one worker".
+    "launch@1": Setup("launch", 1, True, 0, ""),
+    "launch@2": Setup("launch", 2, False, 0, ""),
+    "launch@2-gloo": Setup("launch", 2, False, 0, "gloo"),
 }
 TF_KERAS = "/tf_keras"  # a name's suffix: the same configuration on tf_keras (Keras 2)
 # The Keras 3 comparison: each Keras alone, hvd_train at 1 and 2 pinned workers (Gloo, and the
@@ -126,6 +144,11 @@ DEFAULT = [
     "keras@1/tf_keras", "hvd_train@1/tf_keras", "hvd_train@2/tf_keras", "hvd_train@2-mpi/tf_keras",
     "horovod_example@2/tf_keras", "mwms@2/tf_keras",
 ]  # fmt: skip
+
+
+# The launch mode (--launch): the default launch against twice its own one worker and the
+# machine's ceiling, and one worker against a plain Keras fit (issue 51's table).
+LAUNCH = ["keras@1", "keras@2-independent", "launch@1", "launch@2", "launch@2-gloo"]
 
 
 def setup_of(name: str) -> Setup:
@@ -141,7 +164,7 @@ def known(name: str) -> bool:
 
 def main() -> int:
     args = parse()
-    configs = args.configs or DEFAULT
+    configs = args.configs
     if args.report:  # the tables again, from a finished run's results.json
         with open(args.report) as f:
             print(tables(json.load(f), args))
@@ -194,6 +217,9 @@ def parse() -> argparse.Namespace:
     p.add_argument("--configs", default="",
                    help=f"comma list of: {', '.join(CONFIGS)}; each also with {TF_KERAS} "
                    "appended (the same on tf_keras)")  # fmt: skip
+    p.add_argument("--launch", action="store_true",
+                   help="the launch mode: `hvd-train launch --np N` as a user runs it (default "
+                   f"configs: {', '.join(LAUNCH)})")  # fmt: skip
     p.add_argument("--set", dest="overrides", action="append", default=[],
                    help="extra hvd_train config override, e.g. horovod.compression=fp16")  # fmt: skip
     p.add_argument("--out", default=os.path.join(ROOT, "runs", "compare_peers"))
@@ -209,7 +235,7 @@ def parse() -> argparse.Namespace:
     if args.quick:
         args.repeats, args.steps, args.warmup = 1, 15, 5
     args.workloads = [w for w in args.workloads.split(",") if w]
-    args.configs = [c for c in args.configs.split(",") if c]
+    args.configs = [c for c in args.configs.split(",") if c] or (LAUNCH if args.launch else DEFAULT)
     unknown = [c for c in args.configs if not known(c)]
     if unknown:
         p.error(f"unknown config(s) {unknown}; known: {', '.join(CONFIGS)}, each also with "
@@ -233,6 +259,8 @@ def launch(name: str, workload: str, args: argparse.Namespace) -> list[dict]:
         base += [a for s in [*args.overrides, *setup.sets] for a in ("--set", s)]
     env = {**os.environ, "PYTHONPATH": ROOT, "TF_CPP_MIN_LOG_LEVEL": "2",
            "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", **dict(setup.env)}  # fmt: skip
+    if mode == "launch":
+        return launch_job(setup, workload, args, env, results)
     if mode in ("hvd_train", "horovod_example"):
         cmd = [os.path.join(BIN, "horovodrun"), "-np", str(workers), "-H",
                f"localhost:{workers}", f"--{setup.controller}", *base]  # fmt: skip
@@ -255,6 +283,45 @@ def launch(name: str, workload: str, args: argparse.Namespace) -> list[dict]:
     return collect(procs, args.timeout, results)
 
 
+def launch_job(
+    setup: Setup, workload: str, args: argparse.Namespace, env: dict, results: str
+) -> list[dict]:
+    """`hvd-train launch --np N` on peer_worker.py's hvd_train workload (2 epochs of `--steps`
+    steps; the first, which traces the step, left out as summary.json leaves it out), with the
+    launcher's defaults; its rate is summary.json's `train_examples_per_sec`."""
+    run_dir = tempfile.mkdtemp(prefix="compare-peers-run-")
+    config = os.path.join(results, "bench.yaml")
+    with open(config, "w") as f:
+        f.write("{}\n")  # every key below, as --set
+    world, batch = setup.workers, 64
+    sets = [f"run.dir={run_dir}", "train.epochs=2", f"train.steps_per_epoch={args.steps}",
+            f"train.batch_size={batch}", "train.verbose=false", "logging.tensorboard=false",
+            "data.source=synthetic", f"data.train_examples={args.steps * batch * world}",
+            f"data.val_examples={batch * world}", "optimizer.name=sgd",
+            f"model.dense_units={list(WORKLOADS[workload])}", f"runtime.keras={setup.keras}",
+            *args.overrides, *setup.sets]  # fmt: skip
+    cmd = [os.path.join(BIN, "hvd-train"), "launch", "--np", str(world), "--config", config,
+           *([f"--{setup.controller}"] if setup.controller else []),
+           *(a for s in sets for a in ("--set", s))]  # fmt: skip
+    if setup.pinned:  # one worker on one core: the baseline of "twice one worker"
+        cmd = ["taskset", "-c", str(min(os.sched_getaffinity(0))), *cmd]
+
+    def row_from_summary() -> None:
+        with open(os.path.join(run_dir, "summary.json")) as f:
+            s = json.load(f)
+        row = {"world": s["world_size"], "rank": 0, "controller": s["controller"],
+               "examples_per_sec": s["train_examples_per_sec"], "keras_version": s["versions"]["keras"],
+               "summary_step_ms": s["step_time_ms"], "mode": "launch", "keras": setup.keras,
+               "workload": workload, "batch": batch, "pinned": setup.pinned}  # fmt: skip
+        with open(os.path.join(results, "result-0.json"), "w") as f:
+            json.dump(row, f)
+
+    try:
+        return collect([start(cmd, env, results)], args.timeout, results, row_from_summary)
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
 def start(cmd: list[str], env: dict, results: str) -> subprocess.Popen:
     """Starts `cmd` in a session of its own, its output to a file in `results` (a pipe that
     nobody reads while the driver polls could fill and stop the process)."""
@@ -269,9 +336,12 @@ def start(cmd: list[str], env: dict, results: str) -> subprocess.Popen:
 GRACE_S = 15.0
 
 
-def collect(procs: list[subprocess.Popen], timeout: float, results: str) -> list[dict]:
+def collect(
+    procs: list[subprocess.Popen], timeout: float, results: str, done: Callable | None = None
+) -> list[dict]:
     """Every worker's result; for a job that failed or timed out, one row with its error in
-    one line ({"error": ...}), its processes ended."""
+    one line ({"error": ...}), its processes ended. `done`: called after a job that succeeded,
+    before its results are read (the launch mode writes its row then)."""
     deadline = time.monotonic() + timeout
     failed_at = None
     while any(p.poll() is None for p in procs):
@@ -290,6 +360,8 @@ def collect(procs: list[subprocess.Popen], timeout: float, results: str) -> list
             if not found and time.monotonic() > deadline:
                 why = f"timed out after {timeout:.0f} s"
             return [{"error": why, "exit_codes": [p.returncode for p in procs]}]
+        if done:
+            done()
         rows = []
         for name in sorted(n for n in os.listdir(results) if n.startswith("result-")):
             with open(os.path.join(results, name)) as f:
@@ -402,6 +474,13 @@ TARGETS = [
      "hvd_train@2", "hvd_train@2/tf_keras", 1, 0.95),
     ("the same, with the recommended --mpi", ("light", "heavy"),
      "hvd_train@2-mpi", "hvd_train@2-mpi/tf_keras", 1, 0.95),
+    # The launch mode: `hvd-train launch` with its defaults.
+    ("the default launch at 2 workers / twice its one worker", ("light",),
+     "launch@2", "launch@1", 2, 0.95),
+    ("the default launch at 2 workers / twice its one worker", ("heavy",),
+     "launch@2", "launch@1", 2, 0.90),
+    ("the default launch at 1 worker / a plain Keras 3 fit", ("light", "heavy"),
+     "launch@1", "keras@1", 1, 1.0),
 ]  # fmt: skip
 
 
@@ -491,8 +570,17 @@ def rate_table(
             rate[(workload, name)] = {i: job_rate(rows) for i, rows in reps.items()}
             rates = list(rate[(workload, name)].values())
             every = [r for rows in reps.values() for r in rows]
-            step = statistics.median(r["step_ms_median"] for r in every)
-            th = [r["threads"] for r in every]
+            step = statistics.median(
+                r.get("step_ms_median", r.get("summary_step_ms")) for r in every
+            )
+            th = [r["threads"] for r in every if "threads" in r]
+            if not th:  # the launch mode: summary.json's numbers only
+                lines.append(
+                    f"| {workload} | {name} ({every[0]['controller']}) | "
+                    f"{statistics.median(rates):.1f} | {', '.join(f'{x:.0f}' for x in rates)} | "
+                    f"{step:.1f} | - | - | - | - |"
+                )
+                continue
 
             def cpu(group: str, th: list[dict] = th) -> str:
                 v = [t[group]["cpu_ms_per_step"] for t in th if group in t]
@@ -557,6 +645,12 @@ def ratios(configs: list[str]) -> list[tuple[str, str, str, int]]:
         for name in configs:
             setup = setup_of(name)
             if not name.endswith(k) or (k == "" and name.endswith(TF_KERAS)):
+                continue
+            if setup.mode == "launch" and setup.workers == 2:
+                rows += [
+                    (f"{name} / launch@1{k} / 2", name, f"launch@1{k}", 2),
+                    (f"{name} / keras@2-independent{k}", name, f"keras@2-independent{k}", 1),
+                ]  # fmt: skip
                 continue
             if setup.mode != "hvd_train" or setup.workers != 2:
                 continue

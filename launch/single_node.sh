@@ -3,7 +3,8 @@
 #
 #   launch/single_node.sh CONFIG [--np N] [--set key=value ...] [--mpi | --gloo] [--dry-run]
 #
-# The controller is horovod.controller from the config (Gloo by default); --mpi or --gloo wins.
+# The controller is horovod.controller from the config (by default Open MPI without a GPU, else
+# Gloo); --mpi or --gloo wins.
 # The command is `hvd-train launch --print-command`'s, the same job `hvd-train launch` starts. The exact horovodrun command is printed
 # before it runs; the exit code is the job's (2 with one line for a bad config).
 set -euo pipefail

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import pathlib
 import shlex
+import shutil
 import subprocess
 import sys
 
@@ -159,6 +160,38 @@ def test_every_launcher_starts_the_same_job_from_the_same_config(
     assert by_launch.count("--allow-run-as-root") == 0, "horovodrun --mpi adds it itself"
 
 
+# --------------------------------------------------------------------------- controller
+
+
+def test_the_default_controller_is_open_mpi_on_this_cpu_host_alone_else_gloo(
+    tmp_path, monkeypatch
+) -> None:
+    """`horovod.controller: auto` (the default): Open MPI for a job on this host alone without
+    a GPU, where mpirun is on the job's PATH; Gloo across hosts, with GPUs, for Horovod
+    Elastic, or without mpirun. --mpi and --gloo (or the key) still choose."""
+    from hvd_train.launcher.horovodrun import chosen_controller
+
+    cfg = load_config(QUICKSTART)
+    assert cfg.horovod.controller == "auto"
+    assert shutil.which("mpirun"), "the install puts Open MPI here"
+    for hosts in (None, "localhost:2", "127.0.0.1:1,localhost:1"):
+        assert chosen_controller(cfg, hosts, gpus=0) == "mpi", hosts
+        assert horovodrun_command(cfg, hosts)[5] == "--mpi", hosts
+    assert chosen_controller(cfg, "node1:2,node2:2", gpus=0) == "gloo"
+    assert chosen_controller(cfg, None, gpus=2) == "gloo"
+    assert chosen_controller(elastic(str(write_script(tmp_path / "d.sh"))), None, 0) == "gloo"
+    assert chosen_controller(cfg, None, 0, controller="gloo") == "gloo"
+    gloo = load_config(QUICKSTART, ["horovod.controller=gloo"])
+    assert chosen_controller(gloo, None, 0) == "gloo"
+    assert chosen_controller(gloo, "node1:2,node2:2", 0, controller="mpi") == "mpi"
+    # No mpirun on the job's PATH (this Python's folder first, then PATH): Gloo.
+    bare = tmp_path / "bin"
+    bare.mkdir()
+    monkeypatch.setenv("PATH", str(bare))
+    assert chosen_controller(cfg, None, gpus=0) == "gloo"
+    assert horovodrun_command(cfg)[5] == "--gloo"
+
+
 # --------------------------------------------------------------------------- network
 
 
@@ -209,11 +242,12 @@ def test_launch_takes_interface_names_only(tmp_path) -> None:
 
 def test_a_job_whose_cpu_workers_share_this_host_is_told_the_faster_choices() -> None:
     cfg = load_config(QUICKSTART)
-    note = shared_cpu_note(cfg, 2, None, gpus=0)
+    note = shared_cpu_note(cfg, 2, None, gpus=0, controller="gloo")
     cores = len(os.sched_getaffinity(0))
     assert note.startswith(f"2 workers will share this host's {cores} CPU cores"), note
     assert "--np 1" in note and "--mpi" in note
     assert "--mpi" not in shared_cpu_note(cfg, 2, "localhost:2", gpus=0, controller="mpi")
+    assert "--mpi" not in shared_cpu_note(cfg, 2, None, gpus=0)  # the default: Open MPI here
     assert shared_cpu_note(cfg, 1, None, gpus=0) is None  # one process already
     assert shared_cpu_note(cfg, 2, None, gpus=2) is None  # a GPU each
     assert shared_cpu_note(cfg, 4, "host1:2,host2:2", gpus=0) is None  # not measured there

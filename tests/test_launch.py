@@ -68,18 +68,15 @@ def summary(run_dir: pathlib.Path) -> dict:
 def test_single_node_trains_with_two_cpu_workers_from_any_folder(tmp_path) -> None:
     proc = expect(run([str(SINGLE), str(QUICKSTART), *ONE_EPOCH], cwd=tmp_path), 0)
     cmd = printed_command(proc.stdout)
-    assert cmd[:6] == [
-        str(VENV_PY.parent / "horovodrun"),
-        "-np",
-        "2",
-        "-H",
-        "localhost:2",
-        "--gloo",
-    ]
-    assert cmd[6:8] == ["--network-interfaces", "lo"], "all hosts are this machine: loopback"
-    assert cmd[8:] == [str(VENV_PY), "-m", "hvd_train", "--config", str(QUICKSTART), *ONE_EPOCH]
+    # The default controller on a CPU host alone: Open MPI, yielding while it waits, shared
+    # memory between the ranks, and loopback for the rest.
+    horovodrun = str(VENV_PY.parent / "horovodrun")
+    assert cmd[:6] == [horovodrun, "-np", "2", "-H", "localhost:2", "--mpi"], cmd
+    mpi_args = "--mpi-args=--mca mpi_yield_when_idle 1 --mca btl_base_include self,vader"
+    assert cmd[6:9] == [mpi_args, "--network-interfaces", "lo"], "this machine: loopback"
+    assert cmd[9:] == [str(VENV_PY), "-m", "hvd_train", "--config", str(QUICKSTART), *ONE_EPOCH]
     s = summary(tmp_path / "out")
-    assert (s["status"], s["world_size"], s["controller"]) == ("completed", 2, "gloo")
+    assert (s["status"], s["world_size"], s["controller"]) == ("completed", 2, "mpi")
     assert s["epochs_completed"] == 1
     # Two CPU workers share this host: each binds to its own cores (runtime.bind_cores unset),
     # and the launcher said so before the job, with the faster choices.

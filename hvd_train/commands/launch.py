@@ -37,7 +37,9 @@ def parser(prog: str) -> argparse.ArgumentParser:
                        "its --ntasks-per-node, else its GPUs a node, else its tasks a node")  # fmt: skip
     controller = p.add_mutually_exclusive_group()
     controller.add_argument("--mpi", dest="controller", action="store_const", const="mpi",
-                            help="Open MPI (default: horovod.controller from the config)")  # fmt: skip
+                            help="Open MPI (default: horovod.controller from the config; its "
+                            "default, auto: Open MPI on this host alone without a GPU, else "
+                            "Gloo)")  # fmt: skip
     controller.add_argument("--gloo", dest="controller", action="store_const", const="gloo",
                             help="Gloo (default: horovod.controller from the config)")  # fmt: skip
     p.add_argument("--max-restarts", type=int, default=0, metavar="N",
@@ -75,7 +77,8 @@ def main(argv: list[str], prog: str) -> int:
     np_ = args.np or horovodrun.workers(cfg.launch, gpus)
     notes = [horovodrun.shared_cpu_note(cfg, np_, args.hosts, gpus, args.controller),
              horovodrun.probe_note(cfg.elastic, args.hosts, args.nics or ""),
-             horovodrun.mpi_note(args.controller or cfg.horovod.controller, args.hosts)]  # fmt: skip
+             horovodrun.mpi_note(horovodrun.chosen_controller(cfg, args.hosts, gpus,
+                                                              args.controller), args.hosts)]  # fmt: skip
     for note in filter(None, notes):
         launch.say(note)
     if args.print_command:

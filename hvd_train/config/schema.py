@@ -228,9 +228,11 @@ class HorovodConfig:
     """Horovod's runtime knobs, applied by the trainer before hvd.init() (and passed as
     horovodrun flags by the launchers). null keeps Horovod's own default."""
 
-    # What the launchers start (launch/*.sh, hvd-train launch, hvd-train sweep): gloo, or mpi
-    # (faster on CPU hosts: docs/performance.md). Horovod Elastic always uses Gloo.
-    controller: Literal["gloo", "mpi"] = "gloo"
+    # What the launchers start (launch/*.sh, hvd-train launch, hvd-train sweep): auto, gloo or
+    # mpi. auto: Open MPI for a job on this host alone without a GPU, where mpirun is found
+    # (there its all-reduce costs half Gloo's CPU: docs/performance.md), else Gloo. Horovod
+    # Elastic always uses Gloo.
+    controller: Literal["auto", "gloo", "mpi"] = "auto"
     # Tensor fusion buffer in MB (Horovod's default: 128); horovodrun --fusion-threshold-mb.
     fusion_threshold_mb: int | None = field(default=None, metadata={"min": 0})
     # Horovod's background cycle; null: Horovod's 1 ms, or 10 ms for a job of one worker that

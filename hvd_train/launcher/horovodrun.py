@@ -70,7 +70,7 @@ def command(
         overrides: the `--set key=value` items the workers apply after it.
         np: workers. Defaults to one per GPU here (`count_gpus`), else `launch.cpu_workers`.
         hosts: horovodrun's `-H host:slots,...`. Defaults to `localhost:NP`.
-        controller: "mpi" or "gloo". Defaults to `horovod.controller`.
+        controller: "mpi" or "gloo". Defaults to `horovod.controller` (`chosen_controller`).
         nics: interfaces the job talks on (`--network-interfaces`). Defaults to `lo` when all
             hosts are loopback, else (and for an elastic job) to Horovod's own choice.
         ssh: horovodrun's ssh flags (`--ssh-port P`, `--ssh-identity-file F`). Defaults to none.
@@ -89,8 +89,8 @@ def command(
         cmd += ["--gloo", *(ssh or [])]
         cmd += ["--network-interfaces", nics] if nics else []  # named: no search (probe_note)
     else:
+        mpi = chosen_controller(cfg, hosts, gpus, controller) == "mpi"
         hosts = hosts or f"localhost:{np}"
-        mpi = (controller or cfg.horovod.controller) == "mpi"
         # horovodrun --mpi adds --allow-run-as-root (containers run as root), -bind-to none and
         # -map-by slot itself.
         cpu = CPU_MPI_ARGS if gpus == 0 else []
@@ -100,6 +100,23 @@ def command(
     cmd += [sys.executable, "-m", "hvd_train", "--config", os.path.realpath(config_path)]
     cmd += [arg for item in overrides for arg in ("--set", item)]
     return cmd, job_env()
+
+
+def chosen_controller(
+    cfg: Config, hosts: str | None, gpus: int, controller: str | None = None
+) -> str:
+    """ "mpi" or "gloo": `controller` (--mpi or --gloo) when given, else `horovod.controller`.
+    Its default, auto, is Open MPI for a job on this host alone without a GPU, where mpirun is
+    on the job's PATH (there Open MPI's all-reduce costs half Gloo's CPU, on the cores the step
+    computes on: docs/performance.md#one-cpu-host), else Gloo. Horovod Elastic is Gloo."""
+    chosen = controller or cfg.horovod.controller
+    if cfg.elastic.enabled:
+        return "gloo"
+    if chosen != "auto":
+        return chosen
+    local = hosts is None or on_loopback(hosts)
+    found = shutil.which("mpirun", path=job_env()["PATH"])
+    return "mpi" if local and not gpus and found else "gloo"
 
 
 def workers(launch: LaunchConfig, gpus: int | None = None) -> int:
@@ -123,7 +140,7 @@ def shared_cpu_note(
     if gpus or np < 2 or not local or cfg.elastic.enabled:
         return None
     cores = len(os.sched_getaffinity(0))
-    mpi = (controller or cfg.horovod.controller) == "mpi"
+    mpi = chosen_controller(cfg, hosts, gpus, controller) == "mpi"
     return (
         f"{np} workers will share this host's {cores} CPU cores: "
         + ("" if mpi else "--mpi spends less of them on the all-reduce; ")

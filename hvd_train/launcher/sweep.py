@@ -83,7 +83,7 @@ def _with_batch(cfg: Config, batch: int) -> Config:
 
 def run_point(config: str, overrides: list[str], point: Point, run_dir: str, timeout) -> str:
     """Runs one grid point as horovodrun.command's job of N workers on this host (Gloo or MPI,
-    as `horovod.controller` says); returns its status."""
+    as `horovodrun.chosen_controller` picks); returns its status."""
     os.makedirs(run_dir, exist_ok=True)
     sets = [*overrides, f"train.batch_size={point.batch_size}", f"run.dir={run_dir}"]
     cfg = load_config(config, sets)
