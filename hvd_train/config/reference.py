@@ -32,7 +32,7 @@ You are writing a config, or reading one, and want to know what a key does. One 
 drives a run, and every key has a default, so a file holds only what it changes:
 
 ```yaml
-# hvd-train launch --np 2 --gloo --config my_run.yaml
+# hvd-train launch --np 2 --config my_run.yaml
 run:
   dir: runs/my_run
 train:

@@ -26,7 +26,9 @@ class _Trap(tf.keras.layers.Layer):
         super().__init__(**kwargs)
         self.mode, self.after = mode, after
         self.calls = tf.Variable(0, trainable=False, dtype=tf.int64)
-        self.armed = int(os.environ.get("HOROVOD_RANK", "0")) == FAULTY_RANK
+        # horovodrun --gloo sets HOROVOD_RANK, --mpi (the default on a CPU host) Open MPI's own.
+        rank = os.environ.get("HOROVOD_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
+        self.armed = int(rank) == FAULTY_RANK
 
     def get_config(self) -> dict:
         return {**super().get_config(), "mode": self.mode, "after": self.after}

@@ -7,7 +7,7 @@ import os
 
 import tensorflow as tf
 
-RANK = int(os.environ.get("HOROVOD_RANK", "0"))
+RANK = int(os.environ.get("HOROVOD_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")))
 
 
 class CountEpochs(tf.keras.callbacks.Callback):
