@@ -253,10 +253,15 @@ def test_keras_bar_leaves_out_the_bookkeeping(capsys, each_keras) -> None:
     assert set(BOOKKEEPING) <= set(history.history)  # still in the history and the files
 
 
-@pytest.mark.parametrize(("verbose", "tty", "bar"), [(2, True, True), (2, False, False),
-                                                     (1, True, False), (0, True, False)])  # fmt: skip
-def test_bar_only_with_verbose_2_on_a_terminal(monkeypatch, verbose, tty, bar) -> None:
+@pytest.mark.parametrize(
+    ("verbose", "tty", "controller", "bar"),
+    [(2, True, "gloo", True), (2, True, "none", True), (2, False, "gloo", False),
+     (1, True, "gloo", False), (0, True, "gloo", False),
+     (2, True, "mpi", False)],  # mpirun's ranks write to its pseudo-terminal
+)  # fmt: skip
+def test_bar_only_with_verbose_2_on_a_terminal(monkeypatch, verbose, tty, controller, bar) -> None:
     monkeypatch.setattr(callbacks.distributed, "is_chief", lambda: True)
+    monkeypatch.setattr(callbacks.distributed, "controller", lambda: controller)
     monkeypatch.setattr(sys, "stdout", SimpleNamespace(isatty=lambda: tty))
     assert callbacks.wants_progress_bar(verbose) is bar
 

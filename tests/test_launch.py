@@ -66,7 +66,12 @@ def summary(run_dir: pathlib.Path) -> dict:
 
 @pytest.mark.multiworker
 def test_single_node_trains_with_two_cpu_workers_from_any_folder(tmp_path) -> None:
-    proc = expect(run([str(SINGLE), str(QUICKSTART), *ONE_EPOCH], cwd=tmp_path), 0)
+    verbose = ["--set", "train.verbose=2"]  # the default: epoch lines, a live bar on a terminal
+    proc = expect(run([str(SINGLE), str(QUICKSTART), *ONE_EPOCH, *verbose], cwd=tmp_path), 0)
+    # mpirun's ranks write to a pseudo-terminal of its own, which isatty() calls a terminal:
+    # rank 0 still prints epoch lines, not the bar's frames, tagged line by line.
+    assert "[hvd_train] epoch 1/1: loss" in proc.stdout, proc.stdout[-3000:]
+    assert "━" not in proc.stdout and "step -" not in proc.stdout, proc.stdout[-3000:]
     cmd = printed_command(proc.stdout)
     # The default controller on a CPU host alone: Open MPI, yielding while it waits, shared
     # memory between the ranks, and loopback for the rest.
@@ -74,7 +79,8 @@ def test_single_node_trains_with_two_cpu_workers_from_any_folder(tmp_path) -> No
     assert cmd[:6] == [horovodrun, "-np", "2", "-H", "localhost:2", "--mpi"], cmd
     mpi_args = "--mpi-args=--mca mpi_yield_when_idle 1 --mca btl_base_include self,vader"
     assert cmd[6:9] == [mpi_args, "--network-interfaces", "lo"], "this machine: loopback"
-    assert cmd[9:] == [str(VENV_PY), "-m", "hvd_train", "--config", str(QUICKSTART), *ONE_EPOCH]
+    assert cmd[9:] == [str(VENV_PY), "-m", "hvd_train", "--config", str(QUICKSTART), *ONE_EPOCH,
+                       *verbose]  # fmt: skip
     s = summary(tmp_path / "out")
     assert (s["status"], s["world_size"], s["controller"]) == ("completed", 2, "mpi")
     assert s["epochs_completed"] == 1

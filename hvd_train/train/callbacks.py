@@ -409,8 +409,11 @@ def _metrics(logs: dict | None) -> str:
 
 def wants_progress_bar(verbose: int) -> bool:
     """Keras' live bar: `train.verbose: 2`, on rank 0, when its stdout is a terminal. In a pipe
-    (horovodrun, mpirun, a file) its frames pile up into kilobyte-long lines."""
-    return verbose == 2 and distributed.is_chief() and sys.stdout.isatty()
+    (horovodrun, a file) its frames pile up into kilobyte-long lines. Under mpirun too, whose
+    ranks write to a terminal of its own (a pseudo-terminal it reads, then prefixes and
+    forwards each line: `isatty()` says yes, and the console got the frames, tagged)."""
+    under_mpirun = distributed.controller() == "mpi"
+    return verbose == 2 and distributed.is_chief() and sys.stdout.isatty() and not under_mpirun
 
 
 def ProgressBar() -> Any:  # noqa: N802 - a callback class to its callers
