@@ -147,7 +147,7 @@ DEFAULT = [
 
 
 # The launch mode (--launch): the default launch against twice its own one worker and the
-# machine's ceiling, and one worker against a plain Keras fit (issue 51's table).
+# machine's ceiling, and one worker against a plain Keras fit.
 LAUNCH = ["keras@1", "keras@2-independent", "launch@1", "launch@2", "launch@2-gloo"]
 
 
