@@ -25,6 +25,7 @@ docs/faults.md).
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import horovod.tensorflow as hvd_tf
@@ -107,10 +108,14 @@ def fingerprint(variable: tf.Variable) -> tuple[int, int]:
     return _sums(np.pad(data, (0, -data.size % 8)).view(np.uint64))
 
 
-# Position weights 1..CHUNK for `_sums`, made once; a longer variable is summed CHUNK words at
-# a time, so what this keeps in memory does not grow with the model.
+# A longer variable is summed CHUNK words at a time, so the position weights `_sums` keeps
+# (made at the first check, not at import: 8 MB) do not grow with the model.
 CHUNK = 1 << 20
-_WEIGHTS = np.arange(1, CHUNK + 1, dtype=np.uint64)
+
+
+@functools.cache
+def _weights() -> np.ndarray:
+    return np.arange(1, CHUNK + 1, dtype=np.uint64)
 
 
 def _sums(words: np.ndarray) -> tuple[int, int]:
@@ -125,7 +130,7 @@ def _sums(words: np.ndarray) -> tuple[int, int]:
         for start in range(0, words.size, CHUNK):
             part = words[start : start + CHUNK]
             total = part.sum(dtype=np.uint64)
-            weighted += np.dot(part, _WEIGHTS[: part.size]) + np.uint64(start) * total
+            weighted += np.dot(part, _weights()[: part.size]) + np.uint64(start) * total
             plain += total
     return int(plain), int(weighted)
 
