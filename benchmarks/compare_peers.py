@@ -86,6 +86,9 @@ CONFIGS = {
     "hvd_train@2-mpi-accumulate4": Setup(
         "hvd_train", 2, True, controller="mpi", sets=("train.gradient_accumulation_steps=4",)
     ),
+    "hvd_train@2-mpi-cycling": Setup(
+        "hvd_train", 2, True, controller="mpi", env=(("HOROVOD_IDLE_CYCLE_TIME", "0"),)
+    ),
     "hvd_train@2-mpi-unpinned": Setup("hvd_train", 2, False, 0, "mpi"),
     # What `hvd-train launch --np 2` runs on a CPU host: Gloo, binding and threads left to the
     # config (runtime.bind_cores unset: bound when several workers share a host without GPUs).
@@ -134,6 +137,12 @@ CONFIGS = {
     "launch@1": Setup("launch", 1, True, 0, ""),
     "launch@2": Setup("launch", 2, False, 0, ""),
     "launch@2-gloo": Setup("launch", 2, False, 0, "gloo"),
+    # Horovod's background thread waking every cycle, as upstream Horovod's does, instead of
+    # sleeping until a tensor is queued (patches/horovod-0.28.1, 0012).
+    "launch@2-cycling": Setup("launch", 2, False, 0, "", env=(("HOROVOD_IDLE_CYCLE_TIME", "0"),)),
+    # The all-reduce on the controller's own transport (Open MPI's or Gloo's), as upstream
+    # Horovod does it, instead of in shared memory (patches/horovod-0.28.1, 0013).
+    "launch@2-no-shm": Setup("launch", 2, False, 0, "", env=(("HOROVOD_SHM_ALLREDUCE", "0"),)),
 }
 TF_KERAS = "/tf_keras"  # a name's suffix: the same configuration on tf_keras (Keras 2)
 # The Keras 3 comparison: each Keras alone, hvd_train at 1 and 2 pinned workers (Gloo, and the

@@ -1,0 +1,131 @@
+"""Horovod's all-reduce as hvd_train builds it (patches/horovod-0.28.1, 0012 and 0013): on one
+host, CPU tensors are summed through shared memory, to the same bits the transport gives and
+alike on every rank; the background thread sleeps while nothing is queued; and a rank that dies
+inside a shared-memory all-reduce ends the others' wait with an error, not a hang."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import re
+import signal
+import time
+
+import pytest
+from harness import BIN, PYTHON, WORKERS, check, finish, run, start
+
+WORKER = str(WORKERS / "allreduce_paths.py")
+
+
+def job_command(np: int, controller: str, mode: str, out: pathlib.Path) -> list[str]:
+    return [str(BIN / "horovodrun"), "-np", str(np), "-H", f"localhost:{np}", f"--{controller}",
+            PYTHON, WORKER, mode, str(out)]  # fmt: skip
+
+
+def results(out: pathlib.Path, np: int) -> list[dict]:
+    return [json.loads((out / f"rank-{r}.json").read_text()) for r in range(np)]
+
+
+def activities(timeline: pathlib.Path) -> set[str]:
+    """The names of what rank 0's Horovod timeline recorded (operations and their steps)."""
+    return set(re.findall(r'"name": "([A-Z_]+)"', timeline.read_text()))
+
+
+@pytest.mark.parametrize(
+    "controller, np, shared_memory",
+    [("gloo", 2, True), ("mpi", 2, True), ("gloo", 3, True), ("mpi", 2, False)],
+)
+def test_sums_and_averages_are_exact_and_alike_on_every_rank(
+    controller, np, shared_memory, tmp_path
+) -> None:
+    """Float32 and float64 sums and averages, fused and alone, from 0 to 3,000,001 elements,
+    equal the rank-order sum in the tensor's type, and every rank holds the same bytes: through
+    shared memory on one host, and through the transport with HOROVOD_SHM_ALLREDUCE=0; rank 0's
+    timeline names the path taken."""
+    env = {"HOROVOD_TIMELINE": str(tmp_path / "timeline.json")}
+    if not shared_memory:
+        env["HOROVOD_SHM_ALLREDUCE"] = "0"
+    check(run(job_command(np, controller, "exact", tmp_path), tmp_path, env=env))
+    for rank, result in enumerate(results(tmp_path, np)):
+        assert result["wrong"] == [], f"rank {rank}: {result['wrong']}"
+        assert result["alike"], f"rank {rank}: the ranks' averages differ"
+    names = activities(tmp_path / "timeline.json")
+    transport = f"{controller.upper()}_ALLREDUCE"
+    taken, not_taken = (
+        ("SHM_ALLREDUCE", transport) if shared_memory else (transport, "SHM_ALLREDUCE")
+    )
+    assert taken in names and not_taken not in names, sorted(names)
+
+
+@pytest.mark.skipif(
+    len(os.sched_getaffinity(0)) < 2, reason="needs a core to bind Horovod's thread to"
+)
+@pytest.mark.parametrize("controller", ["gloo", "mpi"])
+def test_the_background_thread_sleeps_while_nothing_is_queued(controller, tmp_path) -> None:
+    """Over 2 s with nothing queued, and an idle cycle longer than that, Horovod's background
+    thread does not wake (it goes to sleep once at most, as the window opens), where with
+    HOROVOD_IDLE_CYCLE_TIME=0 it cycles as upstream Horovod's does, every 1 ms, and at least
+    one rank's wakes more than once in 20 ms."""
+    core = str(min(os.sched_getaffinity(0)))
+    switches = {}
+    for idle_cycle in ("10000", "0"):
+        out = tmp_path / idle_cycle
+        out.mkdir()
+        env = {"HOROVOD_IDLE_CYCLE_TIME": idle_cycle, "HOROVOD_THREAD_AFFINITY": f"{core},{core}"}
+        check(run(job_command(2, controller, "idle", out), tmp_path, env=env))
+        switches[idle_cycle] = [r["switches"] for r in results(out, 2)]
+    assert max(switches["10000"]) <= 1, switches
+    assert max(switches["0"]) > 2000 / 20, switches
+
+
+def thread_states(pid: int) -> str:
+    """The state letter of each of `pid`'s threads (R: running or runnable)."""
+    states = ""
+    for task in pathlib.Path(f"/proc/{pid}/task").iterdir():
+        try:
+            states += (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            pass
+    return states
+
+
+def spinning(pid: int, looks: int = 20) -> bool:
+    """Whether a thread of `pid` is runnable at nearly every look over 0.2 s: a rank waiting at
+    a shared-memory barrier yields in a loop, one waiting in Gloo's transport sleeps."""
+    runnable = 0
+    for _ in range(looks):
+        runnable += "R" in thread_states(pid)
+        time.sleep(0.01)
+    return runnable >= looks - 2
+
+
+def test_a_rank_dead_inside_a_shared_memory_all_reduce_ends_the_others_wait(tmp_path) -> None:
+    """Rank 1 is stopped until rank 0 is caught waiting for it inside a shared-memory all-reduce
+    (not in Gloo's negotiation), then killed: rank 0's all-reduce fails, naming rank 1 as gone,
+    and the job ends."""
+    proc = start(job_command(2, "gloo", "victim", tmp_path), tmp_path)
+    try:
+        deadline = time.monotonic() + 120
+        while not all((tmp_path / f"pid-{r}").exists() for r in (0, 1)):
+            assert proc.poll() is None and time.monotonic() < deadline, "the job did not start"
+            time.sleep(0.1)
+        time.sleep(1.0)  # into the stream of all-reduces
+        pid0, pid1 = (int((tmp_path / f"pid-{r}").read_text()) for r in (0, 1))
+        for attempt in range(100):
+            os.kill(pid1, signal.SIGSTOP)
+            time.sleep(0.05)
+            if spinning(pid0):
+                break
+            os.kill(pid1, signal.SIGCONT)
+            time.sleep(0.003 * (attempt % 10))
+        else:
+            pytest.fail("rank 0 was never caught waiting inside a shared-memory all-reduce")
+        os.kill(pid1, signal.SIGKILL)
+    except BaseException:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise
+    ended = finish(proc, 120)
+    assert ended.returncode != 0
+    error = json.loads((tmp_path / "rank-0.json").read_text())["error"]
+    assert error and "shared-memory all-reduce: rank 1 has gone" in error, error
