@@ -9,7 +9,9 @@ import json
 import os
 import pathlib
 import re
+import shlex
 import signal
+import subprocess
 import time
 
 import pytest
@@ -32,6 +34,20 @@ def activities(timeline: pathlib.Path) -> set[str]:
     return set(re.findall(r'"name": "([A-Z_]+)"', timeline.read_text()))
 
 
+def check_exact(out: pathlib.Path, np: int, shared_memory: bool, transport: str) -> None:
+    """Every rank got the exact sums and averages, the same bytes, on the path expected: what
+    Horovod says of itself and what rank 0's timeline recorded."""
+    for rank, result in enumerate(results(out, np)):
+        assert result["wrong"] == [], f"rank {rank}: {result['wrong']}"
+        assert result["alike"], f"rank {rank}: the ranks' averages differ"
+        assert result["shared_memory"] == shared_memory, f"rank {rank}"
+    names = activities(out / "timeline.json")
+    taken, not_taken = (
+        ("SHM_ALLREDUCE", transport) if shared_memory else (transport, "SHM_ALLREDUCE")
+    )
+    assert taken in names and not_taken not in names, sorted(names)
+
+
 @pytest.mark.parametrize(
     "controller, np, shared_memory",
     [("gloo", 2, True), ("mpi", 2, True), ("gloo", 3, True), ("mpi", 2, False)],
@@ -41,21 +57,30 @@ def test_sums_and_averages_are_exact_and_alike_on_every_rank(
 ) -> None:
     """Float32 and float64 sums and averages, fused and alone, from 0 to 3,000,001 elements,
     equal the rank-order sum in the tensor's type, and every rank holds the same bytes: through
-    shared memory on one host, and through the transport with HOROVOD_SHM_ALLREDUCE=0; rank 0's
-    timeline names the path taken."""
+    shared memory on one host, and through the transport with HOROVOD_SHM_ALLREDUCE=0; Horovod
+    and rank 0's timeline say which path was taken."""
     env = {"HOROVOD_TIMELINE": str(tmp_path / "timeline.json")}
     if not shared_memory:
         env["HOROVOD_SHM_ALLREDUCE"] = "0"
     check(run(job_command(np, controller, "exact", tmp_path), tmp_path, env=env))
-    for rank, result in enumerate(results(tmp_path, np)):
-        assert result["wrong"] == [], f"rank {rank}: {result['wrong']}"
-        assert result["alike"], f"rank {rank}: the ranks' averages differ"
-    names = activities(tmp_path / "timeline.json")
-    transport = f"{controller.upper()}_ALLREDUCE"
-    taken, not_taken = (
-        ("SHM_ALLREDUCE", transport) if shared_memory else (transport, "SHM_ALLREDUCE")
-    )
-    assert taken in names and not_taken not in names, sorted(names)
+    check_exact(tmp_path, np, shared_memory, f"{controller.upper()}_ALLREDUCE")
+
+
+def test_a_dev_shm_too_small_for_the_segments_leaves_every_rank_on_the_transport(tmp_path) -> None:
+    """In a mount namespace whose /dev/shm holds 64 KB, no rank can reserve its segment: every
+    rank agrees to all-reduce through Gloo, exactly, as upstream Horovod would; nothing is left
+    in that /dev/shm."""
+    probe = subprocess.run(["unshare", "--mount", "true"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip(f"no mount namespace here: {probe.stderr.decode().strip()}")
+    job = shlex.join(job_command(2, "gloo", "exact", tmp_path))
+    left = shlex.quote(str(tmp_path / "left"))
+    script = f"mount -t tmpfs -o size=64k tmpfs /dev/shm && {job} && ls -A /dev/shm > {left}"
+    env = {"HOROVOD_TIMELINE": str(tmp_path / "timeline.json")}
+    cmd = ["unshare", "--mount", "--propagation", "private", "sh", "-c", script]
+    check(run(cmd, tmp_path, env=env))
+    check_exact(tmp_path, 2, False, "GLOO_ALLREDUCE")
+    assert (tmp_path / "left").read_text() == ""
 
 
 @pytest.mark.skipif(

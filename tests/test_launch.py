@@ -104,7 +104,7 @@ def test_single_node_mpi_controller_runs_as_root_without_busy_polling(tmp_path) 
                         "self,vader", "--network-interfaces", "lo"], cmd  # fmt: skip
     s = summary(tmp_path / "out")
     assert (s["status"], s["world_size"], s["controller"]) == ("completed", 2, "mpi")
-    assert "Open MPI's ring all-reduce (one CPU host)" in proc.stdout, proc.stdout[-3000:]
+    assert "gradients all-reduced through shared memory (one host)" in proc.stdout, proc.stdout[-3000:]
 
 
 @pytest.mark.multiworker

@@ -214,6 +214,13 @@ def controller() -> str:
     return "mpi" if any(k in os.environ for k in _MPI_LAUNCHER_ENV) else "none"
 
 
+def shared_memory_allreduce() -> bool:
+    """Whether Horovod sums this job's CPU tensors through shared memory (every rank on this
+    host: patches/horovod-0.28.1, 0013) rather than through its controller's transport."""
+    enabled = getattr(hvd_tf, "shm_allreduce_enabled", None)  # a Horovod without the series
+    return bool(enabled and enabled())
+
+
 def rank_zero_only(fn: F) -> F:
     """Runs `fn` on rank 0 only; elsewhere it returns None. Never wrap a collective in it."""
 

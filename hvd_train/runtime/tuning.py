@@ -71,11 +71,14 @@ def log_knobs(cfg: Config, plan: Derived) -> None:
         )
     if cfg.horovod.timeline:
         parts.append("Horovod timeline on (its writer thread polls on rank 0: slower steps)")
+    shared = distributed.shared_memory_allreduce()
     if distributed.controller() == "mpi":
         if os.environ.get("OMPI_MCA_mpi_yield_when_idle"):
             parts.append("Open MPI polling yields the core (OMPI_MCA_mpi_yield_when_idle=1)")
-        if distributed.ONE_HOST_RING.items() <= os.environ.items():
+        if not shared and distributed.ONE_HOST_RING.items() <= os.environ.items():
             parts.append("Open MPI's ring all-reduce (one CPU host)")
+    if shared:
+        parts.append("gradients all-reduced through shared memory (one host)")
     if parts:
         distributed.log(" | ".join(parts))
     if distributed.bound_cores():

@@ -52,7 +52,11 @@ def exact(rank: int, size: int) -> dict:
                     wrong.append(f"{dtype.__name__} {'average' if average else 'sum'} of {b.size}")
     mine = hvd.allreduce(tf.constant(rng.standard_normal(999_999) * (rank + 1)), op=hvd.Average)
     digests = hvd.allgather_object(mine.numpy().tobytes())
-    return {"wrong": wrong, "alike": all(d == digests[0] for d in digests)}
+    return {
+        "wrong": wrong,
+        "alike": all(d == digests[0] for d in digests),
+        "shared_memory": hvd.shm_allreduce_enabled(),
+    }
 
 
 def switches(tid: int) -> int:
