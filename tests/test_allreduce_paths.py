@@ -48,6 +48,7 @@ def check_exact(out: pathlib.Path, np: int, shared_memory: bool, transport: str)
     assert taken in names and not_taken not in names, sorted(names)
 
 
+@pytest.mark.stack  # Horovod's C++ core, as each stack's build compiles it
 @pytest.mark.parametrize(
     "controller, np, shared_memory",
     [("gloo", 2, True), ("mpi", 2, True), ("gloo", 3, True), ("mpi", 2, False)],
@@ -83,6 +84,7 @@ def test_a_dev_shm_too_small_for_the_segments_leaves_every_rank_on_the_transport
     assert (tmp_path / "left").read_text() == ""
 
 
+@pytest.mark.stack
 @pytest.mark.skipif(
     len(os.sched_getaffinity(0)) < 2, reason="needs a core to bind Horovod's thread to"
 )
