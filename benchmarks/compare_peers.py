@@ -143,6 +143,15 @@ CONFIGS = {
     # The all-reduce on the controller's own transport (Open MPI's or Gloo's), as upstream
     # Horovod does it, instead of in shared memory (patches/horovod-0.28.1, 0013).
     "launch@2-no-shm": Setup("launch", 2, False, 0, "", env=(("HOROVOD_SHM_ALLREDUCE", "0"),)),
+    # Both, as upstream Horovod 0.28.1 runs (the default launch before 2026-11-27).
+    "launch@2-as-upstream": Setup(
+        "launch",
+        2,
+        False,
+        0,
+        "",
+        env=(("HOROVOD_IDLE_CYCLE_TIME", "0"), ("HOROVOD_SHM_ALLREDUCE", "0")),
+    ),
 }
 TF_KERAS = "/tf_keras"  # a name's suffix: the same configuration on tf_keras (Keras 2)
 # The Keras 3 comparison: each Keras alone, hvd_train at 1 and 2 pinned workers (Gloo, and the
