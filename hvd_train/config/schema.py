@@ -235,8 +235,9 @@ class HorovodConfig:
     controller: Literal["auto", "gloo", "mpi"] = "auto"
     # Tensor fusion buffer in MB (Horovod's default: 128); horovodrun --fusion-threshold-mb.
     fusion_threshold_mb: int | None = field(default=None, metadata={"min": 0})
-    # Horovod's background cycle; null: Horovod's 1 ms, or 10 ms for a job of one worker that
-    # is not elastic; horovodrun --cycle-time-ms.
+    # Horovod's background cycle while a tensor waits (idle, its thread sleeps until one is
+    # queued); null: Horovod's 1 ms, or 10 ms for a job of one worker that is not elastic;
+    # horovodrun --cycle-time-ms.
     cycle_time_ms: float | None = field(default=None, metadata={"min_exclusive": 0.0})
     # <run.dir>/timeline.json (Chrome trace), written by rank 0; it costs rank 0 CPU: keep it
     # off to measure speed.

@@ -144,12 +144,12 @@ class Averaging:
     def _hvd_average(self, grads: list[Any]) -> list[Any]:
         """`grads` averaged over the workers (one grouped all-reduce; one all-reduce per tensor
         in a step XLA compiles whole); None stays None. At one worker there is nothing to
-        average, and no all-reduce is built."""
-        if hvd_tf.size() == 1:
-            return grads
+        average and no all-reduce is built, but the updates still wait for every gradient."""
         present = [i for i, g in enumerate(grads) if g is not None]
         if not present:
             return grads
+        if hvd_tf.size() == 1:
+            return _after_all(grads, present)
         dense = [tf.convert_to_tensor(grads[i]) for i in present]  # IndexedSlices: dense
         compression = hvd_tf.Compression.fp16 if self._hvd_fp16 else hvd_tf.Compression.none
         # Named as Horovod's own DistributedOptimizer names its all-reduces (in its timeline).
@@ -166,6 +166,31 @@ class Averaging:
         for i, g in zip(present, averaged, strict=True):
             out[i] = g
         return out
+
+
+def _after_all(grads: list[Any], present: list[int]) -> list[Any]:
+    """`grads`, each available only once every one of them is (a control dependency).
+
+    A weight's update then never runs while the backward pass still reads that weight's value
+    for a layer below, which makes TensorFlow copy the whole variable before updating it (its
+    buffer is shared: training_op_helpers.h, PrepareToUpdateVariable). Several workers' grouped
+    all-reduce waits for every gradient already; one worker's step did not."""
+    with tf.control_dependencies([_values(grads[i]) for i in present]):
+        gated = [_identity(grads[i]) for i in present]
+    out = list(grads)
+    for i, g in zip(present, gated, strict=True):
+        out[i] = g
+    return out
+
+
+def _values(g: Any) -> Any:
+    return g.values if isinstance(g, tf.IndexedSlices) else g
+
+
+def _identity(g: Any) -> Any:
+    if isinstance(g, tf.IndexedSlices):  # an Embedding's gradient
+        return tf.IndexedSlices(tf.identity(g.values), g.indices, g.dense_shape)
+    return tf.identity(g)
 
 
 def _compiled_by_xla() -> bool:
