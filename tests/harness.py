@@ -224,3 +224,24 @@ def _address(hex_address: str) -> tuple[str, int]:
     words = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
     family = socket.AF_INET if len(raw) == 4 else socket.AF_INET6
     return socket.inet_ntop(family, words), int(port, 16)
+
+
+def thread_states(pid: int) -> str:
+    """The state letter of each of `pid`'s threads (R: running or runnable)."""
+    states = ""
+    for task in pathlib.Path(f"/proc/{pid}/task").iterdir():
+        try:
+            states += (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            pass
+    return states
+
+
+def spinning(pid: int, looks: int = 20) -> bool:
+    """Whether a thread of `pid` is runnable at nearly every look over 0.2 s: a rank waiting at
+    a shared-memory barrier yields in a loop, one waiting in Gloo's transport sleeps."""
+    runnable = 0
+    for _ in range(looks):
+        runnable += "R" in thread_states(pid)
+        time.sleep(0.01)
+    return runnable >= looks - 2

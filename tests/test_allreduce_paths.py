@@ -15,7 +15,9 @@ import subprocess
 import time
 
 import pytest
-from harness import BIN, PYTHON, WORKERS, check, finish, run, start
+from harness import BIN, PYTHON, ROOT, WORKERS, check, finish, run, spinning, start
+
+from hvd_train.base.errors import KNOCK_ON
 
 WORKER = str(WORKERS / "allreduce_paths.py")
 
@@ -106,25 +108,14 @@ def test_the_background_thread_sleeps_while_nothing_is_queued(controller, tmp_pa
     assert max(switches["0"]) > 2000 / 20, switches
 
 
-def thread_states(pid: int) -> str:
-    """The state letter of each of `pid`'s threads (R: running or runnable)."""
-    states = ""
-    for task in pathlib.Path(f"/proc/{pid}/task").iterdir():
-        try:
-            states += (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            pass
-    return states
-
-
-def spinning(pid: int, looks: int = 20) -> bool:
-    """Whether a thread of `pid` is runnable at nearly every look over 0.2 s: a rank waiting at
-    a shared-memory barrier yields in a loop, one waiting in Gloo's transport sleeps."""
-    runnable = 0
-    for _ in range(looks):
-        runnable += "R" in thread_states(pid)
-        time.sleep(0.01)
-    return runnable >= looks - 2
+def test_every_error_of_the_shared_memory_all_reduce_is_read_as_a_knock_on() -> None:
+    """Patch 0013 fails an all-reduce only when a rank it waited for has gone: hvd_train reads
+    each of its errors as a knock-on of another rank's failure (errors.KNOCK_ON), so the record
+    names the rank that failed first instead of blaming rank 0 (test_stops.py)."""
+    patch = next((ROOT / "patches" / "horovod-0.28.1").glob("0013-*.patch")).read_text()
+    thrown = re.findall(r'std::runtime_error\((?:\s|\+)*"([^"]+)"', patch)
+    assert len(thrown) == 2, thrown
+    assert all(any(k in text for k in KNOCK_ON) for text in thrown), thrown
 
 
 def test_a_rank_dead_inside_a_shared_memory_all_reduce_ends_the_others_wait(tmp_path) -> None:

@@ -70,6 +70,46 @@ def test_mpiruns_kill_sequence_is_recorded_as_a_failure_not_a_stop() -> None:
     assert "ABANDON signal=15 ran=True failed=True: mpirun ended the job" in proc.stdout
 
 
+KNOCK_ON_UNDER_MPIRUN = """
+import os, signal, sys, threading, time
+sys.path.insert(0, {root!r})
+from hvd_train.record import stops
+s = stops.StopSignals(grace_s=30)
+s.abandon = lambda signum, reason, ran, failed, failed_rank: print(
+    f"ABANDON signal={{signum}} ran={{ran}} failed={{failed}}: {{reason}}", flush=True)
+s.steps_run = 3
+s.install()
+def mpirun_ends_the_job():  # as mpirun does once a worker has died
+    os.kill(os.getpid(), signal.SIGCONT)
+    time.sleep(1.0)
+    os.kill(os.getpid(), signal.SIGTERM)
+if {mpirun_ends}:
+    threading.Thread(target=mpirun_ends_the_job).start()
+print("RETURNED", stops.first_failure_awaited({wait_s}), flush=True)
+"""
+
+
+@pytest.mark.parametrize("mpirun_ends", [True, False])
+def test_rank_0_that_saw_a_knock_on_under_mpirun_waits_for_mpirun_to_end_the_job(
+    mpirun_ends,
+) -> None:
+    """A rank that dies inside a shared-memory all-reduce fails rank 0's at once (an MPI
+    collective would have waited): rank 0 waits for mpirun's SIGCONT and SIGTERM, so its
+    record says that mpirun ended the job, as before; without them it goes on after the wait."""
+    code = KNOCK_ON_UNDER_MPIRUN.format(root=str(ROOT), mpirun_ends=mpirun_ends,
+                                        wait_s=3.0 if mpirun_ends else 0.2)  # fmt: skip
+    env = {**os.environ, "OMPI_COMM_WORLD_RANK": "0"}
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+                          text=True, timeout=120, env=env)  # fmt: skip
+    if mpirun_ends:
+        assert proc.returncode == 143, proc.stdout + proc.stderr
+        assert "ABANDON signal=15 ran=True failed=True: mpirun ended the job" in proc.stdout
+        assert "RETURNED" not in proc.stdout
+    else:
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert "RETURNED None" in proc.stdout and "ABANDON" not in proc.stdout
+
+
 # --------------------------------------------------------------------------- before the record
 
 BEFORE_THE_RECORD = """

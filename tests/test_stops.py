@@ -19,7 +19,18 @@ import time
 
 import psutil
 import pytest
-from harness import BIN, PYTHON, QUICKSTART, WORKERS, check, finish, run, start, workers
+from harness import (
+    BIN,
+    PYTHON,
+    QUICKSTART,
+    WORKERS,
+    check,
+    finish,
+    run,
+    spinning,
+    start,
+    workers,
+)
 
 from hvd_train.record.summary import problems
 from hvd_train.train.checkpoint import is_checkpoint, read_state
@@ -229,6 +240,38 @@ def test_a_killed_rank_is_recorded_failed(tmp_path, controller, rank) -> None:
         assert s["error"].startswith("another worker ended first: rank 1 (exit code 137"), s
     else:
         assert s["error"].startswith("mpirun ended the job"), s
+    assert_checkpoints_load(d)
+
+
+@pytest.mark.stack  # Horovod's C++ core, as each stack's build compiles it (patch 0013)
+def test_a_rank_killed_inside_a_shared_memory_all_reduce_is_recorded_as_anywhere_else(
+    tmp_path,
+) -> None:
+    """Rank 1 is stopped until rank 0 is caught waiting for it inside a shared-memory
+    all-reduce (spinning: in Gloo's negotiation it would sleep), then killed. Rank 0's
+    all-reduce fails at once, naming rank 1 as gone: a knock-on, as Gloo's own errors are, so
+    the record names rank 1 from horovodrun's note, as for a rank killed anywhere else."""
+    d = tmp_path / "run"
+    proc = start(horovodrun("gloo", trainer(d, *SYNTHETIC, "train.epochs=30")), tmp_path)
+    try:
+        wait_until(lambda: summary(d).get("epochs_completed", 0) >= 1, proc, "one epoch")
+        pid0, pid1 = workers(str(d))[0], workers(str(d))[1]
+        for attempt in range(200):
+            os.kill(pid1, signal.SIGSTOP)
+            time.sleep(0.05)
+            if spinning(pid0, looks=40):
+                break
+            os.kill(pid1, signal.SIGCONT)
+            time.sleep(0.002 * (attempt % 10))
+        else:
+            pytest.fail("rank 0 was never caught waiting inside a shared-memory all-reduce")
+        os.kill(pid1, signal.SIGKILL)
+    except BaseException:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise
+    s = ended(d, proc)
+    assert s["status"] == "failed" and s["failed_rank"] == 1, s
+    assert s["error"].startswith("another worker ended first: rank 1 (exit code 137"), s
     assert_checkpoints_load(d)
 
 

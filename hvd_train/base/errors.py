@@ -41,6 +41,7 @@ KNOCK_ON = (
     "HorovodInternalError",
     "Connection closed by peer",
     "Connection reset by peer",  # Gloo's read from a peer that was killed mid-collective
+    "Horovod's shared-memory all-reduce",  # patch 0013: a rank it waited for has gone
 )
 # How rank 0 and its keeper say that they do not know the first cause (the launcher may).
 ANOTHER_FIRST = "another worker ended first"

@@ -181,7 +181,13 @@ def horovodrun_first_failure() -> dict | None:
 
 def first_failure_awaited(wait_s: float = FIRST_FAILURE_WAIT_S) -> dict | None:
     """horovodrun_first_failure, waited for: a collective's error reaches rank 0 the moment
-    another worker dies, a moment before horovodrun has noted that worker's exit."""
+    another worker dies, a moment before horovodrun has noted that worker's exit. mpirun notes
+    nothing, but ends the job as soon as a worker dies (SIGCONT, SIGTERM a second later): the
+    wait lets it, and the stop watcher then records that mpirun ended the job and ends this
+    process, as when rank 0 waited inside an MPI collective; None if it has not."""
+    if _UNDER_MPI:
+        time.sleep(wait_s)
+        return None
     deadline = time.monotonic() + wait_s
     while _noted_by_horovodrun():
         if (first := horovodrun_first_failure()) is not None or time.monotonic() > deadline:
