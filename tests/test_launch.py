@@ -104,7 +104,8 @@ def test_single_node_mpi_controller_runs_as_root_without_busy_polling(tmp_path) 
                         "self,vader", "--network-interfaces", "lo"], cmd  # fmt: skip
     s = summary(tmp_path / "out")
     assert (s["status"], s["world_size"], s["controller"]) == ("completed", 2, "mpi")
-    assert "gradients all-reduced through shared memory (one host)" in proc.stdout, proc.stdout[-3000:]
+    shared_memory = "gradients all-reduced through shared memory (one host)"
+    assert shared_memory in proc.stdout, proc.stdout[-3000:]
 
 
 @pytest.mark.multiworker
