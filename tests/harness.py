@@ -245,3 +245,18 @@ def spinning(pid: int, looks: int = 20) -> bool:
         runnable += "R" in thread_states(pid)
         time.sleep(0.01)
     return runnable >= looks - 2
+
+
+def kill_inside_a_shared_memory_all_reduce(pid0: int, pid1: int, attempts: int = 200) -> bool:
+    """Stops rank 1 (`pid1`) until rank 0 (`pid0`) is caught waiting for it inside a
+    shared-memory all-reduce (spinning for 0.4 s: in Gloo's negotiation it would sleep), then
+    kills rank 1; False, rank 1 left running, if rank 0 was never caught there."""
+    for attempt in range(attempts):
+        os.kill(pid1, signal.SIGSTOP)
+        time.sleep(0.05)
+        if spinning(pid0, looks=40):
+            os.kill(pid1, signal.SIGKILL)
+            return True
+        os.kill(pid1, signal.SIGCONT)
+        time.sleep(0.002 * (attempt % 10))
+    return False

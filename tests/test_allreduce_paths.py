@@ -15,7 +15,17 @@ import subprocess
 import time
 
 import pytest
-from harness import BIN, PYTHON, ROOT, WORKERS, check, finish, run, spinning, start
+from harness import (
+    BIN,
+    PYTHON,
+    ROOT,
+    WORKERS,
+    check,
+    finish,
+    kill_inside_a_shared_memory_all_reduce,
+    run,
+    start,
+)
 
 from hvd_train.base.errors import KNOCK_ON
 
@@ -130,16 +140,8 @@ def test_a_rank_dead_inside_a_shared_memory_all_reduce_ends_the_others_wait(tmp_
             time.sleep(0.1)
         time.sleep(1.0)  # into the stream of all-reduces
         pid0, pid1 = (int((tmp_path / f"pid-{r}").read_text()) for r in (0, 1))
-        for attempt in range(100):
-            os.kill(pid1, signal.SIGSTOP)
-            time.sleep(0.05)
-            if spinning(pid0):
-                break
-            os.kill(pid1, signal.SIGCONT)
-            time.sleep(0.003 * (attempt % 10))
-        else:
+        if not kill_inside_a_shared_memory_all_reduce(pid0, pid1):
             pytest.fail("rank 0 was never caught waiting inside a shared-memory all-reduce")
-        os.kill(pid1, signal.SIGKILL)
     except BaseException:
         os.killpg(proc.pid, signal.SIGKILL)
         raise

@@ -26,8 +26,8 @@ from harness import (
     WORKERS,
     check,
     finish,
+    kill_inside_a_shared_memory_all_reduce,
     run,
-    spinning,
     start,
     workers,
 )
@@ -256,16 +256,8 @@ def test_a_rank_killed_inside_a_shared_memory_all_reduce_is_recorded_as_anywhere
     try:
         wait_until(lambda: summary(d).get("epochs_completed", 0) >= 1, proc, "one epoch")
         pid0, pid1 = workers(str(d))[0], workers(str(d))[1]
-        for attempt in range(200):
-            os.kill(pid1, signal.SIGSTOP)
-            time.sleep(0.05)
-            if spinning(pid0, looks=40):
-                break
-            os.kill(pid1, signal.SIGCONT)
-            time.sleep(0.002 * (attempt % 10))
-        else:
+        if not kill_inside_a_shared_memory_all_reduce(pid0, pid1):
             pytest.fail("rank 0 was never caught waiting inside a shared-memory all-reduce")
-        os.kill(pid1, signal.SIGKILL)
     except BaseException:
         os.killpg(proc.pid, signal.SIGKILL)
         raise
