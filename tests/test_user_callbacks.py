@@ -148,6 +148,22 @@ def test_bad_callback_args_end_the_run_in_one_line_with_exit_code_2(tmp_path) ->
     assert last.endswith(f"; full log: {tmp_path / 'run' / 'logs' / 'rank-0.log'}"), last
 
 
+def test_an_epoch_keras_ends_early_on_an_end_of_data_error_fails_the_run(tmp_path) -> None:
+    """TensorFlow's end-of-data error raised mid-epoch (here by a callback) makes Keras end the
+    epoch quietly, with a warning, and leave the later epochs empty. The run is not complete:
+    it fails, the record says where, and never says completed."""
+    run_dir = tmp_path / "run"
+    items = [{"class": "probe_callbacks:EndOfDataAt", "args": {"epoch": 2, "step": 3}}]
+    cmd = [PYTHON, "-m", "hvd_train", "--config", str(QUICKSTART), "--set", callbacks_set(items),
+           *(x for s in ("train.verbose=false", "logging.tensorboard=false", "train.epochs=4",
+                         f"run.dir={run_dir}") for x in ("--set", s))]  # fmt: skip
+    proc = run(cmd, WORKERS)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    s = json.loads((run_dir / "summary.json").read_text())
+    assert (s["status"], s["epochs_completed"]) == ("failed", 1), s
+    assert "epoch 2 ended after 3 of its" in s["error"], s
+
+
 def _job(tmp_path: pathlib.Path, items: list[dict], *sets: str) -> dict:
     """A 2-worker Gloo job on the quickstart; returns its summary.json."""
     run_dir = tmp_path / "run"

@@ -104,6 +104,15 @@ class RunControl(Callback):
         return self.position_step >= self._next
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        if self.stopped_at is None and self.step_in_epoch < self.steps_per_epoch:
+            # Keras ends an epoch early, quietly, on TensorFlow's end-of-data error from a
+            # step, a callback or the input (and leaves later epochs empty): not a stop.
+            raise TrainingError(
+                f"epoch {epoch + 1} ended after {self.step_in_epoch} of its "
+                f"{self.steps_per_epoch} steps, with no stop: Keras took an end-of-data error "
+                "(OutOfRangeError) raised in a step, a callback or the input for the end of "
+                "its data; the run is not complete (its log has Keras' warning)"
+            )
         if self.stopped_at is None:
             self._loss = (logs or {}).get("loss", self._loss)
             self.sync(check_weights=True)

@@ -77,3 +77,20 @@ class NudgeOneWeight(tf.keras.callbacks.Callback):
         if RANK == self.rank and self._batches == self.step:
             weight = self.model.weights[0]
             weight.assign(weight + self.delta)
+
+
+class EndOfDataAt(tf.keras.callbacks.Callback):
+    """Raises TensorFlow's end-of-data error after step `step` of epoch `epoch` (1-based), as
+    an error that Keras takes for its input running out would: Keras ends its fit quietly."""
+
+    def __init__(self, epoch: int, step: int):
+        super().__init__()
+        self.epoch, self.step = epoch, step
+        self._epoch = 0
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch + 1
+
+    def on_train_batch_end(self, batch, logs=None):
+        if (self._epoch, batch + 1) == (self.epoch, self.step):
+            raise tf.errors.OutOfRangeError(None, None, "planted end of data")
