@@ -86,11 +86,11 @@ def step_ms(results: str) -> float:
 
 def profile(config: str, args: argparse.Namespace, tmp: str) -> tuple[Counter, float]:
     out = os.path.join(tmp, config.replace("@", "-"))
+    data = out + ".data"
     run = [PY, os.path.join(HERE, "compare_peers.py"), "--configs", config, "--workloads",
            args.workload, "--steps", str(args.steps), "--repeats", "1", "--out", out]  # fmt: skip
     job = subprocess.Popen(run, stdout=subprocess.DEVNULL)
     time.sleep(args.delay)
-    data = os.path.join(tmp, config.replace("@", "-") + ".data")
     record = ["perf", "record", "-o", data, "-F", str(args.frequency), "-a", "--", "sleep",
               str(args.seconds)]  # fmt: skip
     subprocess.run(record, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
@@ -125,7 +125,7 @@ def main() -> int:
         for config in configs:
             samples, ms = profile(config, args, tmp)
             total = sum(samples.values())
-            columns[config] = ({k: ms * samples[k] / total for k in CATEGORIES}, ms, total)
+            columns[config] = ({k: ms * samples[k] / total for k in CATEGORIES}, ms)
             print(f"{config}: step {ms:.1f} ms, {total} samples", flush=True)
     print(
         f"\nCPU ms of a worker's step, {args.workload} workload (a category's share of the "

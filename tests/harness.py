@@ -237,8 +237,8 @@ def thread_states(pid: int) -> str:
     return states
 
 
-def spinning(pid: int, looks: int = 20) -> bool:
-    """Whether a thread of `pid` is runnable at nearly every look over 0.2 s: a rank waiting at
+def spinning(pid: int, looks: int = 40) -> bool:
+    """Whether a thread of `pid` is runnable at nearly every look over 0.4 s: a rank waiting at
     a shared-memory barrier yields in a loop, one waiting in Gloo's transport sleeps."""
     runnable = 0
     for _ in range(looks):
@@ -249,12 +249,12 @@ def spinning(pid: int, looks: int = 20) -> bool:
 
 def kill_inside_a_shared_memory_all_reduce(pid0: int, pid1: int, attempts: int = 200) -> bool:
     """Stops rank 1 (`pid1`) until rank 0 (`pid0`) is caught waiting for it inside a
-    shared-memory all-reduce (spinning for 0.4 s: in Gloo's negotiation it would sleep), then
-    kills rank 1; False, rank 1 left running, if rank 0 was never caught there."""
+    shared-memory all-reduce (spinning: in Gloo's negotiation it would sleep), then kills rank
+    1; False, rank 1 left running, if rank 0 was never caught there."""
     for attempt in range(attempts):
         os.kill(pid1, signal.SIGSTOP)
         time.sleep(0.05)
-        if spinning(pid0, looks=40):
+        if spinning(pid0):
             os.kill(pid1, signal.SIGKILL)
             return True
         os.kill(pid1, signal.SIGCONT)
