@@ -1,17 +1,23 @@
-"""Horovod Elastic's rescaling of the learning rate when the worker count changes (the real
-elastic job, a worker killed mid-run: tests/test_faults.py)."""
+"""Horovod Elastic: the rescaling of the learning rate when the worker count changes, and the
+run decorator's reading of errors, in a real elastic job (the trainer's elastic job, a worker
+killed mid-run: tests/test_faults.py)."""
 
 from __future__ import annotations
+
+import json
 
 import numpy as np
 import pytest
 import tensorflow as tf
-from harness import QUICKSTART
+from harness import BIN, PYTHON, QUICKSTART, WORKERS, check, run
 
 from hvd_train.config import derive, load_config
 from hvd_train.runtime.schedules import lr_multiplier
 from hvd_train.train.elastic import rescale_learning_rate
 from hvd_train.train.step import make_optimizer
+
+WORKER = str(WORKERS / "elastic_collectives.py")
+STEPS = 6  # the worker's
 
 
 def test_a_smaller_world_trains_at_its_own_rate_and_keeps_the_multiplier() -> None:
@@ -45,3 +51,31 @@ def test_after_a_resize_the_schedule_trains_the_last_step_at_its_floor() -> None
     assert float(model.optimizer.learning_rate) > 0.0  # epoch 4's last step but one
     model.optimizer.iterations.assign_add(1)
     assert float(model.optimizer.learning_rate) == 0.0
+
+
+@pytest.mark.stack
+def test_a_worker_lost_in_a_grouped_all_reduce_resets_the_survivor(tmp_path) -> None:
+    """Rank 1 exits between steps; rank 0's next collective, a grouped all-reduce as the
+    gradients' is, fails. The survivor rolls back, resets to one worker and runs every step.
+    (Horovod's own decorator returned quietly after 3 of 6 steps, with no reset: it reads only
+    HorovodAllreduce, HorovodAllgather and HorovodBroadcast in the error as a collective's.)"""
+    hosts = tmp_path / "hosts"
+    hosts.write_text("localhost:1\n127.0.0.1:1\n")
+    discover = tmp_path / "discover.sh"
+    discover.write_text(f"#!/bin/sh\ncat {hosts}\n")
+    discover.chmod(0o755)
+    ended = run([str(BIN / "horovodrun"), "-np", "2", "--min-np", "1", "--max-np", "2",
+                 "--host-discovery-script", str(discover), "--gloo",
+                 PYTHON, WORKER, "lost", str(tmp_path)], tmp_path, 300)  # fmt: skip
+    check(ended)
+    survivor = json.loads((tmp_path / "rank-0.json").read_text())
+    assert survivor == {"resets": [1], "steps": STEPS, "size": 1}, survivor
+
+
+@pytest.mark.stack
+def test_an_error_in_an_elastic_run_that_is_not_a_collectives_ends_it(tmp_path) -> None:
+    """A TensorFlow UnknownError from anything but a collective (an unreadable image reaches
+    the training loop as one) ends the run with that error; Horovod's decorator returned None."""
+    check(run([PYTHON, WORKER, "unreadable", str(tmp_path)], tmp_path, 120))
+    report = json.loads((tmp_path / "rank-0.json").read_text())
+    assert report == {"resets": [], "raised": "UnknownError", "steps": 2, "size": 1}, report

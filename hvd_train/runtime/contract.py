@@ -93,8 +93,5 @@ class KerasBinding(Protocol):
     def elastic_state(self, model: Any, **position: Any) -> Any:
         """Horovod Elastic's state: the replicated state and the run's position."""
 
-    def elastic_run(self, fn: Any) -> Any:
-        """Horovod Elastic's run decorator."""
-
     def commit_callback(self, state: Any, every_steps: int) -> Any:
         """Horovod Elastic: commits the state every `every_steps` steps and each epoch's end."""

@@ -306,10 +306,6 @@ def elastic_state(model: Any, **position: Any) -> Any:
     return replicas.ElasticState(model, **position)
 
 
-def elastic_run(fn: Any) -> Any:
-    return hvd.elastic.run(fn)
-
-
 def commit_callback(state: Any, every_steps: int) -> Any:
     """Horovod Elastic: commit (in memory) every `every_steps` steps and at each epoch's end."""
     return hvd.elastic.CommitStateCallback(state, every_steps)

@@ -542,11 +542,5 @@ def elastic_state(model: Any, **position: Any) -> replicas.ElasticState:
     return replicas.ElasticState(model, **position)
 
 
-def elastic_run(fn: Any) -> Any:
-    from horovod.tensorflow.elastic import run
-
-    return run(fn)
-
-
 def commit_callback(state: Any, every_steps: int) -> Any:
     return CommitState(state, every_steps)

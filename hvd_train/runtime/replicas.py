@@ -26,6 +26,7 @@ docs/faults.md).
 from __future__ import annotations
 
 import functools
+import re
 from typing import Any
 
 import horovod.tensorflow as hvd_tf
@@ -33,6 +34,7 @@ import numpy as np
 import tensorflow as tf
 from horovod.common.elastic import ObjectState
 
+from hvd_train.base.errors import KNOCK_ON
 from hvd_train.runtime import binding
 
 Model = Any  # a Keras model of the active Keras
@@ -238,3 +240,36 @@ class ElasticState(ObjectState):
 
     def _save_model(self) -> None:
         self._saved = [tf.identity(v) for _, v in replicated_variables(self.model)]
+
+
+# A collective's failure as TensorFlow reports it: the op (by type, or in a node's name, e.g.
+# `{{node HorovodGroupedAllreduce_...}}`), or what a lost peer leaves (errors.KNOCK_ON).
+_COLLECTIVE = re.compile(
+    r"\bHorovod(Grouped)?(Allreduce|Allgather|Broadcast|Alltoall|Reducescatter|Join|Barrier)"
+    + "".join(f"|{re.escape(text)}" for text in KNOCK_ON)
+)
+
+
+def elastic_run(fn: Any) -> Any:
+    """Horovod Elastic's run decorator (either Keras), which resets on any collective's failure
+    and lets every other error through.
+
+    Horovod's own (`horovod.tensorflow.elastic.run`) resets only on an UnknownError whose text
+    names HorovodAllreduce, HorovodAllgather or HorovodBroadcast, and returns None for any other:
+    a lost worker seen in the gradients' grouped all-reduce (HorovodGroupedAllreduce), or an
+    unreadable image, ended the fit quietly as if it had finished.
+    """
+    from horovod.common.elastic import run_fn
+    from horovod.common.exceptions import HorovodInternalError
+    from horovod.tensorflow.elastic import _reset
+
+    @functools.wraps(fn)
+    def failing_collectives_reset(state: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(state, *args, **kwargs)
+        except tf.errors.OpError as e:
+            if _COLLECTIVE.search(e.message):
+                raise HorovodInternalError(e) from e
+            raise
+
+    return run_fn(failing_collectives_reset, _reset)

@@ -17,7 +17,7 @@ from typing import Any
 
 from hvd_train.config import Config, Derived, derive
 from hvd_train.data.pipeline import Source
-from hvd_train.runtime import binding, distributed
+from hvd_train.runtime import binding, distributed, replicas
 from hvd_train.runtime.schedules import continue_at, learning_rate_schedule, lr_multiplier
 from hvd_train.train.callbacks import RunCallbacks
 from hvd_train.train.fitting import fit_from
@@ -63,7 +63,7 @@ def fit_elastic(
 
     state.register_reset_callbacks([on_reset])
 
-    @active.elastic_run
+    @replicas.elastic_run
     def run(state: Any) -> None:
         d = derive(cfg, distributed.size(), source.num_train)
         report["world_sizes"].append(d.world_size)
