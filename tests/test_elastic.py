@@ -74,8 +74,9 @@ def test_a_worker_lost_in_a_grouped_all_reduce_resets_the_survivor(tmp_path) -> 
 
 @pytest.mark.stack
 def test_an_error_in_an_elastic_run_that_is_not_a_collectives_ends_it(tmp_path) -> None:
-    """A TensorFlow UnknownError from anything but a collective (an unreadable image reaches
-    the training loop as one) ends the run with that error; Horovod's decorator returned None."""
+    """A TensorFlow UnknownError from anything but a collective ends the run with that error:
+    an image read over the network whose connection was reset (Horovod's decorator returned
+    None; reading the lost connection as a lost worker would have reset forever)."""
     check(run([PYTHON, WORKER, "unreadable", str(tmp_path)], tmp_path, 120))
     report = json.loads((tmp_path / "rank-0.json").read_text())
     assert report == {"resets": [], "raised": "UnknownError", "steps": 2, "size": 1}, report

@@ -34,7 +34,6 @@ import numpy as np
 import tensorflow as tf
 from horovod.common.elastic import ObjectState
 
-from hvd_train.base.errors import KNOCK_ON
 from hvd_train.runtime import binding
 
 Model = Any  # a Keras model of the active Keras
@@ -242,11 +241,12 @@ class ElasticState(ObjectState):
         self._saved = [tf.identity(v) for _, v in replicated_variables(self.model)]
 
 
-# A collective's failure as TensorFlow reports it: the op (by type, or in a node's name, e.g.
-# `{{node HorovodGroupedAllreduce_...}}`), or what a lost peer leaves (errors.KNOCK_ON).
+# A collective's failure as TensorFlow reports it: it names the op (`[Op:HorovodAllreduce]`, or
+# a node, `{{node HorovodGroupedAllreduce_...}}`), or has Horovod's own words for a lost peer.
+# Not a lost connection alone: a data read over the network can fail so, and would reset forever.
 _COLLECTIVE = re.compile(
     r"\bHorovod(Grouped)?(Allreduce|Allgather|Broadcast|Alltoall|Reducescatter|Join|Barrier)"
-    + "".join(f"|{re.escape(text)}" for text in KNOCK_ON)
+    r"|Horovod has been shut down|Horovod's shared-memory all-reduce"
 )
 
 

@@ -3,7 +3,7 @@
 
     elastic_collectives.py lost OUT         # under an elastic horovodrun of 2 workers: rank 1
                                             # exits after step 3; the survivor must reset
-    elastic_collectives.py unreadable OUT   # alone: a non-collective error in the run
+    elastic_collectives.py unreadable OUT   # alone: an image read over the network fails
 
 Each rank writes OUT/rank-<r>.json when its run returns or raises.
 """
@@ -39,7 +39,7 @@ def main(mode: str, out: pathlib.Path) -> None:
     def run(state: ObjectState) -> None:
         while state.steps < STEPS:
             if mode == "unreadable" and state.steps == 2:
-                raise tf.errors.UnknownError(None, None, "image file 17.png: unreadable")
+                raise tf.errors.UnknownError(None, None, "gs://b/17.png: Connection reset by peer")
             step()
             state.steps += 1
             state.commit()
