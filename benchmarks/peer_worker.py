@@ -48,6 +48,9 @@ def parse() -> argparse.Namespace:
     p.add_argument("--batch", type=int, default=64, help="per worker")
     p.add_argument("--warmup", type=int, default=10, help="steps left out (hvd_train: 1 epoch)")
     p.add_argument("--steps", type=int, default=40, help="measured steps")
+    p.add_argument("--warmup-epoch", action="store_true",
+                   help="keras modes: an epoch of --steps first, then the second timed from its "
+                   "start, as hvd_train's summary times an epoch (not --warmup steps)")  # fmt: skip
     p.add_argument("--threads", type=int, default=0, help="intra-op threads; 0: the mode's default")
     p.add_argument("--pin", action="store_true", help="bind to core --core (or the local rank)")
     p.add_argument("--core", type=int, default=None)
@@ -111,6 +114,7 @@ def timing_callback(window: Window, warmup_steps: int = 0, warmup_epochs: int = 
         def on_epoch_begin(self, epoch, logs=None):
             if warmup_epochs and epoch == warmup_epochs:
                 window.steps = self.params.get("steps") or window.steps  # after rounding
+                wait_for_peers()
                 window.start()
 
         def on_train_batch_end(self, batch, logs=None):
@@ -210,7 +214,10 @@ def run_keras_like(args: argparse.Namespace) -> dict:
         world, rank = hvd.size(), hvd.rank()
     x, y = synthetic(np, args.batch)
     window = Window(args.steps)
-    callbacks = [timing_callback(window, warmup_steps=args.warmup)]
+    if args.warmup_epoch:
+        callbacks = [timing_callback(window, warmup_epochs=1)]
+    else:
+        callbacks = [timing_callback(window, warmup_steps=args.warmup)]
 
     def dataset(ctx=None):
         ds = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(args.batch)
@@ -236,8 +243,11 @@ def run_keras_like(args: argparse.Namespace) -> dict:
             ]
         model.compile(opt, "sparse_categorical_crossentropy", metrics=["accuracy"])
         data = dataset()
-    steps = args.warmup + args.steps
-    model.fit(data, steps_per_epoch=steps, epochs=1, verbose=0, callbacks=callbacks)
+    if args.warmup_epoch:
+        model.fit(data, steps_per_epoch=args.steps, epochs=2, verbose=0, callbacks=callbacks)
+    else:
+        steps = args.warmup + args.steps
+        model.fit(data, steps_per_epoch=steps, epochs=1, verbose=0, callbacks=callbacks)
     groups["tensorflow"] = threadstat.threads() - before_tf - groups.get("horovod", set())
     out = window.result(groups)
     from hvd_train.runtime import binding
