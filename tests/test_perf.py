@@ -273,6 +273,8 @@ def test_speed_knobs_are_applied_in_every_worker(tmp_path: pathlib.Path) -> None
         assert r["thread_affinities"] == [cores], f"rank {r['rank']}: threads not all bound: {r}"
         assert r["horovod_thread_affinity"] == ",".join([str(cores[0])] * 2)
         assert r["intra_op_threads"] == len(cores)
+        # one op at a time on a core of its own: a second thread would only time-slice it
+        assert r["inter_op_threads"] == min(2, len(cores))
         assert r["jit"] == "autoclustering"
         assert r["horovod_cycle_time"] is None  # 2 workers: Horovod's default 1 ms
         assert r["weights_finite"] and r["final_loss"] == pytest.approx(r["final_loss"])  # not NaN

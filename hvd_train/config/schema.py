@@ -195,7 +195,8 @@ class RuntimeConfig:
     # TensorFlow compute threads per worker; 0: the cores this process may use / the workers
     # on its host (CPU).
     intra_op_threads: int = field(default=0, metadata={"min": 0})
-    # TensorFlow's inter-op threads per worker; 0: 2 on CPU, TensorFlow's choice on GPU.
+    # TensorFlow's inter-op threads per worker; 0: on CPU 2, or 1 for a worker of one core
+    # (a second would only time-slice it); TensorFlow's choice on GPU.
     inter_op_threads: int = field(default=0, metadata={"min": 0})
     seed: int = 42  # Data order, validation split, augmentation and initial weights.
     # XLA: the whole step on GPU; on CPU, auto-clustering of the ops around the all-reduce.

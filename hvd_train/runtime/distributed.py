@@ -273,7 +273,9 @@ def configure_devices(intra_op_threads: int, inter_op_threads: int) -> str:
         cores = len(os.sched_getaffinity(0))
         share = cores if _BOUND_CORES else max(1, cores // local_size())
         intra_op_threads = intra_op_threads or share
-        inter_op_threads = inter_op_threads or 2
+        # Two ops at once where the worker has two cores or more; on one core a second thread
+        # only time-slices the core with the first, each evicting the other's cache.
+        inter_op_threads = inter_op_threads or min(2, share)
     if intra_op_threads:
         tf.config.threading.set_intra_op_parallelism_threads(intra_op_threads)
     if inter_op_threads:

@@ -62,6 +62,7 @@ report = {
     "horovod_thread_affinity": os.environ.get("HOROVOD_THREAD_AFFINITY"),
     "horovod_cycle_time": os.environ.get("HOROVOD_CYCLE_TIME"),
     "intra_op_threads": tf.config.threading.get_intra_op_parallelism_threads(),
+    "inter_op_threads": tf.config.threading.get_inter_op_parallelism_threads(),
     "jit": tf.config.optimizer.get_jit(),
     "final_loss": summary["final_metrics"]["loss"],
     "weights_finite": bool(all(np.isfinite(w).all() for w in model.get_weights())),
