@@ -119,6 +119,17 @@ TENSORFLOW_START_UP = (
 )
 
 
+def two_local_hosts(folder: pathlib.Path) -> pathlib.Path:
+    """A Horovod Elastic discovery script in `folder` offering two one-slot hosts, both this
+    machine (localhost and 127.0.0.1: Horovod blacklists the host of a failed worker)."""
+    hosts = folder / "hosts"
+    hosts.write_text("localhost:1\n127.0.0.1:1\n")
+    discover = folder / "discover.sh"
+    discover.write_text(f"#!/bin/sh\ncat {hosts}\n")
+    discover.chmod(0o755)
+    return discover
+
+
 def start_up_lines(output: str) -> list[str]:
     """The lines of `output` that are TensorFlow's start-up lines."""
     return [ln for ln in output.splitlines() if any(s in ln for s in TENSORFLOW_START_UP)]

@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 import tensorflow as tf
-from harness import BIN, PYTHON, QUICKSTART, WORKERS, check, run
+from harness import BIN, PYTHON, QUICKSTART, WORKERS, check, run, two_local_hosts
 
 from hvd_train.config import derive, load_config
 from hvd_train.runtime.schedules import lr_multiplier
@@ -59,11 +59,7 @@ def test_a_worker_lost_in_a_grouped_all_reduce_resets_the_survivor(tmp_path) -> 
     gradients' is, fails. The survivor rolls back, resets to one worker and runs every step.
     (Horovod's own decorator returned quietly after 3 of 6 steps, with no reset: it reads only
     HorovodAllreduce, HorovodAllgather and HorovodBroadcast in the error as a collective's.)"""
-    hosts = tmp_path / "hosts"
-    hosts.write_text("localhost:1\n127.0.0.1:1\n")
-    discover = tmp_path / "discover.sh"
-    discover.write_text(f"#!/bin/sh\ncat {hosts}\n")
-    discover.chmod(0o755)
+    discover = two_local_hosts(tmp_path)
     ended = run([str(BIN / "horovodrun"), "-np", "2", "--min-np", "1", "--max-np", "2",
                  "--host-discovery-script", str(discover), "--gloo",
                  PYTHON, WORKER, "lost", str(tmp_path)], tmp_path, 300)  # fmt: skip

@@ -27,6 +27,7 @@ from harness import (
     horovodrun,
     run,
     start,
+    two_local_hosts,
     workers,
 )
 
@@ -349,11 +350,7 @@ def test_elastic_goes_on_with_one_worker_after_one_is_killed(tmp_path, keras, ra
     floor on the last step (the schedule lives in epochs). When rank 0 was the one lost,
     the survivor, rank 0 now, ends the record. On each Keras (ElasticState serves both; the
     tf_keras run is CI's, on Python 3.13)."""
-    hosts = tmp_path / "hosts"
-    hosts.write_text("localhost:1\n127.0.0.1:1\n")
-    discover = tmp_path / "discover.sh"
-    discover.write_text(f"#!/bin/sh\ncat {hosts}\n")
-    discover.chmod(0o755)
+    discover = two_local_hosts(tmp_path)
     d = tmp_path / "run"
     proc = start([PYTHON, "-m", "hvd_train", "launch", "--np", "2", *LONG,
                   *_sets(f"run.dir={d}", "elastic.enabled=true", "elastic.min_workers=1",

@@ -12,7 +12,7 @@ import socket
 import subprocess
 
 import pytest
-from harness import BIN, PYTHON, QUICKSTART, check, finish_listening, start
+from harness import BIN, PYTHON, QUICKSTART, check, finish_listening, start, two_local_hosts
 
 from hvd_train.config import load_config
 from hvd_train.launcher.horovodrun import command, mpi_note, probe_note
@@ -70,11 +70,7 @@ def test_an_elastic_job_on_one_host_listens_on_loopback_only(tmp_path) -> None:
     both this machine (localhost and 127.0.0.1); horovodrun's rendezvous server starts once the
     hosts are known, each worker has Gloo's listener and a notification service. (A worker
     killed, the job re-forms: tests/test_faults.py.)"""
-    hosts = tmp_path / "hosts"
-    hosts.write_text("localhost:1\n127.0.0.1:1\n")
-    discover = tmp_path / "discover.sh"
-    discover.write_text(f"#!/bin/sh\ncat {hosts}\n")
-    discover.chmod(0o755)
+    discover = two_local_hosts(tmp_path)
     elastic = ["elastic.enabled=true", "elastic.min_workers=1",
                f"elastic.discovery_script={discover}", "optimizer.warmup_epochs=0"]  # fmt: skip
     cmd = [PYTHON, "-m", "hvd_train", "launch", "--np", "2", *TRAIN,
