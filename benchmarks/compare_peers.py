@@ -306,6 +306,19 @@ def launch(name: str, workload: str, args: argparse.Namespace) -> list[dict]:
     return collect(procs, args.timeout, results)
 
 
+BATCH = 64  # per worker
+
+
+def launch_sets(run_dir: str, workload: str, steps: int, world: int) -> list[str]:
+    """The `--set`s of a launch of `workload`: 2 epochs of `steps` steps on `world` workers
+    (summary.json leaves the first, which traces the step, out of its rate)."""
+    return [f"run.dir={run_dir}", "train.epochs=2", f"train.steps_per_epoch={steps}",
+            f"train.batch_size={BATCH}", "train.verbose=false", "logging.tensorboard=false",
+            "data.source=synthetic", f"data.train_examples={steps * BATCH * world}",
+            f"data.val_examples={BATCH * world}", "optimizer.name=sgd",
+            f"model.dense_units={list(WORKLOADS[workload])}"]  # fmt: skip
+
+
 def launch_job(
     setup: Setup, workload: str, args: argparse.Namespace, env: dict, results: str
 ) -> list[dict]:
@@ -316,12 +329,8 @@ def launch_job(
     config = os.path.join(results, "bench.yaml")
     with open(config, "w") as f:
         f.write("{}\n")  # every key below, as --set
-    world, batch = setup.workers, 64
-    sets = [f"run.dir={run_dir}", "train.epochs=2", f"train.steps_per_epoch={args.steps}",
-            f"train.batch_size={batch}", "train.verbose=false", "logging.tensorboard=false",
-            "data.source=synthetic", f"data.train_examples={args.steps * batch * world}",
-            f"data.val_examples={batch * world}", "optimizer.name=sgd",
-            f"model.dense_units={list(WORKLOADS[workload])}", f"runtime.keras={setup.keras}",
+    world = setup.workers
+    sets = [*launch_sets(run_dir, workload, args.steps, world), f"runtime.keras={setup.keras}",
             *args.overrides, *setup.sets]  # fmt: skip
     cmd = [os.path.join(BIN, "hvd-train"), "launch", "--np", str(world), "--config", config,
            *([f"--{setup.controller}"] if setup.controller else []),
@@ -335,7 +344,7 @@ def launch_job(
         row = {"world": s["world_size"], "rank": 0, "controller": s["controller"],
                "examples_per_sec": s["train_examples_per_sec"], "keras_version": s["versions"]["keras"],
                "summary_step_ms": s["step_time_ms"], "mode": "launch", "keras": setup.keras,
-               "workload": workload, "batch": batch, "pinned": setup.pinned}  # fmt: skip
+               "workload": workload, "batch": BATCH, "pinned": setup.pinned}  # fmt: skip
         with open(os.path.join(results, "result-0.json"), "w") as f:
             json.dump(row, f)
 

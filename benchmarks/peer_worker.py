@@ -214,10 +214,12 @@ def run_keras_like(args: argparse.Namespace) -> dict:
         world, rank = hvd.size(), hvd.rank()
     x, y = synthetic(np, args.batch)
     window = Window(args.steps)
-    if args.warmup_epoch:
-        callbacks = [timing_callback(window, warmup_epochs=1)]
+    if args.warmup_epoch:  # an epoch of --steps, then the second timed from its start
+        epochs, steps, timing = 2, args.steps, timing_callback(window, warmup_epochs=1)
     else:
-        callbacks = [timing_callback(window, warmup_steps=args.warmup)]
+        epochs, steps = 1, args.warmup + args.steps
+        timing = timing_callback(window, warmup_steps=args.warmup)
+    callbacks = [timing]
 
     def dataset(ctx=None):
         ds = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(args.batch)
@@ -243,11 +245,7 @@ def run_keras_like(args: argparse.Namespace) -> dict:
             ]
         model.compile(opt, "sparse_categorical_crossentropy", metrics=["accuracy"])
         data = dataset()
-    if args.warmup_epoch:
-        model.fit(data, steps_per_epoch=args.steps, epochs=2, verbose=0, callbacks=callbacks)
-    else:
-        steps = args.warmup + args.steps
-        model.fit(data, steps_per_epoch=steps, epochs=1, verbose=0, callbacks=callbacks)
+    model.fit(data, steps_per_epoch=steps, epochs=epochs, verbose=0, callbacks=callbacks)
     groups["tensorflow"] = threadstat.threads() - before_tf - groups.get("horovod", set())
     out = window.result(groups)
     from hvd_train.runtime import binding

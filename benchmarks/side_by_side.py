@@ -26,7 +26,7 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from peer_worker import WORKLOADS  # noqa: E402  (beside this file)
+from compare_peers import launch_sets  # noqa: E402  (beside this file)
 
 BIN = os.path.dirname(sys.executable)
 
@@ -42,12 +42,7 @@ def parse() -> argparse.Namespace:
 
 
 def command(core: int, workload: str, steps: int, run_dir: str, sets: list[str]) -> list[str]:
-    batch = 64
-    sets = [f"run.dir={run_dir}", "train.epochs=2", f"train.steps_per_epoch={steps}",
-            f"train.batch_size={batch}", "train.verbose=false", "logging.tensorboard=false",
-            "data.source=synthetic", f"data.train_examples={steps * batch}",
-            f"data.val_examples={batch}", "optimizer.name=sgd",
-            f"model.dense_units={list(WORKLOADS[workload])}", *sets]  # fmt: skip
+    sets = [*launch_sets(run_dir, workload, steps, 1), *sets]
     return ["taskset", "-c", str(core), os.path.join(BIN, "hvd-train"), "launch", "--np", "1",
             "--config", os.path.join(run_dir + ".yaml"), *(a for s in sets for a in ("--set", s))]  # fmt: skip
 
