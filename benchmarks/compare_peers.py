@@ -7,8 +7,10 @@ MultiWorkerMirroredStrategy on one host, each on Keras 3 and on tf_keras (Keras 
 
 The launch mode (--launch) runs the default launch as a user runs it, `hvd-train launch --np 2`
 (on a CPU host: Open MPI, each worker bound to its own core) and with --gloo, against one
-worker (`taskset -c 0 hvd-train launch --np 1`), a plain Keras fit on one core and the
-machine's ceiling (two independent Keras processes), interleaved, medians of the repeats; a
+worker (`taskset -c 0 hvd-train launch --np 1`), a plain Keras fit on one core, the
+machine's ceiling (two independent Keras processes) and the project's own (two one-worker
+launches at once, one per core, which never communicate: what a second busy core costs one
+worker, with no all-reduce), interleaved, medians of the repeats; a
 launch's rate is its summary.json's `train_examples_per_sec` (the first epoch left out), and
 beside a launch the plain Keras fits are timed the same way: two epochs of `--steps`, the
 second timed from its start (else: `--steps` after `--warmup` steps).
@@ -138,6 +140,9 @@ CONFIGS = {
     # of "twice one worker".
     "launch@1": Setup("launch", 1, True, 0, ""),
     "launch@2": Setup("launch", 2, False, 0, ""),
+    # Two one-worker launches at once, each on a core of its own, that never communicate:
+    # the project's own ceiling for 2 workers (what the second core costs its one worker).
+    "launch@1-independent": Setup("launch", 2, True, 0, ""),
     "launch@2-gloo": Setup("launch", 2, False, 0, "gloo"),
     # Horovod's background thread waking every cycle, as upstream Horovod's does, instead of
     # sleeping until a tensor is queued (patches/horovod-0.28.1, 0012).
@@ -168,7 +173,8 @@ DEFAULT = [
 
 # The launch mode (--launch): the default launch against twice its own one worker and the
 # machine's ceiling, and one worker against a plain Keras fit.
-LAUNCH = ["keras@1", "keras@2-independent", "launch@1", "launch@2", "launch@2-gloo"]
+LAUNCH = ["keras@1", "keras@2-independent", "launch@1", "launch@1-independent", "launch@2",
+          "launch@2-gloo"]  # fmt: skip
 
 
 def setup_of(name: str) -> Setup:
@@ -319,39 +325,54 @@ def launch_sets(run_dir: str, workload: str, steps: int, world: int) -> list[str
             f"model.dense_units={list(WORKLOADS[workload])}"]  # fmt: skip
 
 
+def launch_command(
+    world: int, config: str, sets: list[str], controller: str = "", core: int | None = None
+) -> list[str]:
+    """`hvd-train launch --np world --config config --set ...`; `controller`: "" (the
+    launcher's choice), "mpi" or "gloo"; `core`: under `taskset` on that core."""
+    cmd = [os.path.join(BIN, "hvd-train"), "launch", "--np", str(world), "--config", config,
+           *([f"--{controller}"] if controller else []), *(a for s in sets for a in ("--set", s))]  # fmt: skip
+    return cmd if core is None else ["taskset", "-c", str(core), *cmd]
+
+
 def launch_job(
     setup: Setup, workload: str, args: argparse.Namespace, env: dict, results: str
 ) -> list[dict]:
     """`hvd-train launch --np N` on peer_worker.py's hvd_train workload (2 epochs of `--steps`
     steps; the first, which traces the step, left out as summary.json leaves it out), with the
-    launcher's defaults; its rate is summary.json's `train_examples_per_sec`."""
-    run_dir = tempfile.mkdtemp(prefix="compare-peers-run-")
+    launcher's defaults; its rate is summary.json's `train_examples_per_sec`. Pinned: N
+    launches of one worker at once, each under `taskset` on a core of its own (their rates
+    added: the project's own ceiling for N workers)."""
+    top = tempfile.mkdtemp(prefix="compare-peers-run-")
     config = os.path.join(results, "bench.yaml")
     with open(config, "w") as f:
         f.write("{}\n")  # every key below, as --set
-    world = setup.workers
-    sets = [*launch_sets(run_dir, workload, args.steps, world), f"runtime.keras={setup.keras}",
-            *args.overrides, *setup.sets]  # fmt: skip
-    cmd = [os.path.join(BIN, "hvd-train"), "launch", "--np", str(world), "--config", config,
-           *([f"--{setup.controller}"] if setup.controller else []),
-           *(a for s in sets for a in ("--set", s))]  # fmt: skip
-    if setup.pinned:  # one worker on one core: the baseline of "twice one worker"
-        cmd = ["taskset", "-c", str(min(os.sched_getaffinity(0))), *cmd]
+    world = 1 if setup.pinned else setup.workers
+    cores = sorted(os.sched_getaffinity(0))[: setup.workers] if setup.pinned else [None]
+    run_dirs = [os.path.join(top, str(i)) for i in range(len(cores))]
+    procs = []
+    for run_dir, core in zip(run_dirs, cores, strict=True):
+        sets = [*launch_sets(run_dir, workload, args.steps, world),
+                f"runtime.keras={setup.keras}", *args.overrides, *setup.sets]  # fmt: skip
+        cmd = launch_command(world, config, sets, setup.controller, core)
+        procs.append(start(cmd, env, results))
 
-    def row_from_summary() -> None:
-        with open(os.path.join(run_dir, "summary.json")) as f:
-            s = json.load(f)
-        row = {"world": s["world_size"], "rank": 0, "controller": s["controller"],
-               "examples_per_sec": s["train_examples_per_sec"], "keras_version": s["versions"]["keras"],
-               "summary_step_ms": s["step_time_ms"], "mode": "launch", "keras": setup.keras,
-               "workload": workload, "batch": BATCH, "pinned": setup.pinned}  # fmt: skip
-        with open(os.path.join(results, "result-0.json"), "w") as f:
-            json.dump(row, f)
+    def rows_from_summaries() -> None:
+        for i, (run_dir, core) in enumerate(zip(run_dirs, cores, strict=True)):
+            with open(os.path.join(run_dir, "summary.json")) as f:
+                s = json.load(f)
+            row = {"world": s["world_size"], "rank": 0, "controller": s["controller"],
+                   "examples_per_sec": s["train_examples_per_sec"],
+                   "keras_version": s["versions"]["keras"], "summary_step_ms": s["step_time_ms"],
+                   "mode": "launch", "keras": setup.keras, "workload": workload, "batch": BATCH,
+                   "pinned": setup.pinned, "core": core}  # fmt: skip
+            with open(os.path.join(results, f"result-{i}.json"), "w") as f:
+                json.dump(row, f)
 
     try:
-        return collect([start(cmd, env, results)], args.timeout, results, row_from_summary)
+        return collect(procs, args.timeout, results, rows_from_summaries)
     finally:
-        shutil.rmtree(run_dir, ignore_errors=True)
+        shutil.rmtree(top, ignore_errors=True)
 
 
 def start(cmd: list[str], env: dict, results: str) -> subprocess.Popen:
@@ -683,6 +704,9 @@ def ratios(configs: list[str]) -> list[tuple[str, str, str, int]]:
                     (f"{name} / launch@1{k} / 2", name, f"launch@1{k}", 2),
                     (f"{name} / keras@2-independent{k}", name, f"keras@2-independent{k}", 1),
                 ]  # fmt: skip
+                if not setup.pinned:  # the two workers against the project's own ceiling
+                    rows.append((f"{name} / launch@1-independent{k}", name,
+                                 f"launch@1-independent{k}", 1))  # fmt: skip
                 continue
             if setup.mode != "hvd_train" or setup.workers != 2:
                 continue
