@@ -171,8 +171,8 @@ DEFAULT = [
 ]  # fmt: skip
 
 
-# The launch mode (--launch): the default launch against twice its own one worker and the
-# machine's ceiling, and one worker against a plain Keras fit.
+# The launch mode (--launch): the default launch against twice its own one worker, the
+# machine's ceiling and the project's own, and one worker against a plain Keras fit.
 LAUNCH = ["keras@1", "keras@2-independent", "launch@1", "launch@1-independent", "launch@2",
           "launch@2-gloo"]  # fmt: skip
 
@@ -276,9 +276,7 @@ def launch(name: str, workload: str, args: argparse.Namespace) -> list[dict]:
     setup = setup_of(name)
     mode, workers, pinned, threads = setup.mode, setup.workers, setup.pinned, setup.threads
     results = tempfile.mkdtemp(prefix="compare-peers-")
-    base = [PY, WORKER, "--mode", mode, "--keras", setup.keras, "--workload", workload,
-            "--steps", str(args.steps), "--warmup", str(args.warmup), "--threads", str(threads),
-            "--result-dir", results]  # fmt: skip
+    base = worker_command(mode, setup.keras, workload, args.steps, threads, results, args.warmup)
     base += ["--pin"] if pinned else []
     if mode == "keras" and any(setup_of(c).mode == "launch" for c in args.configs):
         # Beside a launch, timed as its summary times an epoch: the second, from its start.
@@ -310,6 +308,17 @@ def launch(name: str, workload: str, args: argparse.Namespace) -> list[dict]:
     procs = [start(cmd, {**env, **barrier, "PEER_INDEX": str(i)}, results)
              for i, cmd in enumerate(cmds)]  # fmt: skip
     return collect(procs, args.timeout, results)
+
+
+def worker_command(
+    mode: str, keras: str, workload: str, steps: int, threads: int, results: str,
+    warmup: int | None = None,
+) -> list[str]:  # fmt: skip
+    """peer_worker.py in `mode` on `keras`, its result-<rank>.json in `results` (`warmup`: its
+    --warmup steps; None: its default)."""
+    return [PY, WORKER, "--mode", mode, "--keras", keras, "--workload", workload,
+            "--steps", str(steps), *(["--warmup", str(warmup)] if warmup is not None else []),
+            "--threads", str(threads), "--result-dir", results]  # fmt: skip
 
 
 BATCH = 64  # per worker

@@ -31,10 +31,13 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from compare_peers import launch_command, launch_sets  # noqa: E402  (beside this file)
+from compare_peers import (  # noqa: E402  (beside this file)
+    launch_command,
+    launch_sets,
+    worker_command,
+)
 
 BIN = os.path.dirname(sys.executable)
-WORKER = os.path.join(HERE, "peer_worker.py")
 
 
 def parse() -> argparse.Namespace:
@@ -52,10 +55,9 @@ def parse() -> argparse.Namespace:
 def command(core: int, workload: str, steps: int, run_dir: str, sets: list[str], plain: bool):
     """One worker on `core`: `hvd-train launch --np 1` (its summary.json in `run_dir`), or a
     plain Keras 3 fit (its result-0.json there)."""
-    if plain:
-        return [sys.executable, WORKER, "--mode", "keras", "--keras", "keras", "--workload",
-                workload, "--steps", str(steps), "--warmup-epoch", "--threads", "1", "--pin",
-                "--core", str(core), "--result-dir", run_dir]  # fmt: skip
+    if plain:  # compare_peers' keras@1 beside a launch
+        fit = worker_command("keras", "keras", workload, steps, 1, run_dir)
+        return [*fit, "--pin", "--core", str(core), "--warmup-epoch"]
     with open(run_dir + ".yaml", "w") as f:
         f.write("{}\n")  # every key as --set
     sets = [*launch_sets(run_dir, workload, steps, 1), *sets]
