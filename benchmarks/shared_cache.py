@@ -24,6 +24,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 
 # A loop's name and its working set in bytes (0: no memory). The sizes straddle this kind of
 # machine's caches: 96 KiB of L1d and 2 MiB of L2 per core, 32 MiB of L3 shared.
@@ -42,33 +43,44 @@ def parse() -> argparse.Namespace:
     return p.parse_args()
 
 
-def run_loop(loop: str, seconds: float) -> float:
-    """Runs `loop` for `seconds`; its rate: bytes read and written a second (a memory loop), or
-    iterations a second (compute)."""
+def make_step(loop: str) -> Callable[[], int]:
+    """One pass of `loop`; it returns what the pass did: bytes read and written (a memory
+    loop over its arrays, made once here), or iterations (compute)."""
     if LOOPS[loop] == 0:
-        done, end = 0, time.perf_counter() + seconds
-        while time.perf_counter() < end:
+
+        def compute() -> int:
             s = 0
             for i in range(20_000):
                 s += i * i
-            done += 20_000
-        return done / seconds
+            return 20_000
+
+        return compute
     import numpy as np  # only the children need it
 
     a = np.ones(LOOPS[loop] // 8, np.float32)  # two arrays of half the working set each
     b = np.empty_like(a)
+
+    def memory() -> int:
+        np.add(a, 1.0, out=b)
+        return 2 * a.nbytes
+
+    return memory
+
+
+def rate(step: Callable[[], int], seconds: float) -> float:
+    """What `step` does a second, run over and over for `seconds`."""
     done, start = 0, time.perf_counter()
     while (now := time.perf_counter()) - start < seconds:
-        np.add(a, 1.0, out=b)
-        done += 2 * a.nbytes
+        done += step()
     return done / (now - start)
 
 
 def child(loop: str, core: int, start_at: float, seconds: float) -> None:
     os.sched_setaffinity(0, {core})
-    run_loop(loop, 0.2)  # warm: page the arrays in, fill the caches
+    step = make_step(loop)
+    rate(step, 0.2)  # warm: page the arrays in, fill the caches
     time.sleep(max(0.0, start_at - time.time()))
-    print(json.dumps({"loop": loop, "core": core, "rate": run_loop(loop, seconds)}))
+    print(json.dumps({"loop": loop, "core": core, "rate": rate(step, seconds)}))
 
 
 def measure(loop: str, cores: list[int], seconds: float) -> list[float]:
