@@ -19,6 +19,7 @@ from harness import QUICKSTART, ROOT
 
 from hvd_train.record.run_record import end_before_start
 from hvd_train.record.rundir import LOCK_NAME
+from hvd_train.record.stops import STOP_NOTE, SUPERVISED
 
 SCRIPT = """
 import os, signal, sys, time
@@ -144,19 +145,25 @@ def test_a_stop_before_the_record_is_recorded_by_rank_0_itself(tmp_path, sig) ->
     assert not (d / LOCK_NAME).exists()  # run.dir is free for the same command again
 
 
-@pytest.mark.parametrize("supervised", [False, True])
+@pytest.mark.parametrize("sender", ["mpirun alone", "the supervisor", "mpirun, supervised"])
 def test_a_signal_in_an_mpi_workers_start_up_is_a_stop_only_from_the_launcher(
-    tmp_path, supervised
+    tmp_path, sender
 ) -> None:
     """mpirun alone ends a job with SIGCONT, SIGTERM, SIGKILL, and its SIGCONT may come before
     the worker hears signals: a SIGTERM in start-up is then mpirun ending the job, not a stop.
-    hvd-train launch's supervisor, which passes stops to MPI workers itself, says so."""
+    hvd-train launch's supervisor, which passes stops to MPI workers itself, notes each one
+    first: a SIGTERM it did not note is mpirun's, whatever the moment."""
     d = tmp_path / "run"
+    note = tmp_path / "stops"
     env = {"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "2"}
-    proc = before_the_record(d, **env, **({"HVD_TRAIN_SUPERVISED": "1"} if supervised else {}))
+    if sender != "mpirun alone":
+        env.update({SUPERVISED: "1", STOP_NOTE: str(note)})
+    if sender == "the supervisor":
+        note.write_text("SIGTERM\n")
+    proc = before_the_record(d, **env)
     assert proc.returncode == 143, proc.stdout + proc.stderr
     s = json.loads((d / "summary.json").read_text())
-    if supervised:
+    if sender == "the supervisor":
         assert s["status"] == "interrupted" and s["stopped_by"] == "SIGTERM", s
     else:
         assert s["status"] == "failed" and s["error"].startswith("mpirun ended the job"), s

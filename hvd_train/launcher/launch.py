@@ -162,6 +162,8 @@ def first_failure(output: str) -> dict[str, Any]:
     codes = {int(r): int(c) for r, c in GLOO_EXIT.findall(output)}
     m = MPI_NAMED.search(output) or GLOO_NAMED.search(output) or GLOO_ENDING.search(output)
     signaled = MPI_SIGNALED.search(output)
+    if m and signaled and _is_stop_code(int(m.group(2))):
+        m = None  # mpirun named first a rank it ended itself, and what killed another after
     if m:
         rank, code = int(m.group(1)), int(m.group(2))
     elif signaled:
@@ -195,6 +197,8 @@ def describe(failure: dict[str, Any], host: str | None = None) -> str:
 
 
 _SIGNALS = {s.value: s.name for s in signal.Signals}
+# What a stop left in the record, wrong once the ending is a failure.
+STOP_FIELDS = ("stopped_by", "stop_detail", "stopped_at", "stop_signal")
 
 
 def _say_ending(
@@ -295,19 +299,39 @@ def mark_ended(path: str, failure: dict[str, Any], stop_signal: int, cfg: Config
     if stop_signal and summary.get("status") in ("running", "failed"):
         summary.update(status="interrupted", stopped_by=_SIGNALS[stop_signal])
     elif not stop_signal and (summary.get("status") != "interrupted" or _died(failure)):
-        summary.pop("stopped_by", None)  # rank 0's stop was the launcher's, after the failure
-        summary.update(status="failed", failed_rank=failure["rank"], failure=describe(failure))
+        for key in STOP_FIELDS:  # rank 0's stop was the launcher's, after the failure
+            summary.pop(key, None)
+        summary.update(status="failed", failure=_cause(failure))
+        summary.pop("failed_rank", None)
+        if _died(failure) or failure.get("error"):
+            summary["failed_rank"] = failure["rank"]
         error = summary.get("error") or ""
         if failure.get("error") and (not error or _is_knock_on(error)):
             summary["error"] = f"rank {failure['rank']}: {failure['error']}"
             summary.pop("error_type", None)  # rank 0's knock-on error's, not the cause's
     if summary["status"] == "failed" and not summary.get("error"):
-        summary["error"] = "the job ended in its start-up, before rank 0 started the record"
+        launcher = summary.get("recorded_by") == "launcher"
+        summary["error"] = (
+            "the job ended in its start-up, before rank 0 started the record" if launcher
+            else summary["failure"]
+        )  # fmt: skip
     try:
         os.makedirs(cfg.run.dir, exist_ok=True)
         write_summary(path, summary)
     except OSError as e:
         say(f"cannot write {path}: {e.strerror or e}")
+
+
+def _cause(failure: dict[str, Any]) -> str:
+    """The record's `failure`: `describe`, but never a rank blamed for a stop it was sent.
+
+    mpirun may report first the rank it ended itself (SIGTERM) after another one died, or no
+    rank at all; with no stop passed on, such a first exit is no cause.
+    """
+    if failure["rank"] is None or _died(failure) or failure.get("error"):
+        return describe(failure)
+    code = exit_description(failure["rank_exit_code"])
+    return f"no rank reported as failed: rank {failure['rank']} exited first ({code})"
 
 
 def _follow_in_mlflow(cfg: Config) -> None:
@@ -325,8 +349,12 @@ def _died(failure: dict[str, Any]) -> bool:
     """Whether the rank that ended first died or failed, rather than stopped (SIGTERM, SIGINT or
     SIGUSR1, which a scheduler may send the workers themselves)."""
     code = failure["rank_exit_code"]
-    stops = {c for sig in STOP_SIGNALS for c in (128 + sig, -sig)}
-    return failure["rank"] is not None and code is not None and code not in stops
+    return failure["rank"] is not None and code is not None and not _is_stop_code(code)
+
+
+def _is_stop_code(code: int) -> bool:
+    """An exit code of a process that a stop signal ended (128 + it, or Python's -it)."""
+    return code in {c for sig in STOP_SIGNALS for c in (128 + sig, -sig)}
 
 
 def _may_record_in(run_dir: str) -> bool:

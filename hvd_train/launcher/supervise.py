@@ -22,9 +22,11 @@ The job runs in a session of its own, so a terminal's Ctrl-C reaches it only thr
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -33,7 +35,7 @@ from typing import Any
 import psutil
 
 from hvd_train.launcher.horovodrun import job_env
-from hvd_train.record.stops import STOP_SIGNALS, SUPERVISED, WARNING_SIGNALS
+from hvd_train.record.stops import STOP_NOTE, STOP_SIGNALS, SUPERVISED, WARNING_SIGNALS
 
 RANK_VARIABLES = (b"OMPI_COMM_WORLD_RANK=", b"HOROVOD_RANK=", b"PMI_RANK=")
 # Under MPI the workers are signalled directly and nothing kills them after a few seconds:
@@ -53,6 +55,7 @@ class Supervisor:
         self.stop_signal = 0
         self._proc: subprocess.Popen | None = None
         self._mpi = False
+        self._note: str | None = None  # where MPI workers read the stops passed on (STOP_NOTE)
         for sig in STOP_SIGNALS:
             signal.signal(sig, self._handle)
 
@@ -73,9 +76,27 @@ class Supervisor:
         """
         self._mpi = is_mpi(cmd)
         env = dict(os.environ if env is None else env)
+        notes = tempfile.mkdtemp(prefix="hvd_train-stops-") if self._mpi else None
+        self._note = os.path.join(notes, "stops") if notes else None
         if self._mpi:
             env.setdefault("HVD_TRAIN_STOP_GRACE_S", str(MPI_STOP_GRACE_S))
-            env[SUPERVISED] = "1"  # a SIGTERM from here, in start-up too, is a stop
+            # A SIGTERM from here, in start-up too, is a stop; one that is not noted here first is
+            # mpirun ending the job after a failure (stops.mpirun_ending).
+            env[SUPERVISED] = "1"
+            env[STOP_NOTE] = self._note
+        try:
+            return self._run(cmd, env, echo, tidy)
+        finally:
+            if notes:
+                shutil.rmtree(notes, ignore_errors=True)
+
+    def _run(
+        self,
+        cmd: list[str],
+        env: dict[str, str],
+        echo: bool,
+        tidy: Callable[[], Callable[[str], str | None]] | None,
+    ) -> tuple[int, str]:
         proc = subprocess.Popen(
             cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             start_new_session=True,
@@ -112,6 +133,7 @@ class Supervisor:
         if signum == signal.SIGKILL:
             _kill_tree(proc.pid)
             return
+        self._note_stop(signum)  # before the signal: a worker reads the note when it comes
         direct = self._mpi or signum in WARNING_SIGNALS
         targets = local_workers(proc.pid) if direct else []
         if not targets and not self._mpi and signum in WARNING_SIGNALS:
@@ -121,6 +143,12 @@ class Supervisor:
                 p.send_signal(signum)
             except psutil.NoSuchProcess:
                 pass
+
+    def _note_stop(self, signum: int) -> None:
+        """Notes the stop for the MPI workers, which tell it so from mpirun ending the job."""
+        if self._note:
+            with open(self._note, "a") as f:
+                f.write(f"{signal.Signals(signum).name}\n")
 
 
 def local_workers(pid: int) -> list[psutil.Process]:

@@ -15,6 +15,7 @@ import signal
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -38,6 +39,11 @@ MPIRUN_KILL_WINDOW_S = 3.0
 # Set by hvd-train launch's supervisor (supervise.py) for MPI workers, to which it passes stops
 # itself: without it, a signal in an MPI worker's start-up is mpirun ending the job.
 SUPERVISED = "HVD_TRAIN_SUPERVISED"
+# The file where that supervisor notes each stop before it passes the stop on (one signal name a
+# line). A SIGTERM that it did not note is mpirun ending the job: mpirun sends SIGCONT first, but
+# a SIGCONT that comes before the worker hears signals is lost, and the SIGTERM after it must
+# still not read as a stop (issue: a rank killed at start-up recorded `interrupted`).
+STOP_NOTE = "HVD_TRAIN_STOP_NOTE"
 FIRST_FAILURE_WAIT_S = 3.0  # horovodrun notes a failure within milliseconds of the exit
 MPIRUN_KILLED = (
     "mpirun ended the job (SIGCONT, then SIGTERM, then SIGKILL): another worker, or its host, "
@@ -97,7 +103,7 @@ class StopSignals:
             self._wakeup = None
 
     def _handle(self, signum: int, frame: object) -> None:
-        if signum != signal.SIGCONT:
+        if signum != signal.SIGCONT and not mpirun_ending(signum):
             self.signum = self.signum or signum  # the main thread's view; the watcher acts
 
     def _watch(self, fd: int) -> None:
@@ -115,7 +121,8 @@ class StopSignals:
                 continue
             if data[0] not in STOP_SIGNALS:
                 continue
-            if _UNDER_MPI and time.monotonic() - continued < MPIRUN_KILL_WINDOW_S:
+            mpirun_kill = _UNDER_MPI and time.monotonic() - continued < MPIRUN_KILL_WINDOW_S
+            if mpirun_kill or mpirun_ending(data[0]):
                 # mpirun ending the job: SIGCONT, SIGTERM 1 s later, SIGKILL 1 s after that.
                 # Another worker failed (or mpirun itself was told to stop): no time to save.
                 self._exit(data[0], MPIRUN_KILLED, failed=True)
@@ -159,6 +166,26 @@ class StopSignals:
             os._exit(128 + signum)
 
 
+def mpirun_ending(signum: int) -> bool:
+    """Whether `signum`, received by an MPI worker of hvd-train launch's supervisor, is mpirun
+    ending the job rather than a stop: a SIGTERM the supervisor did not note (`STOP_NOTE`).
+
+    mpirun alone sends an MPI worker SIGTERM only to end the job, after a worker failed or when
+    it was itself told to stop (where the launcher was too: it then records the stop itself).
+    """
+    note = os.environ.get(STOP_NOTE) if _UNDER_MPI and os.environ.get(SUPERVISED) else None
+    return bool(note) and signum == signal.SIGTERM and "SIGTERM" not in noted_stops(note)
+
+
+def noted_stops(path: str) -> list[str]:
+    """The signal names the supervisor noted in `path` before passing each stop on."""
+    try:
+        with open(path) as f:
+            return f.read().split()
+    except OSError:
+        return []
+
+
 def horovodrun_first_failure() -> dict | None:
     """The worker that failed first, as horovodrun (Gloo) noted it in its rendezvous server
     before it sent the others SIGTERM ({"rank", "exit_code"}; patches/horovod-0.28.1/0006);
@@ -168,11 +195,20 @@ def horovodrun_first_failure() -> dict | None:
     addr = os.environ["HOROVOD_GLOO_RENDEZVOUS_ADDR"]
     port = os.environ["HOROVOD_GLOO_RENDEZVOUS_PORT"]
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never a proxy
-    try:
-        with opener.open(f"http://{addr}:{port}/hvd_train/first_failure", timeout=2) as r:
-            found = json.loads(r.read())
-    except (OSError, ValueError):  # 404: no failure noted
-        return None
+    # horovodrun answers within milliseconds, but a loaded host can make the first try time
+    # out: only its answer (the note, or 404 for none) decides, so a failed ask is asked again.
+    deadline = time.monotonic() + FIRST_FAILURE_WAIT_S
+    while True:
+        try:
+            with opener.open(f"http://{addr}:{port}/hvd_train/first_failure", timeout=1) as r:
+                found = json.loads(r.read())
+            break
+        except urllib.error.HTTPError:  # 404: no failure noted
+            return None
+        except (OSError, ValueError):
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(0.05)
     ok = isinstance(found, dict) and all(
         isinstance(found.get(k), int) for k in ("rank", "exit_code")
     )
