@@ -14,10 +14,11 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
-import subprocess
+import socket
 import sys
 
-from hvd_train.base.errors import ConfigError
+from hvd_train.base import gpus as gpu_devices
+from hvd_train.base.errors import ConfigError, UserError
 from hvd_train.config import Config, ElasticConfig, LaunchConfig
 from hvd_train.record.layout import RunDir
 
@@ -36,20 +37,10 @@ CPU_MPI_ARGS = ["--mca", "mpi_yield_when_idle", "1"]
 
 
 def count_gpus() -> int:
-    """GPUs on this machine (`nvidia-smi -L`), narrowed by CUDA_VISIBLE_DEVICES when it is set;
-    0 without nvidia-smi. Never starts TensorFlow."""
-    if not shutil.which("nvidia-smi"):
-        return 0
-    try:
-        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return 0
-    listed = sum(line.startswith("GPU ") for line in out.stdout.splitlines())
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is None:
-        return listed
-    devices = [v for v in visible.split(",") if v.strip()]
-    return 0 if devices in ([], ["-1"]) else min(listed, len(devices))
+    """Devices on this machine a worker each can run on (`nvidia-smi -L`: a GPU, or each MIG
+    instance of a GPU split into them), narrowed by CUDA_VISIBLE_DEVICES when it is set; 0
+    without nvidia-smi. Never starts TensorFlow."""
+    return len(gpu_devices.devices())
 
 
 def command(
@@ -79,7 +70,7 @@ def command(
         (argv, env): env is this process's environment with what the job adds.
     """
     gpus = count_gpus()
-    np = np or workers(cfg, gpus)
+    np = np or workers(cfg.launch, gpus, hosts)
     cmd = [_horovodrun(), "-np", str(np)]
     if cfg.elastic.enabled:  # Horovod Elastic (Gloo): hosts come and go as the script reports them
         e = cfg.elastic
@@ -119,10 +110,45 @@ def chosen_controller(
     return "mpi" if local and not gpus and found else "gloo"
 
 
-def workers(launch: LaunchConfig, gpus: int | None = None) -> int:
-    """The default worker count here: one per GPU (`gpus`, counted when not given), else
-    `launch.cpu_workers`."""
+def workers(launch: LaunchConfig, gpus: int | None = None, hosts: str | None = None) -> int:
+    """The default worker count: every slot of `hosts` when given, else one per GPU here
+    (`gpus`, counted when not given), else `launch.cpu_workers`."""
+    if hosts:
+        return sum(slots for _, slots in host_slots(hosts))
     return (count_gpus() if gpus is None else gpus) or launch.cpu_workers
+
+
+def host_slots(hosts: str) -> list[tuple[str, int]]:
+    """horovodrun's `-H host:slots,...` as (host, slots); a host without `:slots` has one."""
+    found = []
+    for item in (h.strip() for h in hosts.split(",") if h.strip()):
+        name, _, slots = item.rpartition(":") if ":" in item else (item, "", "1")
+        if not slots.isdigit() or int(slots) < 1:
+            raise UserError(f"--hosts: {item!r}: expected host:slots with slots >= 1")
+        found.append((name, int(slots)))
+    return found
+
+
+def refuse_shared_gpus(np: int, hosts: str | None, gpus: int) -> None:
+    """Raises UserError when this GPU host would get more workers than its GPUs (`gpus`): two
+    workers would pin one GPU, which NCCL refuses. Hosts elsewhere count their own GPUs."""
+    if not gpus:
+        return
+    here = np if not hosts else sum(n for h, n in host_slots(hosts) if is_this_host(h))
+    if here <= gpus:
+        return
+    flag = f"--np {np}" if not hosts else f"--hosts {hosts}"
+    raise UserError(
+        f"{flag}: {here} workers on this host, which has {gpus} GPU(s): one worker per GPU, "
+        f"never two on one; give at most {gpus} workers here (--np {gpus}, or {gpus} slots for "
+        "this host in --hosts)"
+    )
+
+
+def is_this_host(name: str) -> bool:
+    """Whether a host of `-H` names this machine: loopback, or its host name."""
+    own = socket.gethostname()  # no DNS look-up: a launcher must not wait on one
+    return on_loopback(name) or name in (own, own.split(".")[0]) or name.split(".")[0] == own
 
 
 def shared_cpu_note(
