@@ -205,3 +205,32 @@ def test_workers_up_to_the_gpus_here_and_any_on_other_hosts_are_started(nvidia_s
     assert launch(capsys, "--np", "1")[0] == 0
     code, argv, _ = launch(capsys, "--hosts", "localhost:1,b:4")
     assert code == 0 and flag(argv, "-np") == "5"
+
+
+SLURM_KEYS = ("SLURM_JOB_NODELIST", "SLURM_NODELIST", "SLURM_TASKS_PER_NODE",
+              "SLURM_NTASKS_PER_NODE", "SLURM_GPUS_ON_NODE")  # fmt: skip
+
+
+def slurm(monkeypatch, **env: str) -> None:
+    for key in SLURM_KEYS:
+        monkeypatch.delenv(key, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+
+
+def test_slurm_gpus_a_node_win_over_fewer_tasks_a_node_and_say_so(monkeypatch, capsys) -> None:
+    """launch/slurm.sbatch's `--ntasks-per-node=1` under `sbatch --gpus-per-node=8`."""
+    slurm(monkeypatch, SLURM_JOB_NODELIST="gpu[01-02]", SLURM_NTASKS_PER_NODE="1",
+          SLURM_GPUS_ON_NODE="8", SLURM_TASKS_PER_NODE="1(x2)")  # fmt: skip
+    code, argv, err = launch(capsys, "--slurm")
+    assert code == 0 and flag(argv, "-np") == "16" and flag(argv, "-H") == "gpu01:8,gpu02:8"
+    said = [line for line in err.splitlines() if "SLURM_GPUS_ON_NODE" in line]
+    assert len(said) == 1 and "8 GPUs a node" in said[0] and "1 task(s) a node" in said[0]
+
+
+def test_slurm_more_tasks_a_node_than_gpus_is_one_line_and_exit_2(monkeypatch, capsys) -> None:
+    slurm(monkeypatch, SLURM_JOB_NODELIST="gpu[01-02]", SLURM_NTASKS_PER_NODE="16",
+          SLURM_GPUS_ON_NODE="8")  # fmt: skip
+    code, argv, err = launch(capsys, "--slurm")
+    assert (code, argv) == (2, []) and err.count("\n") == 1
+    assert "16 tasks a node (SLURM_NTASKS_PER_NODE) but 8 GPUs a node" in err, err

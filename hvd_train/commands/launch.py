@@ -75,6 +75,8 @@ def main(argv: list[str], prog: str) -> int:
         allocation = slurm.hosts(os.environ)
         args.hosts = slurm.horovodrun_hosts(allocation)
         args.np = args.np or sum(slots for _, slots in allocation)
+        if note := slurm.gpus_note(os.environ):
+            launch.say(note)
     gpus = horovodrun.count_gpus()
     np_ = args.np or horovodrun.workers(cfg.launch, gpus, args.hosts)
     if not cfg.elastic.enabled:  # an elastic job's hosts come from its discovery script
