@@ -234,3 +234,29 @@ def test_slurm_more_tasks_a_node_than_gpus_is_one_line_and_exit_2(monkeypatch, c
     code, argv, err = launch(capsys, "--slurm")
     assert (code, argv) == (2, []) and err.count("\n") == 1
     assert "16 tasks a node (SLURM_NTASKS_PER_NODE) but 8 GPUs a node" in err, err
+
+
+def test_bound_workers_take_the_cores_nearest_their_gpu(nvidia_smi, monkeypatch) -> None:
+    nvidia_smi(gpu_lines(8))
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)))
+    found, topo = gpus.devices(), gpus.nvidia_smi("topo", "-m")
+    # GPUs 0-3 share the first socket: a quarter of its cores and of their hyperthreads each.
+    assert gpus.nearest_cores(1, 8, found, topo) == [4, 5, 6, 7, 36, 37, 38, 39]
+    assert gpus.nearest_cores(4, 8, found, topo) == [16, 17, 18, 19, 48, 49, 50, 51]
+    # One worker per socket: all of its socket's cores.
+    assert gpus.nearest_cores(0, 1, found, topo) == [*range(16), *range(32, 48)]
+    assert gpus.nearest_cores(8, 9, found, topo) == [], "a worker without a GPU: no GPU's cores"
+
+
+def test_bind_cores_takes_the_gpus_cores_on_a_gpu_host_else_a_block(
+    nvidia_smi, monkeypatch, tmp_path
+) -> None:
+    from hvd_train.runtime import distributed
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)))
+    nvidia_smi(gpu_lines(8))
+    assert distributed.worker_cores(5, 8) == [20, 21, 22, 23, 52, 53, 54, 55]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "6")  # narrowed by its launcher: its GPU's cores
+    assert distributed.worker_cores(6, 8) == [*range(16, 32), *range(48, 64)]
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))  # no nvidia-smi: a block, as before
+    assert distributed.worker_cores(5, 8) == [40, 41, 42, 43, 44, 45, 46, 47]
