@@ -184,20 +184,22 @@ def test_hosts_without_np_start_every_slot(nvidia_smi, capsys) -> None:
 
 
 @pytest.mark.parametrize(
-    ("args", "named"),
+    ("args", "named", "fix"),
     [
-        (["--np", "2"], "--np 2: 2 workers on this host, which has 1 GPU(s)"),
-        (["--hosts", "localhost:2"], "--hosts localhost:2: 2 workers on this host, which has 1"),
-        (["--hosts", f"{socket.gethostname()}:2,b:1"], "2 workers on this host, which has 1"),
+        (["--np", "2"], "--np 2: 2 workers on this host, which has 1 GPU(s)", "--np 1 or fewer"),
+        (["--hosts", "localhost:2"], "--hosts localhost:2: 2 workers on this host, which has 1",
+         "at most 1 slot(s) for this host"),
+        (["--hosts", f"{socket.gethostname()}:2,b:1"], "2 workers on this host, which has 1",
+         "at most 1 slot(s) for this host"),
     ],
-)
+)  # fmt: skip
 def test_more_workers_than_gpus_on_this_host_is_one_line_and_exit_2(
-    nvidia_smi, capsys, args, named
+    nvidia_smi, capsys, args, named, fix
 ) -> None:
     nvidia_smi(gpu_lines(1))
     code, argv, err = launch(capsys, *args)
     assert (code, argv) == (2, [])
-    assert err.count("\n") == 1 and named in err and "--np 1" in err, err
+    assert err.count("\n") == 1 and named in err and fix in err, err
 
 
 def test_workers_up_to_the_gpus_here_and_any_on_other_hosts_are_started(nvidia_smi, capsys) -> None:
@@ -205,6 +207,10 @@ def test_workers_up_to_the_gpus_here_and_any_on_other_hosts_are_started(nvidia_s
     assert launch(capsys, "--np", "1")[0] == 0
     code, argv, _ = launch(capsys, "--hosts", "localhost:1,b:4")
     assert code == 0 and flag(argv, "-np") == "5"
+    # horovodrun fills the hosts' slots in turn: one worker of these lands here.
+    assert launch(capsys, "--hosts", "localhost:4", "--np", "1")[0] == 0
+    assert launch(capsys, "--hosts", "b:2,localhost:4", "--np", "3")[0] == 0
+    assert launch(capsys, "--hosts", "b:2,localhost:4", "--np", "4")[0] == 2
 
 
 SLURM_KEYS = ("SLURM_JOB_NODELIST", "SLURM_NODELIST", "SLURM_TASKS_PER_NODE",

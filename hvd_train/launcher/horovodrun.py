@@ -134,15 +134,27 @@ def refuse_shared_gpus(np: int, hosts: str | None, gpus: int) -> None:
     workers would pin one GPU, which NCCL refuses. Hosts elsewhere count their own GPUs."""
     if not gpus:
         return
-    here = np if not hosts else sum(n for h, n in host_slots(hosts) if is_this_host(h))
+    here = np if not hosts else sum(n for h, n in placed(np, hosts) if is_this_host(h))
     if here <= gpus:
         return
-    flag = f"--np {np}" if not hosts else f"--hosts {hosts}"
-    raise UserError(
-        f"{flag}: {here} workers on this host, which has {gpus} GPU(s): one worker per GPU, "
-        f"never two on one; give at most {gpus} workers here (--np {gpus}, or {gpus} slots for "
-        "this host in --hosts)"
+    given, fix = (
+        (f"--np {np}", f"--np {gpus} or fewer")
+        if not hosts
+        else (f"--hosts {hosts}", f"at most {gpus} slot(s) for this host in --hosts")
     )
+    raise UserError(
+        f"{given}: {here} workers on this host, which has {gpus} GPU(s): one worker per GPU, "
+        f"never two on one (NCCL refuses it); give {fix}"
+    )
+
+
+def placed(np: int, hosts: str) -> list[tuple[str, int]]:
+    """(host, workers) as horovodrun places `np` workers: each host's slots in turn."""
+    left, found = np, []
+    for host, slots in host_slots(hosts):
+        found.append((host, min(slots, left)))
+        left -= found[-1][1]
+    return found
 
 
 def is_this_host(name: str) -> bool:
