@@ -4,7 +4,8 @@
 `launch/multi_node.sh`, through `hvd-train launch --print-command`) call `command`, so the same
 config starts the same job whichever of them starts it (as accelerate's `prepare_*_cmd_env`
 serve every accelerate launcher). The GPUs of this machine are counted here alone
-(`count_gpus`).
+(`count_gpus`, on base/gpus.py's list, the one each worker pins its device from), and a job
+that would put two workers on one of them is refused here (`refuse_shared_gpus`).
 
 This module imports nothing heavy (no TensorFlow, no Horovod): launchers call it before any job.
 """
@@ -59,7 +60,8 @@ def command(
         cfg: the resolved config (its Horovod knobs and elastic section shape the command).
         config_path: the YAML file the workers load (passed as its real path).
         overrides: the `--set key=value` items the workers apply after it.
-        np: workers. Defaults to one per GPU here (`count_gpus`), else `launch.cpu_workers`.
+        np: workers. Defaults to every slot of `hosts`, else one per GPU here (`count_gpus`),
+            else `launch.cpu_workers` (`workers`).
         hosts: horovodrun's `-H host:slots,...`. Defaults to `localhost:NP`.
         controller: "mpi" or "gloo". Defaults to `horovod.controller` (`chosen_controller`).
         nics: interfaces the job talks on (`--network-interfaces`). Defaults to `lo` when all
