@@ -149,7 +149,7 @@ def test_workers_on_whole_gpus_are_left_to_choose_by_local_rank(nvidia_smi, monk
 def test_the_worker_pins_its_mig_instance_before_tensorflow_loads(nvidia_smi, monkeypatch) -> None:
     """`hvd-train train` (what horovodrun starts) sets CUDA_VISIBLE_DEVICES to the instance
     before it imports TensorFlow: CUDA reads it once."""
-    from hvd_train.base import logs
+    from hvd_train.base import logs, startup
     from hvd_train.commands import train
     from hvd_train.record import stops
     from hvd_train.runtime import binding
@@ -168,6 +168,7 @@ def test_the_worker_pins_its_mig_instance_before_tensorflow_loads(nvidia_smi, mo
         seen.append(os.environ.get("CUDA_VISIBLE_DEVICES"))
         raise Loaded
 
+    monkeypatch.setattr(startup, "mark", lambda phase: None)  # this process's marks untouched
     monkeypatch.setattr(stops, "installed", lambda cfg: None)
     monkeypatch.setattr(logs, "quiet_tensorflow", lambda: None)
     monkeypatch.setattr(binding, "prepare", lambda choice: None)

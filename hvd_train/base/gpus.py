@@ -65,7 +65,8 @@ def visible(gpus: list[list[Device]], cuda_visible: str | None) -> list[Device]:
 
     As CUDA reads it: indexes or UUIDs (a unique prefix will do), in the order given, up to
     the first entry that names no device (`-1` hides them all). An index or a GPU's UUID
-    selects that GPU, or its MIG instances when it is split.
+    selects that GPU; for a GPU split into MIG instances, every instance of it, each then a
+    worker's, pinned by its UUID (`pin_mig_device`).
     """
     if cuda_visible is None:
         return [d for gpu in gpus for d in gpu]
