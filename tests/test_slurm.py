@@ -51,6 +51,7 @@ ALLOCATION = {"SLURM_JOB_NODELIST": "node[1-2]", "SLURM_TASKS_PER_NODE": "1(x2)"
         ({"SLURM_TASKS_PER_NODE": "3,1"}, [3, 1]),
         ({"SLURM_GPUS_ON_NODE": "4"}, [4, 4]),  # --gpus-per-node 4, tasks not asked for
         ({"SLURM_NTASKS_PER_NODE": "2"}, [2, 2]),  # asked for, no GPUs: kept
+        ({"SLURM_NTASKS_PER_NODE": "2", "SLURM_GPUS_ON_NODE": "0"}, [2, 2]),
         ({"SLURM_GPUS_ON_NODE": "4", "SLURM_NTASKS_PER_NODE": "2"}, [4, 4]),  # one per GPU
         ({"SLURM_GPUS_ON_NODE": "4", "SLURM_NTASKS_PER_NODE": "4"}, [4, 4]),
     ],

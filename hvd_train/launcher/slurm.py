@@ -63,7 +63,7 @@ def gpus_a_node(env: Mapping[str, str]) -> int | None:
         SlurmError: more tasks a node (`--ntasks-per-node`) than GPUs: two workers would
             share a GPU, which NCCL refuses.
     """
-    if not env.get("SLURM_GPUS_ON_NODE"):
+    if env.get("SLURM_GPUS_ON_NODE", "0") in ("", "0"):  # no GPUs asked for
         return None
     gpus = _positive("SLURM_GPUS_ON_NODE", env["SLURM_GPUS_ON_NODE"])
     tasks = env.get("SLURM_NTASKS_PER_NODE")
