@@ -308,6 +308,24 @@ def test_mpijob_is_v2beta1_with_gpu_workers_and_slots(name, job) -> None:
         assert role["template"]["spec"]["securityContext"]["runAsUser"] == 1000
 
 
+@pytest.mark.parametrize("name,job", mpijobs(), ids=lambda x: x if isinstance(x, str) else "")
+def test_each_worker_pod_runs_one_worker_per_gpu_it_requests(name, job) -> None:
+    """Issue 60: slots per worker pod = the GPUs it requests, and the launcher starts no more
+    workers than the pods hold GPUs (elastic: as many slots a host)."""
+    spec = job["spec"]
+    slots, workers = spec["slotsPerWorker"], spec["mpiReplicaSpecs"]["Worker"]
+    resources = workers["template"]["spec"]["containers"][0]["resources"]
+    asked = {resources.get(kind, {}).get("nvidia.com/gpu") for kind in ("limits", "requests")}
+    assert asked - {None} == {slots}, f"{name}: nvidia.com/gpu {asked} for {slots} slots"
+    argv = launcher_argv(job)
+    gpus = workers["replicas"] * slots
+    if "--host-discovery-script" in argv:
+        assert int(flag(argv, "--slots-per-host")) == slots
+        assert int(flag(argv, "--max-np")) <= gpus
+    else:
+        assert int(flag(argv, "-np")) == gpus, f"{name}: -np is not replicas x slotsPerWorker"
+
+
 def launcher_argv(job: dict) -> list[str]:
     c = job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]
     return [*c["command"], *c["args"]]

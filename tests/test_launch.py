@@ -169,6 +169,10 @@ def test_single_node_starts_one_worker_per_gpu(tmp_path, monkeypatch) -> None:
     cmd = printed_command(proc.stdout)
     assert cmd[1:6] == ["-np", "4", "-H", "localhost:4", "--mpi"]
     assert not any("yield" in a for a in cmd), "GPU workers keep MPI's low-latency polling"
+    # Two workers on one GPU: refused before anything starts (issue 60), one line, exit 2.
+    proc = expect(run([str(SINGLE), str(QUICKSTART), "--np", "5", "--dry-run"], tmp_path), 2)
+    assert proc.stderr.count("\n") == 1 and "5 workers on this host, which has 4" in proc.stderr
+    assert "+ " not in proc.stdout, "no command printed, none run"
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,3")
     cmd = printed_command(
         expect(run([str(SINGLE), str(QUICKSTART), "--dry-run"], tmp_path), 0).stdout

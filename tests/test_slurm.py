@@ -50,10 +50,13 @@ ALLOCATION = {"SLURM_JOB_NODELIST": "node[1-2]", "SLURM_TASKS_PER_NODE": "1(x2)"
         ({}, [1, 1]),  # Slurm's layout: one task a node by default
         ({"SLURM_TASKS_PER_NODE": "3,1"}, [3, 1]),
         ({"SLURM_GPUS_ON_NODE": "4"}, [4, 4]),  # --gpus-per-node 4, tasks not asked for
-        ({"SLURM_GPUS_ON_NODE": "4", "SLURM_NTASKS_PER_NODE": "2"}, [2, 2]),  # asked for: kept
+        ({"SLURM_NTASKS_PER_NODE": "2"}, [2, 2]),  # asked for, no GPUs: kept
+        ({"SLURM_NTASKS_PER_NODE": "2", "SLURM_GPUS_ON_NODE": "0"}, [2, 2]),
+        ({"SLURM_GPUS_ON_NODE": "4", "SLURM_NTASKS_PER_NODE": "2"}, [4, 4]),  # one per GPU
+        ({"SLURM_GPUS_ON_NODE": "4", "SLURM_NTASKS_PER_NODE": "4"}, [4, 4]),
     ],
 )
-def test_workers_per_host_follow_the_tasks_asked_for_then_the_gpus_then_slurms_layout(
+def test_workers_per_host_follow_the_gpus_then_the_tasks_asked_for_then_slurms_layout(
     extra, slots
 ) -> None:
     assert hosts({**ALLOCATION, **extra}) == list(zip(["node1", "node2"], slots, strict=True))

@@ -28,13 +28,15 @@ def parser(prog: str) -> argparse.ArgumentParser:
         epilog="Docs: docs/launching.md (restarts and elastic: docs/faults.md)",
     )
     add_config_arguments(p)
-    p.add_argument("--np", type=int, help="workers (default: GPUs here, else launch.cpu_workers)")
+    p.add_argument("--np", type=int, help="workers (default: every slot of --hosts, else the "
+                   "GPUs here, else launch.cpu_workers); at most one per GPU")  # fmt: skip
     where = p.add_mutually_exclusive_group()
     where.add_argument("--hosts",
                        help="horovodrun -H, e.g. host1:4,host2:4 (default localhost:NP)")  # fmt: skip
     where.add_argument("--slurm", action="store_true",
-                       help="the hosts of this Slurm allocation, and workers per host from "
-                       "its --ntasks-per-node, else its GPUs a node, else its tasks a node")  # fmt: skip
+                       help="the hosts of this Slurm allocation, and workers per host: its "
+                       "GPUs a node (one worker each), else its --ntasks-per-node, else its "
+                       "tasks a node")  # fmt: skip
     controller = p.add_mutually_exclusive_group()
     controller.add_argument("--mpi", dest="controller", action="store_const", const="mpi",
                             help="Open MPI (default: horovod.controller from the config; its "
@@ -73,8 +75,12 @@ def main(argv: list[str], prog: str) -> int:
         allocation = slurm.hosts(os.environ)
         args.hosts = slurm.horovodrun_hosts(allocation)
         args.np = args.np or sum(slots for _, slots in allocation)
+        if note := slurm.gpus_note(os.environ):
+            launch.say(note)
     gpus = horovodrun.count_gpus()
-    np_ = args.np or horovodrun.workers(cfg.launch, gpus)
+    np_ = args.np or horovodrun.workers(cfg.launch, gpus, args.hosts)
+    if not cfg.elastic.enabled:  # an elastic job's hosts come from its discovery script
+        horovodrun.refuse_shared_gpus(np_, args.hosts, gpus)
     notes = [horovodrun.shared_cpu_note(cfg, np_, args.hosts, gpus, args.controller),
              horovodrun.probe_note(cfg.elastic, args.hosts, args.nics or ""),
              horovodrun.mpi_note(horovodrun.chosen_controller(cfg, args.hosts, gpus,

@@ -27,11 +27,13 @@ def main(argv: list[str], prog: str) -> int:
     from hvd_train.config import load_config
 
     cfg = load_config(args.config, args.overrides)  # before TensorFlow loads: fast to fail
-    from hvd_train.base import logs, startup
+    from hvd_train.base import gpus, logs, startup
     from hvd_train.record import stops
     from hvd_train.runtime import binding, xla
 
     binding.prepare(cfg.runtime.keras)  # before TensorFlow loads: what tf.keras means
+    # Before CUDA loads: it shows a process one MIG instance at most, chosen by this variable.
+    gpus.pin_mig_device()
 
     startup.mark("config")
     # From here a stop, or horovodrun ending the job after another worker failed, is recorded

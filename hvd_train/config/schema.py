@@ -204,9 +204,10 @@ class RuntimeConfig:
     # Keras mixed precision: compute in 16 bits, variables and the output layer in float32;
     # mixed_float16 adds dynamic loss scaling. bfloat16 is fast only on CPUs/GPUs that have it.
     mixed_precision: Literal["none", "mixed_float16", "mixed_bfloat16"] = "none"
-    # CPU: each worker binds itself (and Horovod's background thread) to its own share of the
-    # cores, by local rank, before TensorFlow starts its threads. null: bound on a host without
-    # a GPU where the launcher started several workers, else unbound.
+    # Each worker binds itself (and Horovod's background thread) to its own share of the
+    # cores, by local rank, before TensorFlow starts its threads: on a GPU host the cores
+    # nearest its GPU (nvidia-smi topo -m), else a block of the host's. null: bound on a host
+    # without a GPU where the launcher started several workers, else unbound.
     bind_cores: bool | None = None
     # Which Keras builds and trains the model: auto (a factory's model with the Keras it was
     # built with; the built-in models with Keras 3 on TensorFlow 2.16+, Keras 2 on 2.15);

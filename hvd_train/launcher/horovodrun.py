@@ -4,7 +4,8 @@
 `launch/multi_node.sh`, through `hvd-train launch --print-command`) call `command`, so the same
 config starts the same job whichever of them starts it (as accelerate's `prepare_*_cmd_env`
 serve every accelerate launcher). The GPUs of this machine are counted here alone
-(`count_gpus`).
+(`count_gpus`, on base/gpus.py's list, the one each worker pins its device from), and a job
+that would put two workers on one of them is refused here (`refuse_shared_gpus`).
 
 This module imports nothing heavy (no TensorFlow, no Horovod): launchers call it before any job.
 """
@@ -14,10 +15,11 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
-import subprocess
+import socket
 import sys
 
-from hvd_train.base.errors import ConfigError
+from hvd_train.base import gpus as gpu_devices
+from hvd_train.base.errors import ConfigError, UserError
 from hvd_train.config import Config, ElasticConfig, LaunchConfig
 from hvd_train.record.layout import RunDir
 
@@ -36,20 +38,10 @@ CPU_MPI_ARGS = ["--mca", "mpi_yield_when_idle", "1"]
 
 
 def count_gpus() -> int:
-    """GPUs on this machine (`nvidia-smi -L`), narrowed by CUDA_VISIBLE_DEVICES when it is set;
-    0 without nvidia-smi. Never starts TensorFlow."""
-    if not shutil.which("nvidia-smi"):
-        return 0
-    try:
-        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return 0
-    listed = sum(line.startswith("GPU ") for line in out.stdout.splitlines())
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is None:
-        return listed
-    devices = [v for v in visible.split(",") if v.strip()]
-    return 0 if devices in ([], ["-1"]) else min(listed, len(devices))
+    """Devices on this machine a worker each can run on (`nvidia-smi -L`: a GPU, or each MIG
+    instance of a GPU split into them), narrowed by CUDA_VISIBLE_DEVICES when it is set; 0
+    without nvidia-smi. Never starts TensorFlow."""
+    return len(gpu_devices.devices())
 
 
 def command(
@@ -68,7 +60,8 @@ def command(
         cfg: the resolved config (its Horovod knobs and elastic section shape the command).
         config_path: the YAML file the workers load (passed as its real path).
         overrides: the `--set key=value` items the workers apply after it.
-        np: workers. Defaults to one per GPU here (`count_gpus`), else `launch.cpu_workers`.
+        np: workers. Defaults to every slot of `hosts`, else one per GPU here (`count_gpus`),
+            else `launch.cpu_workers` (`workers`).
         hosts: horovodrun's `-H host:slots,...`. Defaults to `localhost:NP`.
         controller: "mpi" or "gloo". Defaults to `horovod.controller` (`chosen_controller`).
         nics: interfaces the job talks on (`--network-interfaces`). Defaults to `lo` when all
@@ -79,7 +72,7 @@ def command(
         (argv, env): env is this process's environment with what the job adds.
     """
     gpus = count_gpus()
-    np = np or workers(cfg, gpus)
+    np = np or workers(cfg.launch, gpus, hosts)
     cmd = [_horovodrun(), "-np", str(np)]
     if cfg.elastic.enabled:  # Horovod Elastic (Gloo): hosts come and go as the script reports them
         e = cfg.elastic
@@ -119,10 +112,57 @@ def chosen_controller(
     return "mpi" if local and not gpus and found else "gloo"
 
 
-def workers(launch: LaunchConfig, gpus: int | None = None) -> int:
-    """The default worker count here: one per GPU (`gpus`, counted when not given), else
-    `launch.cpu_workers`."""
+def workers(launch: LaunchConfig, gpus: int | None = None, hosts: str | None = None) -> int:
+    """The default worker count: every slot of `hosts` when given, else one per GPU here
+    (`gpus`, counted when not given), else `launch.cpu_workers`."""
+    if hosts:
+        return sum(slots for _, slots in host_slots(hosts))
     return (count_gpus() if gpus is None else gpus) or launch.cpu_workers
+
+
+def host_slots(hosts: str) -> list[tuple[str, int]]:
+    """horovodrun's `-H host:slots,...` as (host, slots); a host without `:slots` has one."""
+    found = []
+    for item in (h.strip() for h in hosts.split(",") if h.strip()):
+        name, _, slots = item.rpartition(":") if ":" in item else (item, "", "1")
+        if not slots.isdigit() or int(slots) < 1:
+            raise UserError(f"--hosts: {item!r}: expected host:slots with slots >= 1")
+        found.append((name, int(slots)))
+    return found
+
+
+def refuse_shared_gpus(np: int, hosts: str | None, gpus: int) -> None:
+    """Raises UserError when this GPU host would get more workers than its GPUs (`gpus`): two
+    workers would pin one GPU, which NCCL refuses. Hosts elsewhere count their own GPUs."""
+    if not gpus:
+        return
+    here = np if not hosts else sum(n for h, n in placed(np, hosts) if is_this_host(h))
+    if here <= gpus:
+        return
+    given, fix = (
+        (f"--np {np}", f"--np {gpus} or fewer")
+        if not hosts
+        else (f"--hosts {hosts}", f"at most {gpus} slot(s) for this host in --hosts")
+    )
+    raise UserError(
+        f"{given}: {here} workers on this host, which has {gpus} GPU(s): one worker per GPU, "
+        f"never two on one (NCCL refuses it); give {fix}"
+    )
+
+
+def placed(np: int, hosts: str) -> list[tuple[str, int]]:
+    """(host, workers) as horovodrun places `np` workers: each host's slots in turn."""
+    left, found = np, []
+    for host, slots in host_slots(hosts):
+        found.append((host, min(slots, left)))
+        left -= found[-1][1]
+    return found
+
+
+def is_this_host(name: str) -> bool:
+    """Whether a host of `-H` names this machine: loopback, or its host name."""
+    own = socket.gethostname()  # no DNS look-up: a launcher must not wait on one
+    return on_loopback(name) or name in (own, own.split(".")[0]) or name.split(".")[0] == own
 
 
 def shared_cpu_note(

@@ -3,9 +3,11 @@
 `hvd-train launch --slurm` turns the allocation into horovodrun's `-H host:slots,...`:
 
 - hosts: `SLURM_JOB_NODELIST`, in Slurm's compressed form (`node[01-03,07],gpu-a`);
-- workers per host: `SLURM_NTASKS_PER_NODE` when the job asked for it (`--ntasks-per-node`),
-  else `SLURM_GPUS_ON_NODE` (one worker per GPU; `--gpus-per-node`), else
-  `SLURM_TASKS_PER_NODE` (`2(x3),1`: what Slurm laid out, one a node by default).
+- workers per host: one per GPU, `SLURM_GPUS_ON_NODE` (`--gpus-per-node`), on a GPU
+  allocation, also over a smaller `--ntasks-per-node` (`gpus_note` says so), and more tasks a
+  node than GPUs are refused; else `SLURM_NTASKS_PER_NODE` when the job asked for it
+  (`--ntasks-per-node`), else `SLURM_TASKS_PER_NODE` (`2(x3),1`: what Slurm laid out, one a
+  node by default).
 
 Standard library only: read by the launcher before anything starts.
 """
@@ -38,9 +40,11 @@ def hosts(env: Mapping[str, str]) -> list[tuple[str, int]]:
             "salloc), or give --hosts"
         )
     nodes = expand_nodelist(listed)
-    for key in ("SLURM_NTASKS_PER_NODE", "SLURM_GPUS_ON_NODE"):
-        if env.get(key):
-            return [(node, _positive(key, env[key])) for node in nodes]
+    per_node = gpus_a_node(env)
+    if per_node is None and env.get("SLURM_NTASKS_PER_NODE"):
+        per_node = _positive("SLURM_NTASKS_PER_NODE", env["SLURM_NTASKS_PER_NODE"])
+    if per_node is not None:
+        return [(node, per_node) for node in nodes]
     counts = expand_counts("SLURM_TASKS_PER_NODE", env.get("SLURM_TASKS_PER_NODE") or "1")
     if len(counts) == 1:
         counts *= len(nodes)
@@ -50,6 +54,37 @@ def hosts(env: Mapping[str, str]) -> list[tuple[str, int]]:
             f"{len(nodes)}"
         )
     return list(zip(nodes, counts, strict=True))
+
+
+def gpus_a_node(env: Mapping[str, str]) -> int | None:
+    """Workers a node on a GPU allocation: one per GPU (`SLURM_GPUS_ON_NODE`); None without GPUs.
+
+    Raises:
+        SlurmError: more tasks a node (`--ntasks-per-node`) than GPUs: two workers would
+            share a GPU, which NCCL refuses.
+    """
+    if env.get("SLURM_GPUS_ON_NODE", "0") in ("", "0"):  # no GPUs asked for
+        return None
+    gpus = _positive("SLURM_GPUS_ON_NODE", env["SLURM_GPUS_ON_NODE"])
+    tasks = env.get("SLURM_NTASKS_PER_NODE")
+    if tasks and _positive("SLURM_NTASKS_PER_NODE", tasks) > gpus:
+        raise SlurmError(
+            f"--slurm: {tasks} tasks a node (SLURM_NTASKS_PER_NODE) but {gpus} GPUs a node "
+            f"(SLURM_GPUS_ON_NODE): one worker per GPU, never two on one; submit with "
+            f"--ntasks-per-node={gpus} or fewer, or with more GPUs a node"
+        )
+    return gpus
+
+
+def gpus_note(env: Mapping[str, str]) -> str | None:
+    """One line when the GPUs a node win over a smaller `--ntasks-per-node`, else None."""
+    gpus, tasks = gpus_a_node(env), env.get("SLURM_NTASKS_PER_NODE")
+    if gpus is None or not tasks or int(tasks) >= gpus:
+        return None
+    return (
+        f"--slurm: {gpus} GPUs a node (SLURM_GPUS_ON_NODE) and {tasks} task(s) a node "
+        f"(SLURM_NTASKS_PER_NODE): one worker per GPU, {gpus} a node (--np for fewer)"
+    )
 
 
 def horovodrun_hosts(allocation: list[tuple[str, int]]) -> str:

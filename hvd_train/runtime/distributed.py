@@ -17,6 +17,7 @@ import horovod.tensorflow as hvd_tf
 import numpy as np
 import tensorflow as tf
 
+from hvd_train.base import gpus as host_gpus
 from hvd_train.base import logs
 from hvd_train.base.errors import UserError
 from hvd_train.config import HorovodConfig
@@ -114,16 +115,16 @@ def bind_cores() -> list[int]:
     """Binds this worker's threads to its own share of the cores, by local rank; returns them.
 
     Call before `init()` and before TensorFlow runs anything: threads started later (TensorFlow's
-    pools, tf.data's, Horovod's background thread) inherit the binding. The cores this process
-    may use (its affinity mask, which honours taskset and container limits) are cut into one
-    contiguous block per local worker; with more workers than cores, workers share cores round
-    robin. Horovod's background thread is pinned to the first core of the block through
+    pools, tf.data's, Horovod's background thread) inherit the binding. On a GPU host, the
+    cores nearest this worker's GPU (`nvidia-smi topo -m`: base/gpus.py `nearest_cores`), so
+    its copies to and from the GPU cross no socket. Else the cores this process may use (its
+    affinity mask, which honours taskset and container limits) are cut into one contiguous
+    block per local worker; with more workers than cores, workers share cores round robin.
+    Horovod's background thread is pinned to the first core of the block through
     HOROVOD_THREAD_AFFINITY (a launcher's value wins).
     """
     local, count = _launcher_local_rank()
-    cores = sorted(os.sched_getaffinity(0))
-    per = len(cores) // count
-    mine = cores[local * per : (local + 1) * per] if per else [cores[local % len(cores)]]
+    mine = worker_cores(local, count)
     for tid in os.listdir("/proc/self/task"):
         try:
             os.sched_setaffinity(int(tid), mine)
@@ -133,6 +134,19 @@ def bind_cores() -> list[int]:
     os.environ.setdefault("HOROVOD_THREAD_AFFINITY", ",".join([str(mine[0])] * count))
     _BOUND_CORES[:] = mine
     return mine
+
+
+def worker_cores(local: int, count: int) -> list[int]:
+    """The cores `bind_cores` gives local worker `local` of `count`: those nearest its GPU on
+    a GPU host where nvidia-smi says which they are, else its block of this process's."""
+    found = host_gpus.devices()
+    topo = host_gpus.nvidia_smi("topo", "-m") if found else ""
+    near = host_gpus.nearest_cores(local, count, found, topo)
+    if near:
+        return near
+    cores = sorted(os.sched_getaffinity(0))
+    per = len(cores) // count
+    return cores[local * per : (local + 1) * per] if per else [cores[local % len(cores)]]
 
 
 def binds_cores(setting: bool | None) -> bool:
@@ -171,13 +185,7 @@ def cycle_time_ms(knobs: HorovodConfig) -> float | None:
 
 def _launcher_local_rank() -> tuple[int, int]:
     """(local rank, local size) from the launcher's environment, readable before hvd.init()."""
-    for rank_key, size_key in (
-        ("HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE"),  # horovodrun (Gloo)
-        ("OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"),  # mpirun, horovodrun --mpi
-    ):
-        if rank_key in os.environ and size_key in os.environ:
-            return int(os.environ[rank_key]), int(os.environ[size_key])
-    return 0, 1
+    return host_gpus.launcher_local_rank()
 
 
 def rank() -> int:
