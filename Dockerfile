@@ -41,7 +41,8 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 
 # Open MPI (mpirun, and headers for Horovod and mpi4py), and what Horovod compiles with
 # (`patch` applies hvd_train's series to its source: patches/horovod-0.28.1).
-# NCCL comes from the nvidia-nccl wheel that tensorflow[and-cuda] installs (install.sh).
+# NCCL: the CUDA devel image's libnccl-dev (/usr/include/nccl.h), which install.sh finds, with
+# nvcc, before it downloads anything (scripts/gpu_toolkit.sh).
 # hadolint ignore=DL3008
 RUN apt-get update \
  && apt-get install -y --no-install-recommends \
@@ -54,7 +55,7 @@ RUN apt-get update \
 # rebuild TensorFlow and Horovod (the slow layer: Horovod compiles for minutes).
 WORKDIR /opt/hvd_train
 COPY pyproject.toml ./
-COPY scripts/install.sh scripts/stack.sh scripts/horovod_series.sh scripts/build_loopback_bind.sh scripts/loopback_bind.c scripts/
+COPY scripts/install.sh scripts/stack.sh scripts/gpu_toolkit.sh scripts/horovod_series.sh scripts/build_loopback_bind.sh scripts/loopback_bind.c scripts/
 COPY patches/ patches/
 # HOROVOD_CUDA_HOME only for the GPU build: set, Horovod's CMake requires nvcc there.
 # The package is installed editable, so an empty hvd_train/ and README.md (pyproject.toml names
