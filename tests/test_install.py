@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -157,10 +158,10 @@ esac
 def test_a_gpu_host_without_cuda_12_is_refused_in_one_line_before_any_download(
     tmp_path, nvcc
 ) -> None:
-    """issue 60: nvidia-smi lists a GPU, and there is no nvcc (or CUDA 13's): the install
-    downloaded TensorFlow's CUDA wheels (about 2 GB), then failed building Horovod with a line
-    that named neither nvcc nor CUDA. Now: one line naming CUDA 12 and every place looked at,
-    exit 1, and Python never asked to make a virtualenv or run pip."""
+    """On a host whose nvidia-smi lists a GPU, with no nvcc or CUDA 13's, the install stops in
+    one line naming CUDA 12 and every place it looked, exit 1, before Python is asked to make a
+    virtualenv or run pip (issue 60: it downloaded TensorFlow's CUDA wheels, about 2 GB, then
+    failed building Horovod with a line that named neither nvcc nor CUDA)."""
     toolkit = [] if nvcc == "absent" else [cuda_toolkit(tmp_path / "cuda-13.0", nvcc) / "bin"]
     proc = run_install(**gpu_host(tmp_path, *toolkit))
     on_path = (
@@ -195,6 +196,8 @@ def test_horovod_cuda_home_is_the_one_toolkit_looked_at(tmp_path) -> None:
 
 
 def test_no_nccl_header_is_refused_in_one_line(tmp_path) -> None:
+    """A CUDA 12 toolkit and no nccl.h anywhere the install looks: one line naming NCCL for
+    CUDA 12 and each place, exit 1."""
     cuda = cuda_toolkit(tmp_path / "cuda-12.4", "12.4", nccl=None)
     proc = run_install("--check-gpu-toolkit", **gpu_host(tmp_path, cuda / "bin"))
     assert (proc.returncode, proc.stdout) == (1, ""), proc.stdout + proc.stderr
@@ -329,4 +332,20 @@ def test_after_a_gpu_install_a_cpu_tensorflow_and_a_horovod_without_nccl_are_nam
         "after the GPU install, TensorFlow lists 0 of the 2 GPUs nvidia-smi lists (its build's "
         "CUDA: none; `hvd-train doctor` says which library did not load), and Horovod was built "
         "without NCCL (horovod.tensorflow.nccl_built() is false)"
+    ]
+
+
+def test_the_gpu_smoke_test_refuses_a_host_without_a_gpu_in_one_line(tmp_path) -> None:
+    """`make gpu-test` runs scripts/gpu_test.sh, which on a host with no nvidia-smi (none on
+    this PATH) says so in one line, exit 2, before it installs anything."""
+    assert re.search(
+        r"^gpu-test:\n\tbash scripts/gpu_test\.sh$", (ROOT / "Makefile").read_text(), re.M
+    )
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_test.sh")],
+                          env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert (proc.returncode, proc.stdout) == (2, ""), proc.stdout + proc.stderr
+    assert proc.stderr.splitlines() == [
+        "[gpu-test] error: no GPU here (nvidia-smi is missing or lists none): make gpu-test "
+        "needs a host with NVIDIA GPUs and a CUDA 12 toolkit"
     ]
