@@ -6,6 +6,9 @@
 #   CPU, TF 2.15: the same with --build-arg TF=2.15
 #   GPU:        docker build -t hvd_train:gpu .
 #   Quickstart: docker run --rm --user "$(id -u):$(id -g)" -v "$PWD/runs:/opt/hvd_train/runs" hvd_train:cpu
+#   On GPUs:    docker run --rm --gpus all --ipc=host --user "$(id -u):$(id -g)" -v "$PWD/runs:/opt/hvd_train/runs" hvd_train:gpu
+#               (--ipc=host, or --shm-size=8g: NCCL and the all-reduce keep their buffers in
+#               /dev/shm, of which Docker gives 64 MB: docs/docker.md)
 #
 # Two stages: `build` has the compilers and headers and compiles Horovod; the image is the
 # runtime stage, on RUNTIME_IMAGE (default: BASE_IMAGE), with the virtualenv copied from it and
