@@ -88,7 +88,7 @@ find_nccl() {
 }
 
 join_by() {
-  local sep=$1 out=$2
+  local sep=$1 out=$2 part
   shift 2
   for part in "$@"; do out="$out$sep$part"; done
   printf '%s' "$out"
@@ -128,6 +128,7 @@ print(len(tf.config.list_physical_devices("GPU")), int(bool(hvd.nccl_built())), 
 PYEOF
   ) || { GPU_ERROR="after the install, TensorFlow or Horovod does not import (run: $python -c 'import horovod.tensorflow')"; return 1; }
   read -r tf_gpus nccl cuda <<< "$(tail -n 1 <<< "$seen")"
+  [ -n "${cuda:-}" ] || { GPU_ERROR="after the install, the check of TensorFlow's GPUs and Horovod's NCCL printed '$seen'"; return 1; }
   if [ "$gpus" -gt 0 ] && [ "$tf_gpus" -lt "$gpus" ]; then
     missing+=("TensorFlow lists $tf_gpus of the $gpus GPUs nvidia-smi lists (its build's CUDA: $cuda; \`hvd-train doctor\` says which library did not load)")
   fi
