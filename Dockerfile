@@ -6,6 +6,9 @@
 #   CPU, TF 2.15: the same with --build-arg TF=2.15
 #   GPU:        docker build -t hvd_train:gpu .
 #   Quickstart: docker run --rm --user "$(id -u):$(id -g)" -v "$PWD/runs:/opt/hvd_train/runs" hvd_train:cpu
+#   On GPUs:    docker run --rm --gpus all --ipc=host --user "$(id -u):$(id -g)" -v "$PWD/runs:/opt/hvd_train/runs" hvd_train:gpu
+#               (--ipc=host, or --shm-size=8g: NCCL and the all-reduce keep their buffers in
+#               /dev/shm, of which Docker gives 64 MB: docs/docker.md)
 #
 # Two stages: `build` has the compilers and headers and compiles Horovod; the image is the
 # runtime stage, on RUNTIME_IMAGE (default: BASE_IMAGE), with the virtualenv copied from it and
@@ -41,7 +44,8 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 
 # Open MPI (mpirun, and headers for Horovod and mpi4py), and what Horovod compiles with
 # (`patch` applies hvd_train's series to its source: patches/horovod-0.28.1).
-# NCCL comes from the nvidia-nccl wheel that tensorflow[and-cuda] installs (install.sh).
+# NCCL: the CUDA devel image's libnccl-dev (/usr/include/nccl.h), which install.sh finds, with
+# nvcc, before it downloads anything (scripts/gpu_toolkit.sh).
 # hadolint ignore=DL3008
 RUN apt-get update \
  && apt-get install -y --no-install-recommends \
@@ -54,7 +58,7 @@ RUN apt-get update \
 # rebuild TensorFlow and Horovod (the slow layer: Horovod compiles for minutes).
 WORKDIR /opt/hvd_train
 COPY pyproject.toml ./
-COPY scripts/install.sh scripts/stack.sh scripts/horovod_series.sh scripts/build_loopback_bind.sh scripts/loopback_bind.c scripts/
+COPY scripts/install.sh scripts/stack.sh scripts/gpu_toolkit.sh scripts/horovod_series.sh scripts/build_loopback_bind.sh scripts/loopback_bind.c scripts/
 COPY patches/ patches/
 # HOROVOD_CUDA_HOME only for the GPU build: set, Horovod's CMake requires nvcc there.
 # The package is installed editable, so an empty hvd_train/ and README.md (pyproject.toml names

@@ -128,7 +128,7 @@ DOCKERFILE
 # build DEVICE IMAGE: docker build from this checkout on the test base, timed; the image's size.
 build() {
   local device=$1 image=$2 start end log=$OUT/build-$1.log base=$TEST_BASE
-  # The GPU image needs nvcc: GPU_BASE=nvidia/cuda:12.2.2-cudnn8-devel-ubuntu22.04 where it can be pulled.
+  # The GPU image needs nvcc 12: GPU_BASE=nvidia/cuda:12.5.1-cudnn-devel-ubuntu22.04 where it can be pulled.
   [ "$device" = cpu ] || base=${GPU_BASE:-$TEST_BASE}
   say "build: $image (DEVICE=$device, BASE_IMAGE=$base; log: $log)"
   start=$(date +%s)

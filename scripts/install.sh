@@ -5,6 +5,9 @@
 #
 #   scripts/install.sh            # CPU build unless an NVIDIA GPU is present
 #   HVD_TRAIN_DEVICE=gpu scripts/install.sh   # force the CUDA build (Docker GPU image)
+#   HVD_TRAIN_DEVICE=cpu scripts/install.sh   # the CPU build on a GPU host
+#   scripts/install.sh --check-gpu-toolkit    # only find the CUDA 12 toolkit and NCCL a GPU
+#                                             # build needs, print what Horovod's build gets, exit
 #   HVD_TRAIN_TF=2.15 scripts/install.sh      # TensorFlow 2.15.1 in .venv-tf2.15
 #                                             # (2.21, 2.20, 2.19, 2.18, 2.15: scripts/stack.sh)
 #   HVD_TRAIN_KERAS_HUB=1 scripts/install.sh  # also KerasHub, for Keras 3 models built from
@@ -16,6 +19,10 @@
 #                                             # test` sets it): full mlflow, in its own virtualenv
 set -euo pipefail
 cd "$(dirname "$0")/.."
+case "${1:-}" in
+  "" | --check-gpu-toolkit) mode=${1:-install} ;;
+  *) echo "usage: scripts/install.sh [--check-gpu-toolkit]" >&2; exit 2 ;;
+esac
 
 # shellcheck source=scripts/stack.sh
 . scripts/stack.sh
@@ -46,6 +53,41 @@ if [ -z "$device" ]; then
   if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then device=gpu; else device=cpu; fi
 fi
 case "$device" in cpu|gpu) ;; *) die "HVD_TRAIN_DEVICE must be cpu or gpu, got '$device'";; esac
+if [ "$device" = gpu ]; then tf_pkg=tensorflow; tf_req="tensorflow[and-cuda]==$TF_VERSION"
+else tf_pkg=tensorflow-cpu; tf_req="tensorflow-cpu==$TF_VERSION"; fi
+
+# --- Horovod's build switches; on GPU, the CUDA 12 toolkit and NCCL it compiles with ---
+# Found before anything is downloaded (scripts/gpu_toolkit.sh): without them the GPU install
+# would fetch TensorFlow's CUDA wheels (about 2 GB) and then fail compiling Horovod.
+HOROVOD_LABELLED=$(bash scripts/horovod_series.sh version) || die "cannot read patches/horovod-$HOROVOD_VERSION/series (see above)"
+export HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITH_MPI=1 \
+       HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 CMAKE_POLICY_VERSION_MINIMUM=3.5
+# shellcheck source=scripts/gpu_toolkit.sh
+. scripts/gpu_toolkit.sh
+GPU_IDENTITY=""
+if [ "$device" = gpu ]; then
+  gpu_toolkit "$VENV" || die "$GPU_ERROR"
+  say "gpu: CUDA $CUDA_FOUND_VERSION ($CUDA_FOUND/bin/nvcc) and NCCL $NCCL_FOUND_VERSION ($NCCL_FOUND) for Horovod's build"
+fi
+# What the compiled Horovod wheel's cache key is made of (below), with $1 the Python it is for:
+# the series, TensorFlow, the Python and machine, the build flags, and on GPU the CUDA and NCCL
+# versions (GPU_IDENTITY; NCCL's paths left out: the wheel's lies in each virtualenv).
+wheel_key_input() {
+  echo "horovod==$HOROVOD_LABELLED $tf_pkg==$TF_VERSION device=$device"
+  "$1" -c 'import platform, sys, sysconfig; print(sys.implementation.cache_tag, sysconfig.get_platform(), platform.libc_ver())'
+  env | grep -E '^(HOROVOD_|CMAKE_POLICY)' | grep -vE '^HOROVOD_NCCL_(HOME|INCLUDE|LIB)=' | sort
+  [ -z "$GPU_IDENTITY" ] || echo "$GPU_IDENTITY"
+}
+wheel_key() { wheel_key_input "$VENV/bin/python" | sha256sum | cut -c1-16; }
+if [ "$mode" = --check-gpu-toolkit ]; then
+  [ "$device" = gpu ] || say "cpu: no CUDA toolkit needed (HVD_TRAIN_DEVICE=gpu, or an nvidia-smi that lists a GPU, asks for one)"
+  env | grep -E '^HOROVOD_' | sort
+  key_python="$VENV/bin/python"
+  [ -x "$key_python" ] || key_python=$PY
+  echo "wheel cache key $(wheel_key_input "$key_python" | sha256sum | cut -c1-16), of:"
+  wheel_key_input "$key_python"
+  exit 0
+fi
 
 # --- the stack's own virtualenv, on a Python its TensorFlow has wheels for ---
 stamp="$VENV/.hvd_train-stack"
@@ -116,8 +158,12 @@ PYEOF
 }
 
 # --- TensorFlow: the CPU wheel, or the CUDA one where a GPU is present ---
-if [ "$device" = gpu ]; then tf_pkg=tensorflow; tf_req="tensorflow[and-cuda]==$TF_VERSION"
-else tf_pkg=tensorflow-cpu; tf_req="tensorflow-cpu==$TF_VERSION"; fi
+if [ "$device" = gpu ] && have tensorflow-cpu; then
+  # A CPU TensorFlow left by an earlier install would train on the CPU. Both wheels write the
+  # one tensorflow/ package, so neither is left half overwritten: the CUDA one goes in anew.
+  say "replacing tensorflow-cpu with $tf_req (a GPU host)"; changed=1
+  pip uninstall -q -y tensorflow-cpu tensorflow
+fi
 if ! have "$tf_pkg==$TF_VERSION"; then
   say "installing $tf_req"; changed=1
   pip install -q "$tf_req" "$NUMPY_REQ"
@@ -160,30 +206,17 @@ fi
 # Horovod's extension does not compile against. A second clone, or a second virtualenv of the
 # same stack and Python, installs it in seconds; a changed key (a changed patch) builds again.
 # (pip's own wheel cache is keyed by the source alone, so it would hand a build for one
-# TensorFlow to another: --no-cache-dir.)
-HOROVOD_LABELLED=$(bash scripts/horovod_series.sh version) || die "cannot read patches/horovod-$HOROVOD_VERSION/series (see above)"
+# TensorFlow to another: --no-cache-dir.) The key's parts: wheel_key_input, above.
 horovod_version() { "$VENV/bin/python" -c 'from importlib.metadata import version; print(version("horovod"))' 2>/dev/null; }
 built_against() { "$VENV/bin/python" -c 'import horovod, json, os; print(json.load(open(os.path.join(os.path.dirname(horovod.__file__), "metadata.json")))["tensorflow"])' 2>/dev/null; }
 horovod_dir() { "$VENV/bin/python" -c 'import importlib.util; print(importlib.util.find_spec("horovod").submodule_search_locations[0])' 2>/dev/null; }
-export HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITH_MPI=1 \
-       HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 CMAKE_POLICY_VERSION_MINIMUM=3.5
-if [ "$device" = gpu ]; then
-  # Not run on this project's machines (no GPU): NCCL all-reduce, from the system (the CUDA
-  # Docker base images) or from the nvidia-nccl wheel that tensorflow[and-cuda] installs.
-  export HOROVOD_GPU_OPERATIONS=NCCL
-fi
-wheel_key() {
-  { echo "horovod==$HOROVOD_LABELLED $tf_pkg==$TF_VERSION device=$device"
-    "$VENV/bin/python" -c 'import platform, sys, sysconfig; print(sys.implementation.cache_tag, sysconfig.get_platform(), platform.libc_ver())'
-    env | grep -E '^(HOROVOD_|CMAKE_POLICY)' | grep -v '^HOROVOD_NCCL_HOME=' | sort
-  } | sha256sum | cut -c1-16
-}
 held_horovod=$(horovod_version || true)
 # Reinstalled when it is not this series' build (another series, or a Horovod that an earlier
-# install patched in site-packages after pip installed it: plain 0.28.1), or was built for
-# another TensorFlow.
+# install patched in site-packages after pip installed it: plain 0.28.1), was built for
+# another TensorFlow, or on GPU without NCCL (a CPU build left by an earlier install).
 if [ "$held_horovod" != "$HOROVOD_LABELLED" ] || [ "$(built_against)" != "$TF_VERSION" ] \
-   || ! "$VENV/bin/python" -c "import horovod.tensorflow as h; assert h.gloo_built()" 2>/dev/null; then
+   || ! "$VENV/bin/python" -c "import horovod.tensorflow as h; assert h.gloo_built()" 2>/dev/null \
+   || { [ "$device" = gpu ] && ! "$VENV/bin/python" -c "import horovod.tensorflow as h; assert h.nccl_built()" 2>/dev/null; }; then
   changed=1
   wheels="${HVD_TRAIN_CACHE:-${XDG_CACHE_HOME:-${HOME:-/tmp}/.cache}/hvd_train}/horovod-wheels/$(wheel_key)"
   wheel=$(ls "$wheels"/horovod-"$HOROVOD_LABELLED"-*.whl 2>/dev/null | head -n 1 || true)
@@ -191,10 +224,9 @@ if [ "$held_horovod" != "$HOROVOD_LABELLED" ] || [ "$(built_against)" != "$TF_VE
     say "building horovod $HOROVOD_LABELLED (0.28.1 and patches/horovod-$HOROVOD_VERSION) against TensorFlow $TF_VERSION (2-3 minutes on 2 cores; cached in $wheels)"
     began=$SECONDS
     pip install -q "cmake>=3.13,<4"
-    if [ "$device" = gpu ] && [ -z "${HOROVOD_NCCL_HOME:-}" ] && [ ! -e /usr/include/nccl.h ]; then
-      nccl=$("$VENV/bin/python" -c "import nvidia.nccl as n; print(list(n.__path__)[0])")
-      ln -sf libnccl.so.2 "$nccl/lib/libnccl.so"  # the wheel ships only the versioned name
-      export HOROVOD_NCCL_HOME="$nccl"
+    if [ "$device" = gpu ] && [ "$NCCL_FROM" = wheel ]; then
+      # the wheel ships only the versioned name, and CMake links libnccl.so
+      ln -sf libnccl.so.2 "$HOROVOD_NCCL_HOME/lib/libnccl.so"
     fi
     sdist=$(bash scripts/horovod_series.sh sdist "$VENV/bin/python" 2>> "$LOG") \
       || die "cannot download Horovod $HOROVOD_VERSION's sdist (full output: $LOG)"
@@ -264,6 +296,12 @@ if ! grep -q '\[X\] TensorFlow' "$check"; then
   die "Horovod was built without TensorFlow support; remove $VENV and run again"
 fi
 ops=$(sed -n '/Tensor Operations/,$p' "$check" | grep -o '\[X\] [A-Za-z]*' | cut -c5- | tr '\n' ' ' | sed 's/ $//')
+if [ "$device" = gpu ]; then
+  # Every time, not once: a driver or library that changed since shows here first.
+  gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)
+  gpu_install_check "$VENV/bin/python" "${gpus:-0}" || die "$GPU_ERROR"
+  [ "${gpus:-0}" -gt 0 ] || say "gpu: Horovod has NCCL; TensorFlow's GPUs not checked (nvidia-smi lists none here)"
+fi
 
 # --- optional: KerasHub (HVD_TRAIN_KERAS_HUB=1), keeping TensorFlow one wheel ---
 # keras-hub's own requirements would install tensorflow-text, which requires the `tensorflow`

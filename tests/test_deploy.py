@@ -49,7 +49,10 @@ def test_dockerfile_passes_hadolint() -> None:
 
 def test_launch_scripts_pass_shellcheck() -> None:
     scripts = sorted(str(p) for p in (ROOT / "launch").glob("*.sh"))
-    scripts += [str(ROOT / "scripts" / n) for n in ("docker_test.sh", "slurm_test.sh")]
+    scripts += [
+        str(ROOT / "scripts" / n)
+        for n in ("docker_test.sh", "slurm_test.sh", "gpu_toolkit.sh", "gpu_test.sh")
+    ]
     scripts.append(str(ROOT / "launch" / "slurm.sbatch"))
     proc = subprocess.run([str(BIN / "shellcheck"), "-x", *scripts], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr

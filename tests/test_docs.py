@@ -273,3 +273,54 @@ def test_the_readme_console_is_what_make_demo_runs() -> None:
     console = next(text for where, text in fenced("text") if where.startswith("README.md"))
     assert launch.replace("$(VENV)", ".venv").replace("$(NP)", "2") in console
     assert echo.removeprefix('@echo "').removesuffix('"') in console
+
+
+DOCKERFILE = ROOT / "Dockerfile"
+CUDA_IMAGE = re.compile(r"nvidia/cuda:[\w.-]+")
+
+
+def dockerfile_header_runs() -> list[tuple[str, list[str]]]:
+    """The `docker run` commands the Dockerfile's comments show, as words."""
+    lines = [line.lstrip("# ") for line in DOCKERFILE.read_text().splitlines()]
+    return [
+        (f"Dockerfile:{i + 1}", shlex.split(line[line.index("docker run") :]))
+        for i, line in enumerate(lines)
+        if "docker run" in line
+    ]
+
+
+def test_gpu_containers_get_the_shared_memory_nccl_needs() -> None:
+    """Every `docker run --gpus` the docs and the Dockerfile show gives the container
+    `--ipc=host` or `--shm-size`: NCCL and the shared-memory all-reduce keep their buffers in
+    /dev/shm, of which Docker gives 64 MB (issue 60: docs/docker.md ran the GPU image with
+    `--gpus all` alone)."""
+    runs = [(w, words) for w, words in SHOWN if words[:2] == ["docker", "run"]]
+    runs += dockerfile_header_runs()
+    on_gpus = [(w, words) for w, words in runs if any(x.startswith("--gpus") for x in words)]
+    assert on_gpus, "no `docker run --gpus` shown"
+    for where, words in on_gpus:
+        assert any(
+            x == "--ipc=host" or x.startswith("--shm-size") for x in words
+        ), f"{where}: {shlex.join(words)} runs on GPUs with Docker's 64 MB /dev/shm"
+
+
+def test_the_docs_name_the_dockerfiles_own_cuda_base() -> None:
+    """The docs name only CUDA images the Dockerfile names, name its default BASE_IMAGE, and
+    name that one wherever they call an image the default (issue 60: docs/docker.md called
+    nvidia/cuda:12.2.2 the GPU image's default base, where the Dockerfile's is 12.5.1's)."""
+    text = DOCKERFILE.read_text()
+    default = re.search(r"^ARG BASE_IMAGE=(\S+)$", text, re.M).group(1)
+    named = set(CUDA_IMAGE.findall(text))
+    for page in PAGES:
+        if page.name in RECORDS:  # they keep what was true when each run was made
+            continue
+        body = page.read_text(encoding="utf-8")
+        for image in CUDA_IMAGE.findall(body):
+            assert image in named, f"{page.name}: {image} is not a base the Dockerfile names"
+        for sentence in re.split(r"(?<=[.;!?])\s+", " ".join(body.split())):
+            images = CUDA_IMAGE.findall(sentence)
+            if "default" in sentence and images:
+                assert (
+                    default in images
+                ), f"{page.name}: the default named is not {default}: {sentence}"
+    assert f"BASE_IMAGE={default}" in (ROOT / "docs" / "docker.md").read_text()
