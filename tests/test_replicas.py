@@ -137,9 +137,9 @@ def test_fingerprints_differ_with_one_bit_and_with_two_values_swapped() -> None:
 
 @pytest.mark.parametrize("keras", KERASES)
 def test_a_models_fingerprints_taken_at_once_are_each_variables_own(keras) -> None:
-    """`Fingerprints.mine` joins every variable's bytes in one traced function: each slice is
-    the variable's own fingerprint, whatever its dtype (float32 weights, the int64 step
-    counter, tf_keras' loss scale), and a change to one variable changes its alone."""
+    """`Fingerprints.mine` joins the variables' bytes a group at a time: each slice is the
+    variable's own fingerprint, whatever its dtype (float32 weights, the int64 step counter,
+    tf_keras' loss scale), and a change to one variable changes its alone."""
     from hvd_train.runtime import replicas
 
     _, model = _model(keras, 2, keras == binding.KERAS2)
@@ -152,6 +152,41 @@ def test_a_models_fingerprints_taken_at_once_are_each_variables_own(keras) -> No
     weight.assign_add(np.ones(weight.shape, weight.dtype.as_numpy_dtype))
     changed = (prints.mine().reshape(-1, 2) != mine.reshape(-1, 2)).any(axis=1)
     assert list(np.nonzero(changed)[0]) == [0], name
+
+
+def test_groups_keep_the_order_and_each_fits_the_limit() -> None:
+    from hvd_train.runtime.replicas import groups
+
+    assert groups([3, 1, 1, 4, 2, 2, 1], 4) == [[0, 1], [2], [3], [4, 5], [6]]
+    assert groups([5, 2], 4) == [[0], [1]]  # a size over the limit is alone
+    assert groups([], 0) == []
+
+
+@pytest.mark.parametrize("keras", KERASES)
+def test_the_check_copies_at_most_the_largest_variable_at_once(keras, monkeypatch) -> None:
+    """The fingerprints are taken a group of variables at a time, each group no larger than the
+    largest variable: no tensor of the whole model's size is built (the check once joined every
+    replicated variable on the device, doubling the model's memory for a moment). The
+    fingerprints are the same as one variable at a time."""
+    tf = pytest.importorskip("tensorflow")
+    from hvd_train.runtime import replicas
+
+    _, model = _model(keras, 1, False)
+    joined: list[int] = []
+    concat = tf.concat
+
+    def spy(values, axis, name="concat"):
+        joined.append(sum(v.shape.num_elements() for v in values))  # bytes: _as_words's uint8
+        return concat(values, axis, name=name)
+
+    monkeypatch.setattr(tf, "concat", spy)
+    prints = replicas.Fingerprints(model)
+    mine = prints.mine()
+    sizes = [-(-v.shape.num_elements() * v.dtype.size // 8) * 8 for _, v in prints.named]
+    assert len(sizes) > 2 and joined, "a model of several variables, joined in groups"
+    assert max(joined) == max(sizes) < sum(sizes)
+    pairs = mine.view(np.uint64).reshape(-1, 2)
+    assert [tuple(p) for p in pairs.tolist()] == [replicas.fingerprint(v) for _, v in prints.named]
 
 
 def test_a_disagreement_names_the_first_variable_that_differs_and_the_ranks() -> None:

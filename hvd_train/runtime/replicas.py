@@ -150,26 +150,29 @@ class Fingerprints:
     """The fingerprints of a model's replicated variables (`replicated_variables`, found once):
     two 64-bit sums of each one's bytes (`_sums`).
 
-    All the variables' bytes are joined on the device by one traced function (one dispatch and
-    one copy to host memory, not one of each per variable), then summed slice by slice.
+    The variables' bytes are copied to host memory a group at a time: consecutive variables
+    joined on the device by one traced function per group (one dispatch and one copy each, not
+    one of each per variable), each group no larger than the largest variable (`groups`). So
+    a check needs at most one variable's worth of extra memory on the device and on the host,
+    not a copy of the whole model.
     """
 
     def __init__(self, model: Model):
         self.named = replicated_variables(model)
         variables = [v for _, v in self.named]
-        words = [-(-v.shape.num_elements() * v.dtype.size // 8) for v in variables]
-        self._ends = np.cumsum(words, dtype=np.int64)
-        self._joined = tf.function(
-            lambda: tf.concat([_as_words(v) for v in variables], 0), autograph=False
-        )
+        self._words = [-(-v.shape.num_elements() * v.dtype.size // 8) for v in variables]
+        self._groups = [
+            (group, _joined([variables[i] for i in group]))
+            for group in groups(self._words, max(self._words, default=0))
+        ]
 
     def mine(self) -> np.ndarray:
         """This rank's fingerprints: two int64 per variable, in `named`'s order."""
-        if not self.named:
-            return np.zeros(0, np.int64)
-        words = self._joined().numpy().view(np.uint64)
-        starts = [0, *self._ends[:-1]]
-        sums = [_sums(words[a:b]) for a, b in zip(starts, self._ends, strict=True)]
+        sums: list[tuple[int, int]] = []
+        for group, joined in self._groups:
+            words = joined().numpy().view(np.uint64)
+            ends = np.cumsum([self._words[i] for i in group])
+            sums += [_sums(words[a:b]) for a, b in zip([0, *ends[:-1]], ends, strict=True)]
         return np.array(sums, np.uint64).reshape(-1).view(np.int64)
 
     def gather(self) -> list[np.ndarray]:
@@ -180,6 +183,25 @@ class Fingerprints:
             return [mine]
         every = hvd_tf.allgather(tf.constant(mine[None]), name="hvd_train.replicas")
         return list(every.numpy())
+
+
+def groups(sizes: list[int], limit: int) -> list[list[int]]:
+    """The indices of `sizes`, in order, cut into runs whose sizes sum to at most `limit` (a
+    size larger than `limit` alone in its run)."""
+    found: list[list[int]] = []
+    total = 0
+    for i, size in enumerate(sizes):
+        if not found or total + size > limit:
+            found.append([])
+            total = 0
+        found[-1].append(i)
+        total += size
+    return found
+
+
+def _joined(variables: list[tf.Variable]) -> Any:
+    """A traced function giving `variables`' bytes end to end, as 64-bit words."""
+    return tf.function(lambda: tf.concat([_as_words(v) for v in variables], 0), autograph=False)
 
 
 def disagreement(names: list[str], every: list[np.ndarray]) -> str | None:
