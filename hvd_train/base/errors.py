@@ -48,6 +48,14 @@ ANOTHER_FIRST = "another worker ended first"
 NO_STATUS = "ended without writing its status"
 
 
+class DeviceError(UserError):
+    """`runtime.device` asks for a GPU that TensorFlow cannot use (a CPU build, CUDA libraries
+    that do not load): the job ends in one line, exit code 2, before any rank trains on the
+    CPU."""
+
+    recurs = "TensorFlow would see no GPU again: its build or the CUDA libraries must change"
+
+
 class RunDirError(UserError):
     """run.dir cannot be this run's: another job holds it, it is not a writable folder, or it
     holds files that are not a run's (see rundir.py)."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from hvd_train.base import logs
-from hvd_train.commands.train import parser
+from hvd_train.commands.train import before_tensorflow, parser
 from hvd_train.config import load_config
 from hvd_train.record.layout import RunDir
 from hvd_train.runtime import binding, xla
@@ -19,6 +19,7 @@ def main(argv: list[str], prog: str) -> int:
     args = p.parse_args(argv)
     cfg = load_config(args.config, args.overrides)
     binding.prepare(cfg.runtime.keras)  # before TensorFlow loads: what tf.keras means
+    before_tensorflow(cfg.runtime)
     logs.quiet_tensorflow(RunDir(cfg.run.dir).started_run_logs(), "hvd-train data-bench")
     binding.import_tensorflow()  # matplotlib deferred, the collector paused
     # Before Horovod's library loads: its XLA all-reduce is registered then or never.

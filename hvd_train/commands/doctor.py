@@ -358,7 +358,7 @@ def _device_problems(facts: dict[str, Any]) -> list[Problem]:
             if cuda
             else "the CPU-only TensorFlow wheel is installed"
         )
-        out.append(Problem("warning", f"nvidia-smi lists {smi} GPU(s) but TensorFlow sees none ({why}): training runs on the CPU; HVD_TRAIN_DEVICE=gpu scripts/install.sh installs the CUDA build"))  # fmt: skip
+        out.append(Problem("warning", f"nvidia-smi lists {smi} GPU(s) but TensorFlow sees none ({why}): a run fails at its start (runtime.device: auto); HVD_TRAIN_DEVICE=gpu scripts/install.sh installs the CUDA build, or runtime.device: cpu trains on the CPU"))  # fmt: skip
     ops = facts["horovod"].get("tensor_ops")
     if tf_gpus and ops is not None and "nccl" not in ops:
         out.append(Problem("warning", "TensorFlow sees GPUs but Horovod was built without NCCL: gradients go through host memory; rebuild with HOROVOD_GPU_OPERATIONS=NCCL (HVD_TRAIN_DEVICE=gpu scripts/install.sh)"))  # fmt: skip

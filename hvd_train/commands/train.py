@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from hvd_train.config import add_config_arguments
+from hvd_train.config import RuntimeConfig, add_config_arguments
 
 
 def parser(
@@ -27,13 +27,12 @@ def main(argv: list[str], prog: str) -> int:
     from hvd_train.config import load_config
 
     cfg = load_config(args.config, args.overrides)  # before TensorFlow loads: fast to fail
-    from hvd_train.base import gpus, logs, startup
+    from hvd_train.base import logs, startup
     from hvd_train.record import stops
     from hvd_train.runtime import binding, xla
 
     binding.prepare(cfg.runtime.keras)  # before TensorFlow loads: what tf.keras means
-    # Before CUDA loads: it shows a process one MIG instance at most, chosen by this variable.
-    gpus.pin_mig_device()
+    before_tensorflow(cfg.runtime)
 
     startup.mark("config")
     # From here a stop, or horovodrun ending the job after another worker failed, is recorded
@@ -51,3 +50,15 @@ def main(argv: list[str], prog: str) -> int:
     startup.mark("imports")  # TensorFlow, Horovod and the trainer
     train(cfg, config_path=args.config, signals=signals)
     return 0
+
+
+def before_tensorflow(runtime: RuntimeConfig) -> None:
+    """What a worker's environment must say before TensorFlow is imported, which reads it
+    then: its MIG instance, or the GPUs hidden where `runtime.device` is cpu."""
+    from hvd_train.base import gpus
+    from hvd_train.runtime import device
+
+    if runtime.device != "cpu":
+        # Before CUDA loads: it shows a process one MIG instance at most, chosen by this variable.
+        gpus.pin_mig_device()
+    device.prepare(runtime.device, 0 if runtime.device == "cpu" else len(gpus.devices()))

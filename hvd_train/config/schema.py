@@ -193,10 +193,10 @@ class RuntimeConfig:
     """Each worker's threads, seed and numerics (docs/performance.md)."""
 
     # TensorFlow compute threads per worker; 0: the cores this process may use / the workers
-    # on its host (CPU).
+    # on its host (at least 1), on a GPU as on CPU.
     intra_op_threads: int = field(default=0, metadata={"min": 0})
     # TensorFlow's inter-op threads per worker; 0: on CPU 2, or 1 for a worker of one core
-    # (a second would only time-slice it); TensorFlow's choice on GPU.
+    # (a second would only time-slice it); on a GPU the same share as intra_op_threads.
     inter_op_threads: int = field(default=0, metadata={"min": 0})
     seed: int = 42  # Data order, validation split, augmentation and initial weights.
     # XLA: the whole step on GPU; on CPU, auto-clustering of the ops around the all-reduce.
@@ -223,6 +223,12 @@ class RuntimeConfig:
     )
     # Also every N steps (null: only where check_replicas says).
     check_replicas_every_steps: int | None = _positive(None)
+    # Where each worker trains. auto: on a GPU where nvidia-smi lists one, and then TensorFlow
+    # must see it: if it cannot (a CPU wheel, CUDA libraries that do not load) the run fails
+    # in one line saying why, instead of training on the CPU; gpu: the same, also without
+    # nvidia-smi; cpu: the GPUs hidden from TensorFlow, to train on the CPU on purpose (the
+    # opening line says so).
+    device: Literal["auto", "gpu", "cpu"] = "auto"
 
 
 @dataclass(frozen=True)

@@ -256,14 +256,18 @@ def log(message: str, *, all_ranks: bool = False) -> None:
         pass
 
 
-def configure_devices(intra_op_threads: int, inter_op_threads: int) -> str:
+def configure_devices(intra_op_threads: int, inter_op_threads: int, use_gpus: bool = True) -> str:
     """Pins this process to its device and sizes TensorFlow's thread pools; returns 'gpu'|'cpu'.
 
     Must run before TensorFlow executes any op. `list_physical_devices` only enumerates GPUs; it
     does not create a context on each of them (as `device_lib.list_local_devices()` would, the
-    trap that makes every worker allocate memory on every GPU).
+    trap that makes every worker allocate memory on every GPU). `use_gpus=False`
+    (`runtime.device: cpu`): the GPUs are hidden from TensorFlow, which trains on the CPU.
     """
     gpus = tf.config.list_physical_devices("GPU")
+    if gpus and not use_gpus:  # TensorFlow was imported before CUDA_VISIBLE_DEVICES hid them
+        tf.config.set_visible_devices([], "GPU")
+        gpus = []
     if gpus:
         # Horovod: one GPU per process, chosen by local rank. A launcher that already narrowed
         # CUDA_VISIBLE_DEVICES to one GPU per process leaves exactly one visible.
@@ -275,20 +279,32 @@ def configure_devices(intra_op_threads: int, inter_op_threads: int) -> str:
         gpu = gpus[local_rank() if len(gpus) > 1 else 0]
         tf.config.experimental.set_memory_growth(gpu, True)
         tf.config.set_visible_devices(gpu, "GPU")
-    else:
-        # On CPU, workers on one host share its cores: give each its fair share, not all.
-        # After bind_cores the affinity mask already is this worker's share.
-        cores = len(os.sched_getaffinity(0))
-        share = cores if _BOUND_CORES else max(1, cores // local_size())
-        intra_op_threads = intra_op_threads or share
-        # Two ops at once where the worker has two cores or more; on one core a second thread
-        # only time-slices the core with the first, each evicting the other's cache.
-        inter_op_threads = inter_op_threads or min(2, share)
-    if intra_op_threads:
-        tf.config.threading.set_intra_op_parallelism_threads(intra_op_threads)
-    if inter_op_threads:
-        tf.config.threading.set_inter_op_parallelism_threads(inter_op_threads)
+    # After bind_cores the affinity mask already is this worker's share.
+    intra, inter = thread_counts(
+        intra_op_threads, inter_op_threads, len(os.sched_getaffinity(0)), local_size(),
+        bound=bool(_BOUND_CORES), gpu=bool(gpus),
+    )  # fmt: skip
+    tf.config.threading.set_intra_op_parallelism_threads(intra)
+    tf.config.threading.set_inter_op_parallelism_threads(inter)
     return "gpu" if gpus else "cpu"
+
+
+def thread_counts(
+    intra_op: int, inter_op: int, cores: int, local_workers: int, *, bound: bool, gpu: bool
+) -> tuple[int, int]:
+    """TensorFlow's (intra-op, inter-op) threads for one worker: the config's where set (not 0),
+    else its share of the `cores` this process may use, split between the `local_workers` of
+    its host (all of them once `bound` to its own), at least 1.
+
+    Left to TensorFlow, each pool takes every core of the host in each worker: eight GPU
+    workers would each start a thread per core for their host-side ops and input pipeline.
+    """
+    share = cores if bound else max(1, cores // local_workers)
+    # On CPU, two ops at once where the worker has two cores or more; on one core a second
+    # thread only time-slices the core with the first, each evicting the other's cache. On a
+    # GPU the inter-op pool launches the kernels and runs the host's ops: the worker's share.
+    inter_default = share if gpu else min(2, share)
+    return intra_op or share, inter_op or inter_default
 
 
 def allreduce_sum(values: np.ndarray | list[float], name: str) -> np.ndarray:

@@ -7,12 +7,13 @@ import dataclasses
 import os
 
 from hvd_train.config import Config
-from hvd_train.runtime import binding, distributed, tuning
+from hvd_train.runtime import binding, device, distributed, tuning
 
 
 def start(cfg: Config, timeline: str | None) -> str:
     """Starts Horovod and TensorFlow on this worker, activates the Keras `runtime.keras` chooses
-    and seeds it; returns the device ("gpu" or "cpu").
+    and seeds it; returns the device ("gpu" or "cpu"). Raises DeviceError where
+    `runtime.device` needs a GPU that TensorFlow does not see (runtime/device.py).
 
     `timeline`: where Horovod writes its timeline when `horovod.timeline` asks (run.dir's
     timeline.json); None: no timeline (nor a launcher's flag), which Horovod would empty at init.
@@ -23,11 +24,13 @@ def start(cfg: Config, timeline: str | None) -> str:
         os.environ.pop("HOROVOD_TIMELINE", None)
         knobs = dataclasses.replace(knobs, timeline=False)
     distributed.init(knobs, timeline or "")
-    device = distributed.configure_devices(
-        cfg.runtime.intra_op_threads, cfg.runtime.inter_op_threads
+    # A GPU TensorFlow cannot use ends the job here, before any rank trains on the CPU.
+    device.require(cfg.runtime.device)
+    kind = distributed.configure_devices(
+        cfg.runtime.intra_op_threads, cfg.runtime.inter_op_threads, cfg.runtime.device != "cpu"
     )
     # Same seed on every rank: identical initial weights, so the broadcast before training is a
     # no-op for built-in models and a guarantee for user factories that draw from other
     # generators.
     binding.activate(binding.resolve(cfg.runtime.keras)).seed(cfg.runtime.seed)
-    return device
+    return kind

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from hvd_train.config import Config, Derived
 from hvd_train.data.pipeline import Source
+from hvd_train.runtime import device as devices
 from hvd_train.runtime import distributed
 
 
@@ -16,7 +17,7 @@ def log_plan(cfg: Config, plan: Derived, source: Source, device: str) -> None:
         distributed.log(source.description)
     warm = f", warm-up {cfg.optimizer.warmup_epochs:g} epochs" if plan.warmup_steps else ""
     distributed.log(
-        f"{workers_label(plan.world_size)}, {device} | batch {plan.per_worker_batch}/worker, "
+        f"{workers_label(plan.world_size)}, {devices.label(cfg.runtime.device, device)} | batch {plan.per_worker_batch}/worker, "
         f"{plan.global_batch} global | learning rate {plan.base_lr:g} -> {plan.scaled_lr:g} "
         f"({lr_label(cfg, plan)}{warm}) | {plan.steps_per_epoch} steps/epoch over {n} "
         f"training examples ({rest}) | {len(source.x_val)} validation examples"

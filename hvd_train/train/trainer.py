@@ -12,11 +12,12 @@ import functools
 from typing import Any
 
 from hvd_train.base import logs, startup
+from hvd_train.base.errors import DeviceError
 from hvd_train.config import Config, Derived, derive, dump_yaml
 from hvd_train.data.pipeline import Source, load_source
 from hvd_train.record import rundir
 from hvd_train.record.layout import RunDir
-from hvd_train.record.run_record import RunRecord
+from hvd_train.record.run_record import RunRecord, end_before_start
 from hvd_train.record.stops import StopSignals, installed
 from hvd_train.record.summary import (
     ENDINGS,
@@ -109,7 +110,17 @@ def _start_worker(cfg: Config, run: Run, timeline: bool = True) -> str:
     """Starts Horovod, TensorFlow and the Keras on this worker (runtime/worker.py); returns
     its device ("gpu" or "cpu")."""
     require_tensorboard(cfg.logging)  # bad input: one line, before anything starts
-    device = worker.start(cfg, RunDir(cfg.run.dir).timeline if timeline else None)
+    try:
+        device = worker.start(cfg, RunDir(cfg.run.dir).timeline if timeline else None)
+    except DeviceError as e:
+        # Not the config's fault alone: the host's TensorFlow. Recorded as the run's failure,
+        # so that a run that never trained says `failed`, not nothing.
+        if distributed.is_chief():
+            ending = {"status": "failed", "error": str(e), "error_type": type(e).__name__}
+            end_before_start(
+                cfg.run.dir, cfg.run.overwrite, distributed.size(), cfg.train.epochs, ending
+            )
+        raise
     run.signals.chief = distributed.is_chief()
     return device
 
