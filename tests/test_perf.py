@@ -203,6 +203,19 @@ def test_xla_ops_are_enabled_before_horovods_library_loads(tmp_path) -> None:
     assert "AT_LOAD ['1'] CODE 0" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
 
 
+@pytest.mark.parametrize("command", ["train", "data-bench"])
+def test_xla_flags_are_set_before_tensorflow_is_imported(tmp_path, command) -> None:
+    """With runtime.jit_compile on a CPU host, XLA auto-clustering's flag is in TF_XLA_FLAGS
+    when a worker first imports TensorFlow, which may read XLA's flags then, once (it was set
+    after the import)."""
+    proc = check(run([
+        PYTHON, str(WORKERS / "xla_flags_at_tf_import.py"), command, "--config",
+        str(QUICKSTART), "--set", "run.dir=out", "--set", "runtime.jit_compile=true",
+    ], cwd=tmp_path))  # fmt: skip
+    at_import = [ln for ln in proc.stdout.splitlines() if ln.startswith("AT_IMPORT ")]
+    assert at_import and "--tf_xla_cpu_global_jit" in at_import[0], proc.stdout + proc.stderr
+
+
 def _allreduce_ops(jit_compile: bool, monkeypatch) -> set[str]:
     """The Horovod ops in a Keras 3 train step traced as `fit` traces it (`tf.function` with
     the model's `jit_compile`), as one of 2 workers: traced only, neither compiled nor run."""

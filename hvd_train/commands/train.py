@@ -54,11 +54,12 @@ def main(argv: list[str], prog: str) -> int:
 
 def before_tensorflow(runtime: RuntimeConfig) -> None:
     """What a worker's environment must say before TensorFlow is imported, which reads it
-    then: its MIG instance, or the GPUs hidden where `runtime.device` is cpu."""
+    then: its MIG instance, the GPUs hidden where `runtime.device` is cpu, and XLA's flags."""
     from hvd_train.base import gpus
-    from hvd_train.runtime import device
+    from hvd_train.runtime import device, xla
 
     if runtime.device != "cpu":
         # Before CUDA loads: it shows a process one MIG instance at most, chosen by this variable.
         gpus.pin_mig_device()
-    device.prepare(runtime.device, 0 if runtime.device == "cpu" else len(gpus.devices()))
+    gpu = device.prepare(runtime.device, 0 if runtime.device == "cpu" else len(gpus.devices()))
+    xla.environment(runtime.jit_compile, gpu)

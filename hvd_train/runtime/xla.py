@@ -5,8 +5,10 @@ xla_mpi_ops.cc, and only for `HorovodAllreduce` (not the grouped all-reduce). A 
 initializer of Horovod's TensorFlow library (`mpi_lib*.so`) registers it when
 HOROVOD_ENABLE_XLA_OPS=1 as the library loads, which is when `horovod.tensorflow` is first
 imported; set later (at `hvd.init`), it registers nothing, and a whole-step compile fails on the
-all-reduce. So a worker decides before that import (`prepare`: the commands call it before they
-import the trainer), and every later question reads the environment it left (`whole_step`).
+all-reduce. So a worker decides before that import, and before TensorFlow's, whose XLA flags
+(TF_XLA_FLAGS) are read once, at their first use (`environment`: the commands call it before they import
+TensorFlow; `prepare` after, for what TensorFlow sees), and every later question reads the
+environment it left (`whole_step`).
 Elsewhere (CPU; Horovod built for TensorFlow 2.19+, which drops that file:
 patches/horovod-0.28.1/0011) XLA auto-clustering compiles what it can of the step, and the
 all-reduce stays outside.
@@ -27,23 +29,40 @@ ENV = "HOROVOD_ENABLE_XLA_OPS"
 LIBRARY_MODULE = "horovod.tensorflow.mpi_ops"
 
 
-def prepare(jit_compile: bool) -> None:
-    """Before Horovod's library loads: with `runtime.jit_compile` on, HOROVOD_ENABLE_XLA_OPS=1
-    where the whole step can be compiled (a GPU, Horovod's XLA all-reduce built), else XLA
-    auto-clustering. Once the library is loaded, the variable is left as it is (set now, it
-    would claim an all-reduce that was never registered)."""
+def environment(jit_compile: bool, gpu: bool) -> None:
+    """Before TensorFlow is imported (`gpu`: whether this worker will train on one,
+    runtime/device.py): with `runtime.jit_compile` on, HOROVOD_ENABLE_XLA_OPS=1 where the
+    whole step can be compiled (a GPU, Horovod's XLA all-reduce built), else XLA's flags for
+    auto-clustering (TF_XLA_FLAGS: TensorFlow reads them once, at their first use, which may
+    be its import). Once Horovod's library is loaded, HOROVOD_ENABLE_XLA_OPS is left as it is
+    (set now, it would claim an all-reduce that was never registered)."""
     if not jit_compile:
         return
-    if whole_step_xla(gpu_visible(), horovod_has_xla_ops()) and LIBRARY_MODULE not in sys.modules:
+    if gpu and horovod_has_xla_ops() and LIBRARY_MODULE not in sys.modules:
         os.environ.setdefault(ENV, "1")
-    if not whole_step(jit_compile, gpu_visible()):
+    if not whole_step(jit_compile, gpu):
+        flags = os.environ.get("TF_XLA_FLAGS", "")
+        if "--tf_xla_cpu_global_jit" not in flags:
+            os.environ["TF_XLA_FLAGS"] = f"{flags} --tf_xla_cpu_global_jit".strip()
+
+
+def prepare(jit_compile: bool) -> None:
+    """After TensorFlow is imported, before Horovod's library loads: `environment` for the
+    GPUs TensorFlow sees (where the commands' guess before the import was wrong, or a caller
+    imported TensorFlow first), and XLA auto-clustering where the whole step is not
+    compiled."""
+    if not jit_compile:
+        return
+    gpu = gpu_visible()
+    environment(jit_compile, gpu)
+    if not whole_step(jit_compile, gpu):
         _autoclustering()
 
 
 def whole_step(jit_compile: bool, gpu: bool) -> bool:
     """Whether `runtime.jit_compile` compiles the whole train step, all-reduce included: on a
     GPU, with Horovod's XLA all-reduce built and registered (HOROVOD_ENABLE_XLA_OPS=1 when its
-    library loaded: `prepare`)."""
+    library loaded: `environment`)."""
     registered = os.environ.get(ENV) == "1"
     return jit_compile and registered and whole_step_xla(gpu, horovod_has_xla_ops())
 
@@ -78,7 +97,4 @@ def _autoclustering() -> None:
     """XLA auto-clustering of the step's ops (on CPU too), the all-reduce left outside."""
     import tensorflow as tf
 
-    flags = os.environ.get("TF_XLA_FLAGS", "")
-    if "--tf_xla_cpu_global_jit" not in flags:
-        os.environ["TF_XLA_FLAGS"] = f"{flags} --tf_xla_cpu_global_jit".strip()
     tf.config.optimizer.set_jit("autoclustering")
