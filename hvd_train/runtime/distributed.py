@@ -297,7 +297,7 @@ def thread_counts(
     its host (all of them once `bound` to its own), at least 1.
 
     Left to TensorFlow, each pool takes every core of the host in each worker: eight GPU
-    workers would each start a thread per core for their host-side ops and input pipeline.
+    workers would each start two threads per core for their host-side ops.
     """
     share = cores if bound else max(1, cores // local_workers)
     # On CPU, two ops at once where the worker has two cores or more; on one core a second
