@@ -200,7 +200,8 @@ def groups(sizes: list[int], limit: int) -> list[list[int]]:
 
 
 def _joined(variables: list[tf.Variable]) -> Any:
-    """A traced function giving `variables`' bytes end to end, as 64-bit words."""
+    """A traced function giving `variables`' bytes end to end, each zero-padded to whole
+    64-bit words (`_as_words`)."""
     return tf.function(lambda: tf.concat([_as_words(v) for v in variables], 0), autograph=False)
 
 
