@@ -11,10 +11,12 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import shlex
 
 import pytest
 from harness import PYTHON, QUICKSTART, horovodrun
 
+from hvd_train import cli
 from hvd_train.base.errors import DeviceError
 from hvd_train.runtime import device
 
@@ -111,6 +113,24 @@ def test_cpu_hides_the_gpus_before_tensorflow_looks(nvidia_smi) -> None:
     assert device.prepare("cpu", 8) is False
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "-1"
     device.require("cpu")
+
+
+def test_the_launcher_shapes_a_cpu_job_on_a_gpu_host_as_on_a_host_without_one(
+    nvidia_smi, capsys
+) -> None:
+    """With runtime.device cpu the workers hide the host's GPUs, so `hvd-train launch` starts
+    launch.cpu_workers by default and does not refuse more workers than GPUs."""
+    nvidia_smi(1)
+
+    def launch(*args: str) -> tuple[int, list[str]]:
+        code = cli.main(["launch", "--config", str(QUICKSTART), "--print-command", *args])
+        return code, shlex.split(capsys.readouterr().out)
+
+    assert launch("--np", "2")[0] == 2  # two workers would pin the one GPU
+    code, argv = launch("--np", "2", "--set", "runtime.device=cpu")
+    assert code == 0 and argv[argv.index("-np") + 1] == "2"
+    code, argv = launch("--set", "runtime.device=cpu")
+    assert code == 0 and argv[argv.index("-np") + 1] == "2"  # launch.cpu_workers, not 1 GPU
 
 
 def test_a_cuda_build_names_its_versions_and_the_libraries_that_did_not_load() -> None:

@@ -77,7 +77,7 @@ def main(argv: list[str], prog: str) -> int:
         args.np = args.np or sum(slots for _, slots in allocation)
         if note := slurm.gpus_note(os.environ):
             launch.say(note)
-    gpus = horovodrun.count_gpus()
+    gpus = horovodrun.training_gpus(cfg.runtime)
     np_ = args.np or horovodrun.workers(cfg.launch, gpus, args.hosts)
     if not cfg.elastic.enabled:  # an elastic job's hosts come from its discovery script
         horovodrun.refuse_shared_gpus(np_, args.hosts, gpus)

@@ -20,7 +20,7 @@ import sys
 
 from hvd_train.base import gpus as gpu_devices
 from hvd_train.base.errors import ConfigError, UserError
-from hvd_train.config import Config, ElasticConfig, LaunchConfig
+from hvd_train.config import Config, ElasticConfig, LaunchConfig, RuntimeConfig
 from hvd_train.record.layout import RunDir
 
 # Open MPI on a job whose ranks all run on this machine: only its same-host transports (shared
@@ -42,6 +42,12 @@ def count_gpus() -> int:
     instance of a GPU split into them), narrowed by CUDA_VISIBLE_DEVICES when it is set; 0
     without nvidia-smi. Never starts TensorFlow."""
     return len(gpu_devices.devices())
+
+
+def training_gpus(runtime: RuntimeConfig) -> int:
+    """The GPUs this host's workers train on: `count_gpus`, or none where `runtime.device` is
+    cpu (the workers hide them: the job is shaped as on a host without a GPU)."""
+    return 0 if runtime.device == "cpu" else count_gpus()
 
 
 def command(
@@ -71,7 +77,7 @@ def command(
     Returns:
         (argv, env): env is this process's environment with what the job adds.
     """
-    gpus = count_gpus()
+    gpus = training_gpus(cfg.runtime)
     np = np or workers(cfg.launch, gpus, hosts)
     cmd = [_horovodrun(), "-np", str(np)]
     if cfg.elastic.enabled:  # Horovod Elastic (Gloo): hosts come and go as the script reports them

@@ -48,7 +48,7 @@ class Point:
 def refuse_what_this_host_cannot_run(cfg: Config, points: list[Point], oversubscribe: bool):
     """Raises UserError naming the points this host cannot run, before any job starts."""
     most = max(p.workers for p in points)
-    gpus = horovodrun.count_gpus()
+    gpus = horovodrun.training_gpus(cfg.runtime)
     cores = len(os.sched_getaffinity(0))
     if gpus and most > gpus:
         raise UserError(
