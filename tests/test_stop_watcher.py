@@ -118,16 +118,22 @@ import os, signal, sys, time
 sys.path.insert(0, {root!r})
 from hvd_train.record import stops
 from hvd_train.config import load_config
-stops.installed(load_config({config!r}, ["run.dir={run_dir}"]))
+signals = stops.installed(load_config({config!r}, ["run.dir={run_dir}"]))
+if {claimed!r}:  # rank 0 claimed run.dir, then died in the collective that shares the claim
+    from hvd_train.record import rundir
+    claim = rundir.claim({run_dir!r}, overwrite=False, config_path=None)
+    signals.before_exit.append(claim.release)  # as the trainer's Run does (run_state.running)
 os.kill(os.getpid(), signal.{signal})
 time.sleep(60)  # TensorFlow's import, say: the watcher must end the process long before this
 print("NOT ENDED", flush=True)
 """
 
 
-def before_the_record(run_dir: pathlib.Path, sig: str = "SIGTERM", **env: str):
-    code = BEFORE_THE_RECORD.format(root=str(ROOT), config=str(QUICKSTART), run_dir=run_dir,
-                                    signal=sig)  # fmt: skip
+def before_the_record(
+    run_dir: pathlib.Path, sig: str = "SIGTERM", claimed: bool = False, **env: str
+):
+    code = BEFORE_THE_RECORD.format(root=str(ROOT), config=str(QUICKSTART), run_dir=str(run_dir),
+                                    signal=sig, claimed=claimed)  # fmt: skip
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
                           text=True, timeout=120, env={**os.environ, **env})  # fmt: skip
 
@@ -168,6 +174,21 @@ def test_a_signal_in_an_mpi_workers_start_up_is_a_stop_only_from_the_launcher(
     else:
         assert s["status"] == "failed" and s["error"].startswith("mpirun ended the job"), s
         assert "stopped_by" not in s, s
+
+
+def test_rank_0_that_holds_run_dir_already_writes_its_ending(tmp_path) -> None:
+    """Between rank 0's claim on run.dir and its record's start lies the collective that tells
+    every rank the claim's outcome: a worker that dies there gets mpirun's SIGTERM to rank 0,
+    whose ending is written under the claim it holds (before, it asked for a second claim,
+    was refused by its own, and wrote nothing: under raw horovodrun no one else could)."""
+    d = tmp_path / "run"
+    env = {"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "2"}
+    proc = before_the_record(d, claimed=True, **env)
+    assert proc.returncode == 143, proc.stdout + proc.stderr
+    s = json.loads((d / "summary.json").read_text())
+    assert s["status"] == "failed" and s["error"].startswith("mpirun ended the job"), s
+    assert s["recorded_by"] == "start-up" and "stopped_by" not in s, s
+    assert not (d / LOCK_NAME).exists()  # released as the process ended
 
 
 def test_another_rank_stopped_before_the_record_writes_nothing(tmp_path) -> None:

@@ -147,8 +147,12 @@ def end_before_start(
     one. Nothing is written where the run would have been refused (run.dir another job's, not
     a run's, not writable) nor over a completed run.
     """
+    # Rank 0 may hold run.dir already: it claimed it, then the collective that shares the
+    # claim's outcome failed, or a stop came, before its record started.
+    own = rundir.held_by_this_process(run_dir)
     try:
-        claim = rundir.claim(run_dir, overwrite=overwrite, config_path=None, log=lambda _: None)
+        claim = None if own else rundir.claim(run_dir, overwrite=overwrite, config_path=None,
+                                              log=lambda _: None)  # fmt: skip
     except RunDirError:
         return f"nothing was written ({run_dir} is not this job's to write)"
     try:
@@ -165,7 +169,8 @@ def end_before_start(
     except OSError as e:
         return f"cannot write {path}: {e.strerror or e}"
     finally:
-        claim.release()
+        if claim is not None:
+            claim.release()
 
 
 def _reserve(run_dir: str) -> None:

@@ -141,6 +141,12 @@ def read_lock(run_dir: str) -> dict[str, Any] | None:
     return held if _valid(held) else None
 
 
+def held_by_this_process(run_dir: str) -> bool:
+    """True if run.dir's lock is this process's own (it claimed run.dir, and holds it)."""
+    held = read_lock(run_dir)
+    return held is not None and _same_holder(held, _this_process())
+
+
 def alive_here(held: dict[str, Any]) -> bool:
     """True if a lock's record names a process that is running on this host."""
     return _same_host(held) and _alive(held["pid"], held.get("start_time"))
