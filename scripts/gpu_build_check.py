@@ -167,7 +167,9 @@ def cuda_specs(tf_dir: pathlib.Path) -> list[str]:
     [metadata] = tf_dir.glob("*.dist-info/METADATA")
     specs = {}
     for line in metadata.read_text().splitlines():
-        m = re.match(r'Requires-Dist: ([\w-]+)\s*\(?([^;)]*)\)?;.*extra == "and-cuda"', line)
+        m = re.match(
+            r"Requires-Dist: ([\w-]+)\s*\(?([^;)]*)\)?\s*;.*extra == [\"']and-cuda[\"']", line
+        )
         if m and m.group(1) in HEADER_WHEELS:
             specs[m.group(1)] = m.group(1) + m.group(2).replace(" ", "")
     return [specs[name] for name in HEADER_WHEELS]
