@@ -10,7 +10,7 @@ PY     := $(VENV)/bin/python
 NP     ?= 2
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: install demo test test-quick test-stack lint format bench clean docker-test slurm-test gpu-test
+.PHONY: install demo test test-quick test-stack lint format bench clean docker-test slurm-test gpu-test gpu-build-check
 
 install:
 	@bash scripts/install.sh
@@ -66,6 +66,15 @@ slurm-test:
 # `make test`; not yet run by this project (docs/validation.md).
 gpu-test:
 	bash scripts/gpu_test.sh
+
+# Horovod's GPU build, checked on a machine without a GPU (scripts/gpu_build_check.py): its C++
+# compiled with the CUDA, NCCL and MPI switches against each stack's TensorFlow CUDA wheel and
+# the CUDA 12 and NCCL headers of their pip wheels, then every TensorFlow symbol it needs looked
+# up in that wheel's libraries; one line a stack. About 600 MB of wheels a stack, downloaded
+# once into ~/.cache/hvd_train/gpu-build-check, and minutes of g++ a stack: not part of `make
+# test`. Every stack unless HVD_TRAIN_TF names one (`HVD_TRAIN_TF=2.21 make gpu-build-check`).
+gpu-build-check:
+	HVD_TRAIN_TF=$(if $(filter file,$(origin HVD_TRAIN_TF)),,$(HVD_TRAIN_TF)) $${PYTHON:-python3} scripts/gpu_build_check.py
 
 lint: install
 	$(VENV)/bin/ruff check hvd_train tests benchmarks

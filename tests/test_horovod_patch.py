@@ -296,3 +296,35 @@ def test_mpiruns_loopback_library_is_built_once_and_a_missing_compiler_is_said(t
 
     assert mpi_run._LOOPBACK_BIND == str(installed_horovod() / "runner" / lib.name)
     assert pathlib.Path(mpi_run._LOOPBACK_BIND).read_bytes().startswith(b"\x7fELF")
+
+
+@pytest.mark.parametrize(("tf", "via"), [((2, 15), "AsGpuStreamValue"),
+                                         ((2, 18), "platform_specific_handle"),
+                                         ((2, 21), "platform_specific_handle")])  # fmt: skip
+def test_the_gpu_stream_comes_from_what_each_tensorflow_exports(tmp_path, tf, via) -> None:
+    """0014: every op's GPU stream comes from one helper in mpi_ops.cc, which calls
+    Stream::platform_specific_handle() (virtual: no symbol of TensorFlow's) from 2.18, and
+    AsGpuStreamValue, which TensorFlow 2.21 no longer exports, only before. The GPU part of
+    the patched file is preprocessed as a CUDA build would, with the TENSORFLOW_VERSION
+    Horovod's CMake passes (TensorFlow's own TF_MINOR_VERSION is no guard: from 2.20 its
+    headers leave it to TensorFlow's build), against empty stand-in headers."""
+    with tarfile.open(sdist()) as tar:
+        tar.extractall(tmp_path, filter="data")
+    source = tmp_path / "horovod-0.28.1"
+    check(run(["bash", str(ROOT / "scripts" / "horovod_series.sh"), "apply", str(source)],
+              tmp_path))  # fmt: skip
+    text = (source / "horovod" / "tensorflow" / "mpi_ops.cc").read_text()
+    start = text.index("#if HAVE_GPU\n")
+    gpu_part = text[start : text.index("#endif // HAVE_GPU\n", start) + len("#endif // HAVE_GPU\n")]
+    assert "AsGpuStreamValue" not in text.replace(gpu_part, ""), "a call outside the helper"
+    headers = tmp_path / "include"
+    for header in ("cuda_runtime.h", "tensorflow/compiler/xla/stream_executor/stream.h"):
+        (headers / header).parent.mkdir(parents=True, exist_ok=True)
+        (headers / header).write_text("")
+    (tmp_path / "gpu_part.cc").write_text(gpu_part)
+    version = f"-DTENSORFLOW_VERSION={tf[0]}0{tf[1]:02d}000000"
+    cmd = ["cpp", "-P", "-DHAVE_GPU=1", "-DHAVE_CUDA=1", version, f"-I{headers}", "gpu_part.cc"]
+    out = check(run(cmd, tmp_path)).stdout
+    assert "HorovodGpuStream(stream_executor::Stream* stream)" in out
+    other = {"AsGpuStreamValue", "platform_specific_handle"} - {via}
+    assert via in out and not any(name in out for name in other), out
