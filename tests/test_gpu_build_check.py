@@ -95,6 +95,23 @@ def test_the_header_wheels_follow_tensorflows_cuda_extra(tmp_path) -> None:
     ]
 
 
+def test_the_header_wheels_follow_the_extra_as_tensorflow_2_19_writes_it(tmp_path) -> None:
+    """2.19's METADATA puts a space before the version and single quotes round the extra (the
+    check stopped on it with a KeyError before it read this form)."""
+    meta = tmp_path / "tensorflow-2.19.1.dist-info" / "METADATA"
+    meta.parent.mkdir()
+    meta.write_text(
+        "Requires-Dist: nvidia-cuda-nvcc-cu12 ==12.5.82 ; extra == 'and-cuda'\n"
+        "Requires-Dist: nvidia-cuda-runtime-cu12 ==12.5.82 ; extra == 'and-cuda'\n"
+        "Requires-Dist: nvidia-nccl-cu12 ==2.23.4 ; extra == 'and-cuda'\n"
+    )
+    assert check.cuda_specs(tmp_path) == [
+        "nvidia-cuda-runtime-cu12==12.5.82",
+        "nvidia-cuda-nvcc-cu12==12.5.82",
+        "nvidia-nccl-cu12==2.23.4",
+    ]
+
+
 def _sdist_or_skip() -> str:
     cache = os.environ.get("HVD_TRAIN_CACHE") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "hvd_train"
