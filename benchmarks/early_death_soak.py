@@ -176,10 +176,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--moments", nargs="*", default=list(MOMENTS), choices=MOMENTS)
     parser.add_argument("--keep", default="/tmp/early_death_soak", help="false records go here")
     parser.add_argument("--parallel", type=int, default=1, help="jobs at a time (default 1)")
+    parser.add_argument("--tally", action="store_true",
+                        help="print the table of --keep's results.jsonl (a soak cut short)")  # fmt: skip
     args = parser.parse_args(argv)
     keep = pathlib.Path(args.keep)
     keep.mkdir(parents=True, exist_ok=True)
     cells = [(launcher, moment) for launcher in args.launchers for moment in args.moments]
+    if args.tally:
+        return tally(keep / "results.jsonl", cells)
     counts: dict[tuple[str, str], collections.Counter] = collections.defaultdict(
         collections.Counter
     )
@@ -196,6 +200,9 @@ def main(argv: list[str] | None = None) -> int:
                 i, launcher, moment = runs[future]
                 verdict, s, out = future.result()
                 counts[launcher, moment][verdict] += 1
+                with open(keep / "results.jsonl", "a") as f:  # --tally reads it, also if cut short
+                    row = {"launcher": launcher, "moment": moment, "verdict": verdict}
+                    f.write(json.dumps({**row, "status": s.get("status")}) + "\n")
                 if verdict == "false":
                     name = f"{launcher}-{moment}-{i}".replace(" ", "_").replace("/", "_")
                     (keep / f"{name}.txt").write_text(json.dumps(s, indent=1) + "\n" + out)
@@ -210,6 +217,11 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.runs} jobs a cell, {args.parallel} at a time beside {args.load} busy loops, "
         f"{time.time() - started:.0f} s"
     )
+    return table(counts, cells)
+
+
+def table(counts: dict, cells: list[tuple[str, str]]) -> int:
+    """Prints each cell's counts; 1 if any record lied."""
     print("| launcher | moment | true | false | none | missed |\n|---|---|---:|---:|---:|---:|")
     for launcher, moment in cells:
         c = counts[launcher, moment]
@@ -217,6 +229,16 @@ def main(argv: list[str] | None = None) -> int:
             f"| {launcher} | {moment} | {c['true']} | {c['false']} | {c['none']} | {c['missed']} |"
         )
     return 1 if any(c["false"] for c in counts.values()) else 0
+
+
+def tally(results: pathlib.Path, cells: list[tuple[str, str]]) -> int:
+    """The table of a soak's results.jsonl, one line a job (a soak cut short has one too)."""
+    counts: dict = collections.defaultdict(collections.Counter)
+    for line in results.read_text().splitlines():
+        row = json.loads(line)
+        counts[row["launcher"], row["moment"]][row["verdict"]] += 1
+    print(f"{sum(sum(c.values()) for c in counts.values())} jobs in {results}")
+    return table(counts, cells)
 
 
 if __name__ == "__main__":
