@@ -41,6 +41,8 @@ import subprocess
 import sys
 import time
 
+from hvd_train.launcher.supervise import local_ranks
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
 BIN = pathlib.Path(PYTHON).parent
@@ -67,27 +69,6 @@ def command(launcher: str, run_dir: pathlib.Path) -> list[str]:
     return [PYTHON, "-m", "hvd_train", "launch", *np_, flag, "--config", str(CONFIG), *sets]
 
 
-def workers(run_dir: pathlib.Path) -> dict[int, int]:
-    """{rank: pid} of the job's live training processes (their command line names run.dir)."""
-    marker, found = f"run.dir={run_dir}", {}
-    for entry in pathlib.Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-            environ = (entry / "environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if marker not in cmdline or "hvd_train" not in cmdline or "horovodrun" in cmdline:
-            continue
-        if "launch" in cmdline.split() or "hvd_train.launcher.supervise" in cmdline:
-            continue
-        for item in environ:
-            if item.startswith((b"HOROVOD_RANK=", b"OMPI_COMM_WORLD_RANK=")):
-                found[int(item.split(b"=", 1)[1])] = int(entry.name)
-    return found
-
-
 def _read(path: pathlib.Path) -> str:
     try:
         return path.read_text()
@@ -108,8 +89,8 @@ def summary(run_dir: pathlib.Path) -> dict:
         return {}
 
 
-def reached(moment: str, run_dir: pathlib.Path) -> bool:
-    found = workers(run_dir)
+def reached(moment: str, run_dir: pathlib.Path, job: int) -> bool:
+    found = local_ranks(job)
     if 1 not in found or 0 not in found and moment != "process":
         return False
     rank0 = found.get(0)
@@ -135,9 +116,9 @@ def one_job(launcher: str, moment: str, run_dir: pathlib.Path) -> tuple[str, dic
     killed = False
     deadline = time.monotonic() + JOB_LIMIT_S
     while proc.poll() is None and time.monotonic() < deadline:
-        if reached(moment, run_dir):
+        if reached(moment, run_dir, proc.pid):
             try:
-                os.kill(workers(run_dir)[1], signal.SIGKILL)
+                os.kill(local_ranks(proc.pid)[1], signal.SIGKILL)
                 killed = True
             except (KeyError, ProcessLookupError):
                 pass

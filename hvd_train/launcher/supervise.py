@@ -153,6 +153,19 @@ class Supervisor:
 
 def local_workers(pid: int) -> list[psutil.Process]:
     """The job's worker processes on this host: descendants of `pid` that carry a rank."""
+    return [child for child, _ in _ranked_descendants(pid)]
+
+
+def local_ranks(pid: int) -> dict[int, int]:
+    """{rank: pid} of the job's workers on this host (descendants of `pid`); of a worker and a
+    child that inherited its rank, the worker."""
+    found: dict[int, int] = {}
+    for child, rank in _ranked_descendants(pid):
+        found.setdefault(rank, child.pid)  # parents come before their children
+    return found
+
+
+def _ranked_descendants(pid: int) -> list[tuple[psutil.Process, int]]:
     try:
         children = psutil.Process(pid).children(recursive=True)
     except psutil.NoSuchProcess:
@@ -164,8 +177,10 @@ def local_workers(pid: int) -> list[psutil.Process]:
                 environ = f.read().split(b"\0")
         except OSError:
             continue
-        if any(item.startswith(RANK_VARIABLES) for item in environ):
-            found.append(child)
+        rank = next((item.split(b"=", 1)[1] for item in environ
+                     if item.startswith(RANK_VARIABLES)), None)  # fmt: skip
+        if rank is not None and rank.isdigit():
+            found.append((child, int(rank)))
     return found
 
 
