@@ -162,7 +162,7 @@ def first_failure(output: str) -> dict[str, Any]:
     codes = {int(r): int(c) for r, c in GLOO_EXIT.findall(output)}
     m = MPI_NAMED.search(output) or GLOO_NAMED.search(output) or GLOO_ENDING.search(output)
     signaled = MPI_SIGNALED.search(output)
-    if m and signaled and _is_stop_code(int(m.group(2))):
+    if m and signaled and int(m.group(2)) in STOP_CODES:
         m = None  # mpirun named first a rank it ended itself, and what killed another after
     if m:
         rank, code = int(m.group(1)), int(m.group(2))
@@ -199,6 +199,8 @@ def describe(failure: dict[str, Any], host: str | None = None) -> str:
 _SIGNALS = {s.value: s.name for s in signal.Signals}
 # What a stop left in the record, wrong once the ending is a failure.
 STOP_FIELDS = ("stopped_by", "stop_detail", "stopped_at", "stop_signal")
+# The exit codes of a process a stop signal ended (128 + it, or Python's -it).
+STOP_CODES = frozenset(c for sig in STOP_SIGNALS for c in (128 + sig, -sig))
 
 
 def _say_ending(
@@ -349,12 +351,7 @@ def _died(failure: dict[str, Any]) -> bool:
     """Whether the rank that ended first died or failed, rather than stopped (SIGTERM, SIGINT or
     SIGUSR1, which a scheduler may send the workers themselves)."""
     code = failure["rank_exit_code"]
-    return failure["rank"] is not None and code is not None and not _is_stop_code(code)
-
-
-def _is_stop_code(code: int) -> bool:
-    """An exit code of a process that a stop signal ended (128 + it, or Python's -it)."""
-    return code in {c for sig in STOP_SIGNALS for c in (128 + sig, -sig)}
+    return failure["rank"] is not None and code is not None and code not in STOP_CODES
 
 
 def _may_record_in(run_dir: str) -> bool:
