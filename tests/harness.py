@@ -240,7 +240,11 @@ def _address(hex_address: str) -> tuple[str, int]:
 def thread_states(pid: int) -> str:
     """The state letter of each of `pid`'s threads (R: running or runnable)."""
     states = ""
-    for task in pathlib.Path(f"/proc/{pid}/task").iterdir():
+    try:
+        tasks = list(pathlib.Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return states  # the process has gone
+    for task in tasks:
         try:
             states += (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
         except (OSError, IndexError):
@@ -261,8 +265,10 @@ def spinning(pid: int, looks: int = 40) -> bool:
 def kill_inside_a_shared_memory_all_reduce(pid0: int, pid1: int, attempts: int = 200) -> bool:
     """Stops rank 1 (`pid1`) until rank 0 (`pid0`) is caught waiting for it inside a
     shared-memory all-reduce (spinning: in Gloo's negotiation it would sleep), then kills rank
-    1; False, rank 1 left running, if rank 0 was never caught there."""
+    1; False, rank 1 left running, if rank 0 was never caught there (or has ended)."""
     for attempt in range(attempts):
+        if thread_states(pid0).strip("Z") == "":
+            return False  # rank 0 has ended: the job is over
         os.kill(pid1, signal.SIGSTOP)
         time.sleep(0.05)
         if spinning(pid0):

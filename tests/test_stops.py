@@ -262,7 +262,9 @@ def test_a_rank_killed_inside_a_shared_memory_all_reduce_is_recorded_as_anywhere
     all-reduce fails at once, naming rank 1 as gone: a knock-on, as Gloo's own errors are, so
     the record names rank 1 from horovodrun's note, as for a rank killed anywhere else."""
     d = tmp_path / "run"
-    proc = start(horovodrun("gloo", trainer(d, *SYNTHETIC, "train.epochs=30")), tmp_path)
+    # Epochs enough that the job never ends by itself before rank 0 is caught: the catching,
+    # not the job's length, bounds the test (200 attempts).
+    proc = start(horovodrun("gloo", trainer(d, *SYNTHETIC, "train.epochs=100000")), tmp_path)
     try:
         wait_until(lambda: summary(d).get("epochs_completed", 0) >= 1, proc, "one epoch")
         pid0, pid1 = workers(str(d))[0], workers(str(d))[1]
