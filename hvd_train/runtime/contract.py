@@ -72,6 +72,11 @@ class KerasBinding(Protocol):
     def start_window(self, model: Any, restart: bool = False) -> None:
         """The window's position after a restore and broadcast; `restart`: from its start."""
 
+    def fit_callbacks(
+        self, callbacks: list[Any], model: Any, verbose: int, epochs: int, steps: int
+    ) -> Any:
+        """`fit`'s `callbacks=`, which gives the callbacks that take tensor logs tensors."""
+
     def metric_average_callback(self) -> Any:
         """The callback that averages the epoch's metrics over the workers."""
 

@@ -200,6 +200,7 @@ class _BroadcastAfterFirstBatch(keras.callbacks.Callback):
 
     def __init__(self) -> None:
         super().__init__()
+        self._supports_tf_logs = True  # it reads no logs: Keras 2 need not convert them for it
         self.done = False
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
@@ -210,6 +211,12 @@ class _BroadcastAfterFirstBatch(keras.callbacks.Callback):
 
 def broadcast_callback() -> Any:
     return _BroadcastAfterFirstBatch()
+
+
+def fit_callbacks(callbacks: list[Any], model: Any, verbose: int, epochs: int, steps: int) -> Any:
+    """What `fit` takes as `callbacks=`: the list itself (Keras 2's own CallbackList gives the
+    callbacks that take tensor logs, `_supports_tf_logs`, the logs as tensors)."""
+    return list(callbacks)
 
 
 def metric_average_callback() -> Any:

@@ -34,6 +34,7 @@ import horovod.tensorflow as hvd_tf
 import keras
 import numpy as np
 import tensorflow as tf
+from keras.src.utils import python_utils  # Keras' own test and conversion of a step's logs
 
 from hvd_train.runtime import binding, distributed, replicas, xla
 from hvd_train.runtime.schedules import schedule_class, warmup_scaled
@@ -389,6 +390,56 @@ def metric_average_callback() -> Any:
     return MetricAverage()
 
 
+class CallbackList(keras.callbacks.CallbackList):
+    """Keras 3's CallbackList, but the callbacks that take tensor logs (`_supports_tf_logs`,
+    Keras 2's flag: hvd_train's own, train/hooks.py) get each step's logs as they are.
+
+    Keras 3 turns every step's logs into Python numbers for its callbacks, which waits for the
+    step to finish: on a GPU, a host round-trip a step. (It would call `async_safe` callbacks'
+    batch hooks in a thread instead, but only on a thread-safe backend, which TensorFlow's is
+    not: `keras.src.backend.IS_THREAD_SAFE`.) hvd_train's hooks act at the step boundary (an
+    agreed stop, a checkpoint, a collective at the same step on every rank) and read the logs
+    only where they act. So every callback is called at once, in list order: those that take
+    tensor logs with the logs as they are, the others as Keras calls them, with numbers,
+    converted once a step and only when one of them has a batch-end hook.
+    """
+
+    def __init__(self, callbacks: list[Any], **kwargs: Any) -> None:
+        super().__init__(callbacks, **kwargs)
+        self._numbers_at_batch_end = [
+            cb for cb in self.callbacks if not _takes_tensor_logs(cb) and _has_batch_end(cb)
+        ]
+
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        numbers = None
+        for callback in self.callbacks:
+            if _takes_tensor_logs(callback):
+                callback.on_train_batch_end(batch, logs)
+            elif callback in self._numbers_at_batch_end:
+                numbers = python_utils.pythonify_logs(logs) if numbers is None else numbers
+                callback.on_train_batch_end(batch, numbers)
+
+
+def _takes_tensor_logs(callback: Any) -> bool:
+    return bool(getattr(callback, "_supports_tf_logs", False))
+
+
+def _has_batch_end(callback: Any) -> bool:
+    """Whether Keras' default of a batch-end hook was replaced (the default of
+    `on_train_batch_end` calls `on_batch_end`)."""
+    default = python_utils.is_default
+    return not (default(callback.on_train_batch_end) and default(callback.on_batch_end))
+
+
+def fit_callbacks(callbacks: list[Any], model: Any, verbose: int, epochs: int, steps: int) -> Any:
+    """What `fit` takes as `callbacks=`: `CallbackList` (Keras' History added, and its bar when
+    `verbose` and none is in `callbacks`), made for `epochs` and `steps` as `fit` makes its own."""
+    return CallbackList(
+        callbacks, add_history=True, add_progbar=verbose != 0, model=model, verbose=verbose,
+        epochs=epochs, steps=steps,
+    )  # fmt: skip
+
+
 # --------------------------------------------------------------------------- the learning rate
 
 # The decays `warmup` offers: the others need arguments it does not take (the trainer's config
@@ -523,6 +574,8 @@ class SyncBatchNormalization(keras.layers.BatchNormalization):
 
 class CommitState(keras.callbacks.Callback):
     """Horovod Elastic: commits the state every `every_steps` batches and at each epoch's end."""
+
+    _supports_tf_logs = True  # it reads no logs: no conversion a step for it (CallbackList)
 
     def __init__(self, state: replicas.ElasticState, every_steps: int):
         super().__init__()

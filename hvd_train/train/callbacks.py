@@ -360,7 +360,6 @@ class EpochLines(Callback):
         super().__init__()
         self.epochs, self.plan, self.control, self.every_s = epochs, plan, control, every_s
         self._log, self._clock = log, clock
-        self._supports_tf_logs = True  # batch logs are read only when a line is due
         self._start = self._next = 0.0
         self._first_step = 0
 
@@ -447,6 +446,14 @@ def TensorBoard(log_dir: str) -> Any:  # noqa: N802 - a callback class to its ca
 @functools.cache
 def _tensorboard_class(keras: ModuleType) -> type:
     class TensorBoard(keras.callbacks.TensorBoard):
+        # Epoch summaries only (update_freq "epoch", no profiling): at a batch's end it has
+        # nothing to do but write the model's graph, once; with the logs left as tensors.
+        _supports_tf_logs = True
+
+        def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+            if self._should_write_train_graph:
+                super().on_train_batch_end(batch, logs)
+
         def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
             logs = logs or {}
             super().on_epoch_end(epoch, without_bookkeeping(logs))

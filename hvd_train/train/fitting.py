@@ -15,7 +15,7 @@ import tensorflow as tf
 
 from hvd_train.config import Config, Derived
 from hvd_train.data.pipeline import Source, to_device, train_dataset
-from hvd_train.runtime import distributed
+from hvd_train.runtime import binding, distributed
 from hvd_train.train.callbacks import RunCallbacks, wants_progress_bar
 from hvd_train.train.input_wait import InputWait
 
@@ -51,10 +51,12 @@ def fit_from(
     while epoch < cfg.train.epochs:
         data = fit_dataset(source, cfg, plan, epoch, step, callbacks.input_wait)
         last = epoch + 1 if step else cfg.train.epochs  # a part-done epoch on its own
+        steps = plan.steps_per_epoch - step
+        # The hooks get each step's logs as tensors on both Kerases: no host read a step.
+        listed = binding.active().fit_callbacks(list(callbacks.all), model, verbose, last, steps)
         with without_first_batch_timing_warning():
             h = model.fit(
-                data, initial_epoch=epoch, epochs=last,
-                steps_per_epoch=plan.steps_per_epoch - step, callbacks=list(callbacks.all),
+                data, initial_epoch=epoch, epochs=last, steps_per_epoch=steps, callbacks=listed,
                 verbose=verbose, shuffle=False,  # the data is in its epoch's order already
             )  # fmt: skip
         for key, values in h.history.items():

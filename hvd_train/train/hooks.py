@@ -6,6 +6,12 @@ also whether the batch hooks are implemented (so it can skip them). A class that
 a callback to both, so one class serves either binding (runtime/binding.py), and the binding
 can be chosen after the model is built.
 
+Each step's logs reach these hooks as tensors (`_supports_tf_logs`): reading one brings it to
+the host, which on a GPU waits for the step to finish, so a hook reads the logs only where it
+acts on them (an agreement, a progress line), never at every step. Keras 2 honours the flag
+itself; Keras 3 converts every step's logs for every callback, so the Keras 3 binding gives
+`fit` a callback list of its own that honours it too (runtime/keras3.py `CallbackList`).
+
 Not for the callbacks that extend Keras' own classes (the progress bar, TensorBoard,
 ReduceLROnPlateau): those are made from the active Keras' class (see their modules).
 """
@@ -18,9 +24,8 @@ from typing import Any
 class Callback:
     """A Keras callback (Keras 3 or 2); override the hooks you need."""
 
-    # Keras 2: a callback that reads its batch logs only now and then may take them as
-    # tensors, so that Keras does not convert them to NumPy at every step for it.
-    _supports_tf_logs = False
+    # The logs as tensors, read only where needed (Keras 2's flag; Keras 3: see above).
+    _supports_tf_logs = True
 
     def __init__(self) -> None:
         self.model: Any = None

@@ -3,11 +3,15 @@
 How the wait is measured: Keras fetches the next batch inside the compiled train step, so the
 wait cannot be timed from Python around `next()`. Instead the pipeline's last stage (`attach`)
 is a sequential map placed after the prefetch buffer; it runs in the step's own thread the
-moment the step's fetch returns, and stores `tf.timestamp()` in a variable. The wait of a step
-is that time minus the time Keras called `on_train_batch_begin` just before starting the step:
-near zero when the prefetch buffer already held a batch, the whole delay when the pipeline was
-behind. It includes the step's entry (tens of microseconds), so it is never exactly 0. The
-run's very first step (tracing, filling the buffer) is left out.
+moment the step's fetch returns. The wait of a step is that moment (`tf.timestamp()`) minus the
+time Keras called `on_train_batch_begin` just before starting the step: near zero when the
+prefetch buffer already held a batch, the whole delay when the pipeline was behind. It
+includes the step's entry (tens of microseconds), so it is never exactly 0. The run's very
+first step (tracing, filling the buffer) is left out.
+
+No step waits on the host for it: the stage adds each arrival (from the epoch's start) to a
+sum on the CPU, the hook adds each begin to a Python float, and the epoch's wait is the one
+minus the other, read once an epoch (every arrival follows its own begin).
 """
 
 from __future__ import annotations
@@ -35,7 +39,8 @@ class InputWait(Callback):
         warn_above: the fraction above which rank 0 warns.
         advice: what the warning tells the user to do; None: no warning (nothing to do).
             Defaults to `DECODED_ADVICE`.
-        clock: seconds, read when a step begins and when it ends. Defaults to `time.time`.
+        clock: seconds, read when a step begins and when the epoch ends. Defaults to
+            `time.time`.
         stamp: the same clock as a TensorFlow op, read in the pipeline when the step's batch
             arrives. Defaults to `tf.timestamp` (which reads the clock `time.time` reads).
     """
@@ -51,18 +56,21 @@ class InputWait(Callback):
         self.warn_above = warn_above
         self.advice = advice
         self._clock, self._stamp = clock, stamp
-        self._ready = tf.Variable(0.0, dtype=tf.float64, trainable=False)
+        with tf.device("/CPU:0"):  # beside the pipeline, whatever device trains
+            self._origin = tf.Variable(0.0, dtype=tf.float64, trainable=False)  # the epoch's
+            self._arrivals = tf.Variable(0.0, dtype=tf.float64, trainable=False)  # their sum
         self._first_step = True
         self._warned = False
         self._epochs_seen = 0  # the first, with tracing and filling buffers, warns only alone
-        self._begin = self._wait = self._busy = 0.0
+        self._start = 0.0  # the epoch's origin: times are summed from it (float64 keeps them)
+        self._begins = 0.0  # the sum of the counted steps' begins, from the origin
+        self._since: float | None = None  # when the first counted step of the epoch began
 
     def attach(self, ds: tf.data.Dataset) -> tf.data.Dataset:
         """`ds` with the time-stamping last stage (sequential, after the prefetch)."""
 
         def stamp(*batch):
-            now = tf.cast(self._stamp(), tf.float64)
-            with tf.control_dependencies([self._ready.assign(now)]):
+            with tf.control_dependencies([self.arrived()]):
                 return tuple(tf.identity(t) for t in batch)
 
         options = tf.data.Options()
@@ -70,22 +78,29 @@ class InputWait(Callback):
         options.experimental_optimization.inject_prefetch = False
         return ds.map(stamp).with_options(options)
 
+    def arrived(self) -> tf.Operation:
+        """The pipeline's stage, as the step's batch arrives: adds the moment to the sum."""
+        return self._arrivals.assign_add(tf.cast(self._stamp(), tf.float64) - self._origin)
+
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
-        self._wait = self._busy = 0.0
+        self._start = self._clock()
+        self._origin.assign(self._start)
+        self._since = None
 
     def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
-        self._begin = self._clock()
-
-    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
-        end = self._clock()
+        now = self._clock()
         if self._first_step:
-            self._first_step = False
+            self._first_step = False  # its arrival is dropped at the next step's begin
             return
-        self._wait += min(max(float(self._ready.numpy()) - self._begin, 0.0), end - self._begin)
-        self._busy += end - self._begin
+        if self._since is None:  # the epoch's first counted step: the sums start here
+            self._since, self._begins = now, 0.0
+            self._arrivals.assign(0.0)
+        self._begins += now - self._start
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
-        mine = self._wait / self._busy if self._busy > 0 else 0.0
+        busy = self._clock() - self._since if self._since is not None else 0.0
+        waited = float(self._arrivals.numpy()) - self._begins if busy > 0 else 0.0
+        mine = waited / busy if busy > 0 else 0.0
         # Horovod: every rank takes part; the worst worker's input holds back all of them.
         fraction = max(distributed.allgather_object(mine, name="input_wait_fraction"))
         logs["input_wait_fraction"] = fraction

@@ -34,7 +34,6 @@ class StepTimer(Callback):
     def __init__(self, plan: Derived):
         super().__init__()
         self.plan = plan
-        self._supports_tf_logs = True  # batch hooks must not turn the logs into numpy each step
         self.steps: list[list[float]] = []  # seconds, per epoch
         self.windows: list[tuple[float, float]] = []  # wall-clock (time.time) of each epoch
         self.seconds: list[float] = []  # training time of each epoch (EpochStats' when there)
