@@ -59,7 +59,9 @@ def run_epoch(iw: InputWait, clock: FakeClock, epoch: int, steps: list[tuple[flo
     return logs["input_wait_fraction"]
 
 
-def make(warn_above: float, epochs: int, advice: str | None = "ADVICE") -> tuple[InputWait, FakeClock]:
+def make(
+    warn_above: float, epochs: int, advice: str | None = "ADVICE"
+) -> tuple[InputWait, FakeClock]:
     clock = FakeClock()
     iw = InputWait(warn_above, advice, clock=clock, stamp=FakeStamp(clock))
     iw.set_params({"epochs": epochs})

@@ -30,7 +30,7 @@ from hvd_train.runtime import distributed, tuning, worker
 from hvd_train.train.banner import log_plan
 from hvd_train.train.callbacks import RunCallbacks, build_callbacks, require_tensorboard
 from hvd_train.train.elastic import fit_elastic
-from hvd_train.train.failure import abandon, fail, reading_cause
+from hvd_train.train.failure import abandon, fail, reading_cause, record_cause
 from hvd_train.train.fitting import fit_from
 from hvd_train.train.models import weights_note
 from hvd_train.train.outcome import batches, complete, gradient_size, stop, summarize, summary_base
@@ -75,7 +75,11 @@ def train(
         source = load_source(cfg)
         startup.mark("data")
         plan = derive(cfg, distributed.size(), source.num_train)
-        _open_run_dir(cfg, config_path, run, plan, device)
+        try:
+            _open_run_dir(cfg, config_path, run, plan, device)
+        except BaseException as e:
+            _end_under_the_claim(cfg, run, e)
+            raise
         startup.mark("run_dir")
         try:
             log_plan(cfg, plan, source, device)
@@ -155,6 +159,20 @@ def _open_run_dir(
     run.signals.on_signal = lambda signum: record.note(signal=signum)
     run.signals.abandon = functools.partial(abandon, record, None)
     record.start()
+
+
+def _end_under_the_claim(cfg: Config, run: Run, e: BaseException) -> None:
+    """Rank 0 claimed run.dir, but `e` came before its record started: in the collective that
+    tells every rank the claim's outcome, another worker died (Gloo raises at once, before
+    horovodrun's SIGTERM). Rank 0 writes the ending under the claim it holds, naming the
+    worker that failed first when horovodrun noted it; the stop watcher, told the run has
+    written its ending, then leaves the process to end as it does."""
+    if not run.claims or run.record is not None:
+        return  # no claim (a refusal: nothing of this job's may be written), or a record
+    run.signals.done.set()
+    cause = record_cause(e, recorded=True)
+    ending = {"status": "failed", **cause, "error_type": type(e).__name__}
+    end_before_start(cfg.run.dir, cfg.run.overwrite, distributed.size(), cfg.train.epochs, ending)
 
 
 def _prepare_run_dir(cfg: Config, config_path: str | None, claims: list[rundir.Claim]) -> None:
