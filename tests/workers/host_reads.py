@@ -51,7 +51,13 @@ def main() -> None:
         backend.convert_to_numpy = lambda x: (
             counting(convert)(x) if backend.is_tensor(x) else convert(x)
         )
-    keras = __import__(keras_name)
+    if keras_name == "keras":
+        import keras
+    else:  # Keras 2: the tf_keras package from TensorFlow 2.16, tf.keras on 2.15
+        try:
+            import tf_keras as keras
+        except ImportError:
+            keras = tf.keras
     make = keras.Model.make_train_function
     after: list[int] = []  # the reads so far, as each execution returned
 
