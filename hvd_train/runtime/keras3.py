@@ -406,18 +406,19 @@ class CallbackList(keras.callbacks.CallbackList):
 
     def __init__(self, callbacks: list[Any], **kwargs: Any) -> None:
         super().__init__(callbacks, **kwargs)
-        self._numbers_at_batch_end = [
-            cb for cb in self.callbacks if not _takes_tensor_logs(cb) and _has_batch_end(cb)
+        # Once, not at every step: each callback called at a batch's end, and how.
+        self._at_batch_end = [
+            (cb, tensors)
+            for cb in self.callbacks
+            if (tensors := _takes_tensor_logs(cb)) or _has_batch_end(cb)
         ]
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
         numbers = None
-        for callback in self.callbacks:
-            if _takes_tensor_logs(callback):
-                callback.on_train_batch_end(batch, logs)
-            elif callback in self._numbers_at_batch_end:
-                numbers = python_utils.pythonify_logs(logs) if numbers is None else numbers
-                callback.on_train_batch_end(batch, numbers)
+        for callback, tensors in self._at_batch_end:
+            if not tensors and numbers is None:
+                numbers = python_utils.pythonify_logs(logs)
+            callback.on_train_batch_end(batch, logs if tensors else numbers)
 
 
 def _takes_tensor_logs(callback: Any) -> bool:

@@ -99,8 +99,7 @@ class InputWait(Callback):
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         busy = self._clock() - self._since if self._since is not None else 0.0
-        waited = float(self._arrivals.numpy()) - self._begins if busy > 0 else 0.0
-        mine = waited / busy if busy > 0 else 0.0
+        mine = (float(self._arrivals.numpy()) - self._begins) / busy if busy > 0 else 0.0
         # Horovod: every rank takes part; the worst worker's input holds back all of them.
         fraction = max(distributed.allgather_object(mine, name="input_wait_fraction"))
         logs["input_wait_fraction"] = fraction

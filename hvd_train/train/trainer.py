@@ -120,10 +120,7 @@ def _start_worker(cfg: Config, run: Run, timeline: bool = True) -> str:
         # Not the config's fault alone: the host's TensorFlow. Recorded as the run's failure,
         # so that a run that never trained says `failed`, not nothing.
         if distributed.is_chief():
-            ending = {"status": "failed", "error": str(e), "error_type": type(e).__name__}
-            end_before_start(
-                cfg.run.dir, cfg.run.overwrite, distributed.size(), cfg.train.epochs, ending
-            )
+            _end_failed_in_start_up(cfg, e, {"error": str(e)})
         raise
     run.signals.chief = distributed.is_chief()
     return device
@@ -170,7 +167,12 @@ def _end_under_the_claim(cfg: Config, run: Run, e: BaseException) -> None:
     if not run.claims or run.record is not None:
         return  # no claim (a refusal: nothing of this job's may be written), or a record
     run.signals.done.set()
-    cause = record_cause(e, recorded=True)
+    _end_failed_in_start_up(cfg, e, record_cause(e, recorded=True))
+
+
+def _end_failed_in_start_up(cfg: Config, e: BaseException, cause: dict[str, Any]) -> None:
+    """Rank 0's `failed` ending before its record (run_record.end_before_start): `cause` is
+    the record's `error` (and `failed_rank`)."""
     ending = {"status": "failed", **cause, "error_type": type(e).__name__}
     end_before_start(cfg.run.dir, cfg.run.overwrite, distributed.size(), cfg.train.epochs, ending)
 
