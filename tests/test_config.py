@@ -167,6 +167,23 @@ def test_steps_per_epoch_follow_remainder_and_cap() -> None:
     assert capped.steps_per_epoch == 3
 
 
+def test_steps_per_execution_must_divide_the_epochs_steps_at_the_worker_count() -> None:
+    """Keras 3 runs an epoch's last call to its full length, into the next epoch's batches: a
+    steps_per_execution that does not divide the epoch is refused in one line that names the
+    divisors near it and a cap that fits (whole accumulation windows too)."""
+    base = ["train.batch_size=10", "train.steps_per_execution=4"]
+    assert derive(load_config(None, base), 1, num_train=200).steps_per_epoch == 20
+    with pytest.raises(ConfigError) as e:  # 2 workers: 10 steps an epoch
+        derive(load_config(None, base), 2, num_train=200)
+    assert str(e.value) == (
+        "train.steps_per_execution: 4 does not divide an epoch's 10 steps at 2 worker(s) (the "
+        "epoch's last call would run into the next epoch's batches); use a divisor of 10 (1, 2, "
+        "5, 10), or set train.steps_per_epoch to 8"
+    )
+    with pytest.raises(ConfigError, match=r"set train.steps_per_epoch to 24$"):
+        derive(load_config(None, [*base, "train.gradient_accumulation_steps=3"]), 1, 280)
+
+
 def test_fewer_examples_than_one_global_batch_is_a_data_error() -> None:
     cfg = load_config(None, ["train.batch_size=64"])
     with pytest.raises(DataError, match="50 training examples are fewer than one global batch"):

@@ -22,8 +22,10 @@ class FakeClock:
         return self.now
 
 
-def agreements(ctl: RunControl, clock: FakeClock, steps: int) -> list[int]:
-    """Runs `steps` steps of `clock.step_s` each; returns the position steps agreed at."""
+def agreements(ctl: RunControl, clock: FakeClock, steps: int, k: int = 1) -> list[int]:
+    """Runs `steps` steps of `clock.step_s` each, `k` a call (train.steps_per_execution, the
+    hooks called with Keras' index of each call's last step); returns the position steps
+    agreed at."""
     seen = []
     sync = ctl.sync
 
@@ -33,9 +35,9 @@ def agreements(ctl: RunControl, clock: FakeClock, steps: int) -> list[int]:
 
     ctl.sync = noting
     ctl.on_epoch_begin(0)
-    for _ in range(steps):
-        clock.now += clock.step_s
-        ctl.on_train_batch_end(0, {"loss": 0.5})
+    for last in range(k - 1, steps, k):
+        clock.now += clock.step_s * k
+        ctl.on_train_batch_end(last, {"loss": 0.5})
         if ctl.stopping:
             break
     return seen
@@ -47,9 +49,11 @@ def make(monkeypatch):
 
     def make(every: int, step_s: float, checkpoint_every: int = 0, steps_per_epoch=10_000):
         clock = FakeClock(step_s)
-        due = (lambda s: s % checkpoint_every == 0) if checkpoint_every else (lambda s: False)
-        ctl = RunControl(StopSignals(), every, steps_per_epoch, due, clock=clock)
+        ctl = RunControl(
+            StopSignals(), every, steps_per_epoch, checkpoint_every or None, clock=clock
+        )
         ctl.set_model(tf.keras.Sequential([tf.keras.Input((1,)), tf.keras.layers.Dense(1)]))
+        ctl.set_params({"steps": steps_per_epoch})  # as fit sets them
         return ctl, clock
 
     return make
@@ -78,6 +82,30 @@ def test_fixed_interval_and_checkpoints_force_an_agreement(make) -> None:
     assert agreements(ctl, clock, 13) == [4, 6, 8, 12]
 
 
+def test_with_several_steps_a_call_each_interval_is_met_at_the_call_that_reaches_it(make) -> None:
+    """train.steps_per_execution 3: the hooks run after steps 3, 6, 9, ...; an agreement every
+    4 steps and a checkpoint every 5 come at the first call's end at or past each."""
+    ctl, clock = make(4, step_s=0.1, checkpoint_every=5)
+    assert agreements(ctl, clock, 21, k=3) == [6, 9, 12, 15, 18, 21]
+    ctl, clock = make(4, step_s=0.1)
+    assert agreements(ctl, clock, 21, k=3) == [6, 9, 12, 18, 21]
+    assert ctl.signals.steps_run == 21 and ctl.step_in_epoch == 21
+    # Auto: steps of 0.1 s, a call of 3 each 0.3 s: the first call, then once past a second.
+    ctl, clock = make(0, step_s=0.1)
+    assert agreements(ctl, clock, 30, k=3) == [3, 15, 27]
+
+
+def test_a_part_done_epochs_short_last_call_counts_only_the_steps_it_ran(make) -> None:
+    """A resume at step 4 of a 10-step epoch, 3 steps a call: Keras 3 gives the last call the
+    index 8 (steps 6 to 8 of the 6 left), though it ran 0..5 and stopped at the data's end."""
+    ctl = RunControl(StopSignals(), 0, 10, None, first_step_in_epoch=4, clock=FakeClock(0.1))
+    ctl.set_params({"steps": 6})
+    ctl.on_epoch_begin(0)
+    for last in (2, 5, 8):
+        ctl.on_train_batch_end(last, {"loss": 0.5})
+    assert ctl.step_in_epoch == 10 and ctl.position_step == 10 and ctl.signals.steps_run == 6
+
+
 def test_a_signal_stops_at_the_next_agreement(make, monkeypatch) -> None:
     monkeypatch.setattr(distributed, "is_chief", lambda: True)
     ctl, clock = make(0, step_s=0.1)
@@ -86,7 +114,7 @@ def test_a_signal_stops_at_the_next_agreement(make, monkeypatch) -> None:
         clock.now += clock.step_s
         if step == 5:
             ctl.signals.signum = int(signal.SIGTERM)  # what StopSignals records
-        ctl.on_train_batch_end(0, {"loss": 0.5})
+        ctl.on_train_batch_end(step - 1, {"loss": 0.5})
         if ctl.stopping:
             break
     assert ctl.stopped_at == (0, 11)  # agreed at steps 1 and 11: stops after step 11
@@ -101,4 +129,4 @@ def test_a_nan_loss_is_an_error_at_the_next_agreement(make) -> None:
     ):
         for step in range(1, 30):
             clock.now += clock.step_s
-            ctl.on_train_batch_end(0, {"loss": float("nan") if step >= 3 else 0.5})
+            ctl.on_train_batch_end(step - 1, {"loss": float("nan") if step >= 3 else 0.5})

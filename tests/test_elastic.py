@@ -13,7 +13,7 @@ from harness import BIN, PYTHON, QUICKSTART, WORKERS, check, run, two_local_host
 
 from hvd_train.config import derive, load_config
 from hvd_train.runtime.schedules import lr_multiplier
-from hvd_train.train.elastic import rescale_learning_rate
+from hvd_train.train.elastic import TrackPosition, rescale_learning_rate
 from hvd_train.train.step import make_optimizer
 
 WORKER = str(WORKERS / "elastic_collectives.py")
@@ -51,6 +51,38 @@ def test_after_a_resize_the_schedule_trains_the_last_step_at_its_floor() -> None
     assert float(model.optimizer.learning_rate) > 0.0  # epoch 4's last step but one
     model.optimizer.iterations.assign_add(1)
     assert float(model.optimizer.learning_rate) == 0.0
+
+
+class _State:
+    """Horovod Elastic's state as the position callback sees it: the position, and commits."""
+
+    def __init__(self, epoch: int, batch: int) -> None:
+        self.epoch, self.batch, self.global_batch = epoch, batch, 0
+        self.commits: list[tuple[int, int]] = []
+
+    def commit(self) -> None:
+        self.commits.append((self.epoch, self.batch))
+
+
+@pytest.mark.parametrize("k", [1, 4])
+def test_a_commit_holds_the_position_of_the_steps_it_holds(k: int) -> None:
+    """Committed every 5 steps, `k` steps a call (train.steps_per_execution), in a part-done
+    epoch from step 3 of 22 (Keras' index counts from the fit's first step; the last call's
+    may run past the data's end): each commit's position is the steps done, the call that
+    holds them included (a commit made before the position moved would redo a step after a
+    reset), at the end of the call that reaches each 5th step, and at the epoch's end."""
+    state = _State(epoch=1, batch=3)
+    track = TrackPosition(state, derive(load_config(QUICKSTART), 2, 1438), every_steps=5)
+    track.set_params({"steps": 19})
+    track.on_epoch_begin(1)
+    for last in range(k - 1, 19 + k - 1, k):
+        track.on_train_batch_end(last)
+        assert state.batch == 3 + min(last + 1, 19)
+    track.on_epoch_end(1)
+    if k == 1:
+        assert state.commits == [(1, 5), (1, 10), (1, 15), (1, 20), (2, 0)]
+    else:  # calls end at steps 7, 11, 15, 19, 22 of the epoch
+        assert state.commits == [(1, 7), (1, 11), (1, 15), (1, 22), (2, 0)]
 
 
 @pytest.mark.stack

@@ -126,6 +126,25 @@ def test_stamp_is_read_inside_each_step_after_it_began(logged) -> None:
     assert history.history["input_wait_fraction"] == [0.5, 0.5]
 
 
+def test_with_several_steps_a_call_only_each_calls_first_fetch_is_timed(logged) -> None:
+    """The same logical clock, 2 steps a call (train.steps_per_execution): a call reads begin,
+    its first stamp, then its second stamp (2 fetches, 1 begin). Only the first fetch has a
+    begin to be timed from: 1 of each call's 3 ticks waits. Were the second fetch counted from
+    the same begin, the fraction would be (1 + 2) / 3 = 1."""
+    ticks = tf.Variable(0.0, dtype=tf.float64)
+    iw = InputWait(
+        0.9,
+        clock=lambda: float(ticks.assign_add(1.0)),
+        stamp=lambda: ticks.assign_add(1.0),
+        steps_per_execution=2,
+    )
+    model = tf.keras.Sequential([tf.keras.Input((2,)), tf.keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse", steps_per_execution=2)
+    data = tf.data.Dataset.from_tensors((tf.zeros([4, 2]), tf.zeros([4, 1]))).repeat(8)
+    history = model.fit(iw.attach(data), epochs=2, steps_per_epoch=4, callbacks=[iw], verbose=0)
+    assert history.history["input_wait_fraction"] == pytest.approx([1 / 3, 1 / 3])
+
+
 def test_advice_fits_the_source() -> None:
     for source in ("image_folder", "tfrecord"):
         assert "data.cache: memory" in advice_for(source)
@@ -169,9 +188,9 @@ def test_prefetch_to_device_is_the_last_stage_fit_gets(monkeypatch, gpu: bool) -
             tf.config, "get_visible_devices", lambda kind=None: fake if kind == "GPU" else visible(kind)
         )  # fmt: skip
     stages = _stages(fit_dataset(source, cfg, plan, 0, 3, InputWait(0.5)))
-    # the input-wait stamp (a map, with its options) right after the resumed epoch's skip, after
-    # train_dataset's prefetch
-    fed = ["_OptionsDataset", "_MapDataset", "_SkipDataset", "_PrefetchDataset"]
+    # the input-wait stamp (a map, with its options) right after the resumed epoch's skip and
+    # take (its steps left), after train_dataset's prefetch
+    fed = ["_OptionsDataset", "_MapDataset", "_TakeDataset", "_SkipDataset", "_PrefetchDataset"]
     expected = ["_PrefetchDataset", "_CopyToDeviceDataset", *fed] if gpu else fed
     assert stages[: len(expected)] == expected, stages
     assert stages.count("_CopyToDeviceDataset") == int(gpu), stages

@@ -1,6 +1,7 @@
 """Where the features that change the state meet: real 2-worker jobs over {Keras 3, tf_keras} x
 {accumulation 1, 2} x {float32, mixed_float16 with an overflow forced on one rank} x {a resume at
-an epoch's end, mid-window, at another worker count}. Each cell checks that every replicated
+an epoch's end, mid-window, at another worker count} x {train.steps_per_execution 1, 2, 3, the
+run and its resume at different ones}. Each cell checks that every replicated
 variable is identical on every rank at the end, that a resume at the same worker count ends as
 the uninterrupted run to the bit, and that the learning rate goes on where it was (cosine ends at
 its floor). The cells are chosen so that every value of every axis meets the others at least
@@ -27,15 +28,17 @@ EPOCHS = 2
 OVERFLOW_AFTER = 4  # rank 1's gradients become infinite at its 5th step (mixed_float16 cells)
 
 
-# (keras, accumulation, precision, resume): resume is "epoch" (from the end of epoch 1),
-# "window" (from step 3 of epoch 1, mid-window), or "workers" (1 worker's epoch-1 checkpoint
-# resumed at 2 workers).
+# (keras, accumulation, precision, resume, (the first run's steps_per_execution, the resumed
+# run's)): resume is "epoch" (from the end of epoch 1), "window" (from step 3 of epoch 1,
+# mid-window), or "workers" (1 worker's epoch-1 checkpoint resumed at 2 workers). A resumed run
+# at another steps_per_execution ending as the uninterrupted one to the bit shows that it
+# changes nothing in the training.
 CELLS = [
-    ("keras", 2, "mixed_float16", "window"),
-    ("keras", 1, "float32", "workers"),
-    ("tf_keras", 1, "mixed_float16", "epoch"),
-    ("tf_keras", 2, "float32", "window"),
-    ("tf_keras", 2, "float32", "workers"),
+    ("keras", 2, "mixed_float16", "window", (3, 1)),
+    ("keras", 1, "float32", "workers", (2, 3)),
+    ("tf_keras", 1, "mixed_float16", "epoch", (1, 1)),
+    ("tf_keras", 2, "float32", "window", (1, 3)),
+    ("tf_keras", 2, "float32", "workers", (1, 1)),
 ]
 CELLS = [c for c in CELLS if c[0] in KERASES]  # TensorFlow 2.15: tf_keras alone
 
@@ -82,18 +85,19 @@ def _loss_scales(out: str) -> set[str]:
 
 
 @pytest.mark.parametrize(
-    "keras,accumulation,precision,resume",
+    "keras,accumulation,precision,resume,calls",
     # The second Keras' cells are left to CI's Python 3.13 leg (second_keras: tests/harness.py).
     [pytest.param(*c, marks=() if c[0] == KERASES[0] else pytest.mark.second_keras) for c in CELLS],
-    ids=["-".join(map(str, c)) for c in CELLS],
+    ids=["-".join(map(str, [*c[:4], "spe%d-%d" % c[4]])) for c in CELLS],
 )
 def test_a_cell_ends_with_identical_ranks_and_the_uninterrupted_runs_numbers(
-    tmp_path, monkeypatch, keras, accumulation, precision, resume
+    tmp_path, monkeypatch, keras, accumulation, precision, resume, calls
 ) -> None:
     monkeypatch.setenv("FAULTY_AFTER_STEPS", str(OVERFLOW_AFTER))
     config = _config(tmp_path, accumulation, precision)
     first_np = 1 if resume == "workers" else 2
-    whole = _job(tmp_path, first_np, config, keras, "run.dir=whole")
+    first_k, resumed_k = (f"train.steps_per_execution={k}" for k in calls)
+    whole = _job(tmp_path, first_np, config, keras, "run.dir=whole", first_k)
     step = 3 if resume == "window" else STEPS
     ckpt = tmp_path / "whole" / "checkpoints" / f"ckpt-{step:08d}"
     assert ckpt.is_dir(), sorted(p.name for p in (tmp_path / "whole" / "checkpoints").iterdir())
@@ -102,7 +106,7 @@ def test_a_cell_ends_with_identical_ranks_and_the_uninterrupted_runs_numbers(
         with np.load(ckpt / "window.npz") as z:  # both ranks' part-way sums, none all zero
             assert {k.split("/")[0] for k in z.files} == {"0", "1"}, z.files
             assert all(np.any(z[k]) for k in z.files if k.endswith("/0")), z.files
-    resumed = _job(tmp_path, 2, config, keras, "run.dir=resumed", f"train.resume={ckpt}")
+    resumed = _job(tmp_path, 2, config, keras, "run.dir=resumed", f"train.resume={ckpt}", resumed_k)
     assert "resuming from" in resumed, resumed[-3000:]
     digest = _digest(resumed, 2)  # every replicated variable identical on both ranks
     rates, rates_whole = _rates(tmp_path / "resumed"), _rates(tmp_path / "whole")

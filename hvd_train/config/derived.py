@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from hvd_train.base.errors import DataError
+from hvd_train.base.errors import ConfigError, DataError
 from hvd_train.config.rules import check
 from hvd_train.config.schema import Config
 
@@ -62,6 +62,7 @@ def derive(cfg: Config, world_size: int, num_train: int) -> Derived:
             f"{steps} steps; lower gradient_accumulation_steps or train.batch_size"
         )
     steps -= steps % acc  # every epoch ends with an update: no gradients carried across epochs
+    _check_steps_per_execution(t.steps_per_execution, steps, acc, world_size)
     return Derived(
         world_size=world_size,
         per_worker_batch=per_worker,
@@ -74,4 +75,22 @@ def derive(cfg: Config, world_size: int, num_train: int) -> Derived:
         examples_per_epoch=steps * global_batch,
         accumulation_steps=acc,
         effective_batch=global_batch * acc,
+    )
+
+
+def _check_steps_per_execution(k: int, steps: int, acc: int, world_size: int) -> None:
+    """Keras 3 runs every call into TensorFlow to its full `k` steps, and the batches of all
+    epochs are one stream (data/pipeline.py): an epoch's last call would run on into the next
+    epoch's batches. So `k` must divide the epoch's steps (the same rule on Keras 2, so a run
+    means the same on either Keras)."""
+    if steps % k == 0:
+        return
+    divisors = [d for d in range(1, steps + 1) if steps % d == 0]
+    near = sorted(divisors, key=lambda d: (abs(d - k), d))[:4]
+    whole = math.lcm(k, acc)  # a cap must keep whole accumulation windows too
+    cap = f", or set train.steps_per_epoch to {steps - steps % whole}" if steps > whole else ""
+    raise ConfigError(
+        f"train.steps_per_execution: {k} does not divide an epoch's {steps} steps at "
+        f"{world_size} worker(s) (the epoch's last call would run into the next epoch's "
+        f"batches); use a divisor of {steps} ({', '.join(map(str, sorted(near)))}){cap}"
     )

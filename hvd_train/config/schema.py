@@ -69,6 +69,12 @@ class TrainConfig:
     # learning rate is scaled for it as for more workers, and an epoch's steps are rounded down
     # to a multiple of it.
     gradient_accumulation_steps: int = _positive(1)
+    # Training steps each call into TensorFlow runs (Keras' steps_per_execution): the callbacks
+    # run after each call, not each step, so a GPU waits less on Python between short steps.
+    # The training is the same at any value. It must divide an epoch's steps at the run's
+    # worker count (checked when the run starts); the checkpoints, agreements and replica
+    # checks asked for every N steps come at the first call's end at or after each Nth step.
+    steps_per_execution: int = _positive(1)
 
 
 @dataclass(frozen=True)

@@ -97,6 +97,3 @@ class KerasBinding(Protocol):
 
     def elastic_state(self, model: Any, **position: Any) -> Any:
         """Horovod Elastic's state: the replicated state and the run's position."""
-
-    def commit_callback(self, state: Any, every_steps: int) -> Any:
-        """Horovod Elastic: commits the state every `every_steps` steps and each epoch's end."""

@@ -311,8 +311,3 @@ def _global_moments(mean: tf.Tensor, variance: tf.Tensor) -> tuple[tf.Tensor, tf
 def elastic_state(model: Any, **position: Any) -> Any:
     """Horovod Elastic's state: the replicated state, and the run's position."""
     return replicas.ElasticState(model, **position)
-
-
-def commit_callback(state: Any, every_steps: int) -> Any:
-    """Horovod Elastic: commit (in memory) every `every_steps` steps and at each epoch's end."""
-    return hvd.elastic.CommitStateCallback(state, every_steps)

@@ -573,28 +573,5 @@ class SyncBatchNormalization(keras.layers.BatchNormalization):
 # --------------------------------------------------------------------------- Horovod Elastic
 
 
-class CommitState(keras.callbacks.Callback):
-    """Horovod Elastic: commits the state every `every_steps` batches and at each epoch's end."""
-
-    _supports_tf_logs = True  # it reads no logs: no conversion a step for it (CallbackList)
-
-    def __init__(self, state: replicas.ElasticState, every_steps: int):
-        super().__init__()
-        self.state, self.every_steps = state, every_steps
-        self._batches = 0
-
-    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
-        self._batches += 1
-        if self.every_steps and self._batches % self.every_steps == 0:
-            self.state.commit()
-
-    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
-        self.state.commit()
-
-
 def elastic_state(model: Any, **position: Any) -> replicas.ElasticState:
     return replicas.ElasticState(model, **position)
-
-
-def commit_callback(state: Any, every_steps: int) -> Any:
-    return CommitState(state, every_steps)

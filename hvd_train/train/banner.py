@@ -16,11 +16,13 @@ def log_plan(cfg: Config, plan: Derived, source: Source, device: str) -> None:
     if source.description:
         distributed.log(source.description)
     warm = f", warm-up {cfg.optimizer.warmup_epochs:g} epochs" if plan.warmup_steps else ""
+    k = cfg.train.steps_per_execution
+    calls = f" ({k} a call into TensorFlow)" if k > 1 else ""
     shown = devices.label(cfg.runtime.device, device)  # "cpu (runtime.device: cpu)" if chosen
     distributed.log(
         f"{workers_label(plan.world_size)}, {shown} | batch {plan.per_worker_batch}/worker, "
         f"{plan.global_batch} global | learning rate {plan.base_lr:g} -> {plan.scaled_lr:g} "
-        f"({lr_label(cfg, plan)}{warm}) | {plan.steps_per_epoch} steps/epoch over {n} "
+        f"({lr_label(cfg, plan)}{warm}) | {plan.steps_per_epoch} steps/epoch{calls} over {n} "
         f"training examples ({rest}) | {len(source.x_val)} validation examples"
     )
 

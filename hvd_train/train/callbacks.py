@@ -29,7 +29,6 @@ from hvd_train.runtime.schedules import lr_multiplier
 from hvd_train.train import perf
 from hvd_train.train.checkpoint import (
     CheckpointStore,
-    every_steps_due,
     export_plain_model,
     monitor_mode,
     read_state,
@@ -94,15 +93,15 @@ class EpochStats(Callback):
 
 class _AtSyncPoints(Callback):
     """Calls `act()` where the replicated state must be every rank's alike: at each epoch's end
-    and after each step where `due(position step)` holds (a checkpoint, a replica check). A
+    and after each call into TensorFlow where `due()` holds (a checkpoint, a replica check). A
     collective: every rank at the same steps."""
 
-    def __init__(self, control: RunControl, due: Callable[[int], bool]):
+    def __init__(self, control: RunControl, due: Callable[[], bool]):
         super().__init__()
         self.control, self.due = control, due
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
-        if self.due(self.control.position_step):
+        if self.due():
             self.act()
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
@@ -128,7 +127,7 @@ class CheckReplicas(_AtSyncPoints):
     all-gathered alone. A mismatch raises ReplicaMismatch on every rank alike (exit code 3),
     so none is left waiting."""
 
-    def __init__(self, control: RunControl, due: Callable[[int], bool], carrier: RandomStates):
+    def __init__(self, control: RunControl, due: Callable[[], bool], carrier: RandomStates):
         super().__init__(control, due)
         self.carrier = carrier
 
@@ -271,7 +270,7 @@ class Checkpointer(Callback):
         c = self.control
         if c.stopping or c.step_in_epoch == self.plan.steps_per_epoch:
             return  # written at the epoch's end
-        if every_steps_due(self.k.every_steps, c.position_step):
+        if c.passed(self.k.every_steps):
             self._save(c.epoch, c.step_in_epoch, "every_steps")
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
@@ -284,7 +283,7 @@ class Checkpointer(Callback):
             or epoch + 1 == self.epochs
             or c.stopping
             or self.model.stop_training  # the users' callbacks stopped early (agreed)
-            or every_steps_due(k.every_steps, c.position_step)
+            or c.passed(k.every_steps)
         )
         metrics = {key: float(v) for key, v in (logs or {}).items() if _is_number(v)}
         # best.keras before the checkpoint: if its write fails, a rerun resumes before this
@@ -558,21 +557,24 @@ def build_callbacks(
         signals,
         cfg.checkpoint.check_every_steps,
         plan.steps_per_epoch,
-        lambda step: every_steps_due(cfg.checkpoint.every_steps, step),
+        cfg.checkpoint.every_steps,
         first_step_in_epoch=first_step,
     )
     user = build_user_callbacks(cfg.callbacks, control)
-    input_wait = InputWait(cfg.data.input_wait_warning, advice_for(cfg.data.source))
+    input_wait = InputWait(
+        cfg.data.input_wait_warning, advice_for(cfg.data.source),
+        steps_per_execution=cfg.train.steps_per_execution,
+    )  # fmt: skip
     timer = perf.StepTimer(plan)
     evaluator = Evaluator(model, source, plan.per_worker_batch, cfg.model.from_logits)
     random = RandomStates(control, cfg.checkpoint.every_steps)
     checking = cfg.runtime.check_replicas != "off"
 
-    def sync_due(step: int) -> bool:
+    def sync_due() -> bool:
         """Mid-epoch, where the replicated state must be every rank's alike: a checkpoint,
         and the replica checks asked for."""
         every = cfg.runtime.check_replicas_every_steps if checking else None
-        return every_steps_due(cfg.checkpoint.every_steps, step) or every_steps_due(every, step)
+        return control.passed(cfg.checkpoint.every_steps) or control.passed(every)
 
     checkpointer = None
     if distributed.is_chief():
@@ -674,5 +676,6 @@ def _chief_callbacks(
     callbacks.append(checkpointer)
     if cfg.logging.profile_steps:
         first, last = cfg.logging.profile_steps
-        callbacks.append(perf.ProfileSteps(first, last, run_dir.tensorboard))
+        k = cfg.train.steps_per_execution
+        callbacks.append(perf.ProfileSteps(first, last, run_dir.tensorboard, k))
     return callbacks

@@ -166,11 +166,6 @@ class CheckpointStore:
         return target
 
 
-def every_steps_due(every_steps: int | None, position_step: int) -> bool:
-    """Whether `checkpoint.every_steps` (`every_steps`) asks for a checkpoint after this step."""
-    return bool(every_steps) and position_step % every_steps == 0
-
-
 def monitor_mode(cfg: CheckpointConfig) -> str:
     """'min' or 'max': auto means max for accuracy, min for a loss."""
     if cfg.mode != "auto":

@@ -26,7 +26,7 @@ AUTO_MAX_STEPS = 1000
 
 
 class RunControl(Callback):
-    """Agrees, every `every` steps and whenever `checkpoint_due(step)` holds, on going on.
+    """Agrees, every `every` steps and wherever a checkpoint is due, on going on.
 
     `every` 0 agrees about once a second: each agreement also sums the workers' step times (in
     whole microseconds, so the sum is exact in any order and every worker computes the same
@@ -38,12 +38,17 @@ class RunControl(Callback):
     non-finite loss, or non-finite weights where a checkpoint is due, raise `TrainingError` on
     every worker at the same step. It also agrees at every epoch's end.
 
+    The steps are counted from the batch index Keras gives the hook: with
+    `train.steps_per_execution` K, the hooks run once per call into TensorFlow, after its K
+    steps, so "every N steps" means at the end of the call that reaches or passes each Nth
+    step (`passed`): the same steps on every worker.
+
     Args:
         signals: the process's StopSignals: what this worker saw.
         every: agree every this many steps; 0: about once a second.
         steps_per_epoch: the steps of a whole epoch.
-        checkpoint_due: whether a checkpoint is due after a position step (then the weights
-            are checked too).
+        checkpoint_every: `checkpoint.every_steps`: a checkpoint is due every this many
+            position steps (then the weights are checked too); None: none mid-epoch.
         first_step_in_epoch: the steps of the first epoch already done (a resume part-way).
             Defaults to 0.
         clock: seconds, for the step times. Defaults to `time.perf_counter`.
@@ -54,7 +59,7 @@ class RunControl(Callback):
         signals: StopSignals,
         every: int,
         steps_per_epoch: int,
-        checkpoint_due: Callable[[int], bool],
+        checkpoint_every: int | None,
         first_step_in_epoch: int = 0,
         clock: Callable[[], float] = time.perf_counter,
     ):
@@ -63,10 +68,12 @@ class RunControl(Callback):
         self._clock = clock
         self.every = every
         self.steps_per_epoch = steps_per_epoch
-        self.checkpoint_due = checkpoint_due
+        self.checkpoint_every = checkpoint_every
         self.epoch = 0
         self.step_in_epoch = 0  # steps of `epoch` done, counting those before a resume
         self._offset = first_step_in_epoch
+        self._fit_start = 0  # steps of `epoch` done before this `fit` began it
+        self._previous = 0  # the position step before the last call's steps
         self.stop_signal = 0
         self.stopped_at: tuple[int, int] | None = None
         self._loss = 0.0
@@ -78,7 +85,8 @@ class RunControl(Callback):
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         self.epoch, self.step_in_epoch = epoch, self._offset
-        self._offset = 0  # only the first epoch of a resumed run starts part-way
+        self._fit_start, self._offset = self._offset, 0  # only a resumed run's first epoch
+        self._previous = self.position_step
         # Every rank starts the epoch when the last one arrives, so this clock and those of
         # the callbacks after it (EpochStats, StepTimer) do not count an early rank's wait
         # for rank 0's side effects of the last epoch (checkpoint, metrics.csv) as step time.
@@ -90,17 +98,28 @@ class RunControl(Callback):
         self._next = min(self._next, self.position_step + 1)
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
-        self.signals.steps_run += 1
-        self.step_in_epoch += 1
-        self._steps += 1
+        # `batch`: the call's last step in this fit's epoch (a part-done epoch's fit counts
+        # from its first step left); the last call of a part-done epoch may run fewer steps
+        # than its index says (Keras 3 stops at the end of its data), never past the epoch.
+        done = self._fit_start + min(batch + 1, self.params.get("steps") or batch + 1)
+        ran = done - self.step_in_epoch
+        self._previous = self.position_step
+        self.signals.steps_run += ran
+        self.step_in_epoch = done
+        self._steps += ran
         self._loss = (logs or {}).get("loss", 0.0)
-        due = self.checkpoint_due(self.position_step)
+        due = self.passed(self.checkpoint_every)
         if due or self._agreement_due():
             self.sync(check_weights=due)
 
+    def passed(self, every: int | None) -> bool:
+        """Whether the last call's steps reached or passed a multiple of `every` position
+        steps (with one step a call: whether the position is a multiple of it)."""
+        return bool(every) and self._previous // every < self.position_step // every
+
     def _agreement_due(self) -> bool:
         if self.every:
-            return self.position_step % self.every == 0
+            return self.passed(self.every)
         return self.position_step >= self._next
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:

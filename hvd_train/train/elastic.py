@@ -24,19 +24,36 @@ from hvd_train.train.fitting import fit_from
 from hvd_train.train.hooks import Callback
 
 
-class _TrackPosition(Callback):
-    """Keeps the elastic state's position (epoch, steps done, their global batch) current."""
+class TrackPosition(Callback):
+    """Keeps the elastic state's position (epoch, steps done, their global batch) current, and
+    commits the state (in memory) with it: every `every_steps` steps and at each epoch's end.
 
-    def __init__(self, state: Any, d: Derived):
+    Counted from the batch index Keras gives (the last step of each call into TensorFlow: one
+    call runs `train.steps_per_execution` steps), so a commit comes at the end of the call that
+    reaches or passes each `every_steps`th step of the epoch, and holds the position of the
+    weights it holds.
+    """
+
+    def __init__(self, state: Any, d: Derived, every_steps: int):
         super().__init__()
-        self.state, self.d = state, d
+        self.state, self.d, self.every_steps = state, d, every_steps
+        self._fit_start = 0  # the epoch's steps done before this `fit` began it
+
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+        self._fit_start = self.state.batch
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
-        self.state.batch += 1
+        before = self.state.batch
+        # A part-done epoch's last call may run fewer steps than its index says.
+        self.state.batch = self._fit_start + min(batch + 1, self.params.get("steps") or batch + 1)
         self.state.global_batch = self.d.global_batch
+        every = self.every_steps
+        if every and before // every < self.state.batch // every:
+            self.state.commit()
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         self.state.epoch, self.state.batch = epoch + 1, 0
+        self.state.commit()
 
 
 def fit_elastic(
@@ -74,11 +91,9 @@ def fit_elastic(
             epoch, step = epoch + 1, 0
         state.epoch, state.batch = epoch, step
         rescale_learning_rate(model, cfg, d, epoch + step / d.steps_per_epoch)
-        leading = (
-            # Horovod Elastic: commit (in memory) every N steps and at each epoch's end.
-            active.commit_callback(state, cfg.elastic.commit_every_steps),
-            _TrackPosition(state, d),
-        )
+        # Horovod Elastic: the position, committed (in memory) with the state every N steps
+        # and at each epoch's end.
+        leading = (TrackPosition(state, d, cfg.elastic.commit_every_steps),)
         callbacks = make_callbacks(d, epoch, step, leading)
         fit_from(model, source, cfg, d, epoch, step, callbacks, history)
 

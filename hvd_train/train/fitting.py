@@ -72,9 +72,16 @@ def fit_dataset(
 ) -> tf.data.Dataset:
     """This worker's batches from (epoch, step), as `fit` reads them: the epoch's data with the
     done steps skipped, the input-wait stamp, and last (TensorFlow requires it last) the copy
-    to the GPU that `data.prefetch_to_device` asks for."""
+    to the GPU that `data.prefetch_to_device` asks for.
+
+    A part-done epoch (`step` > 0) is its own `fit` and gets only that epoch's steps left:
+    where they are no multiple of `train.steps_per_execution` (a resume at another worker
+    count, an elastic reset), Keras 3's last call ends at the end of this data instead of
+    running on into the next epoch's batches."""
     data = train_dataset(source, cfg, plan, distributed.rank(), first_epoch=epoch)
-    return to_device(input_wait.attach(data.skip(step)), cfg.data.prefetch_to_device)
+    if step:
+        data = data.skip(step).take(plan.steps_per_epoch - step)
+    return to_device(input_wait.attach(data), cfg.data.prefetch_to_device)
 
 
 class _DropMessage(logging.Filter):

@@ -12,6 +12,11 @@ first step (tracing, filling the buffer) is left out.
 No step waits on the host for it: the stage adds each arrival (from the epoch's start) to a
 sum on the CPU, the hook adds each begin to a Python float, and the epoch's wait is the one
 minus the other, read once an epoch (every arrival follows its own begin).
+
+With `train.steps_per_execution` K, one call into TensorFlow runs K steps and fetches K
+batches after one begin: the stage counts the fetches and adds only each call's first. The
+fetches inside a call have no begin to be timed from, so their waits count as step time: the
+fraction is then the wait before each call, a lower bound of the whole wait (docs/data.md).
 """
 
 from __future__ import annotations
@@ -43,6 +48,8 @@ class InputWait(Callback):
             `time.time`.
         stamp: the same clock as a TensorFlow op, read in the pipeline when the step's batch
             arrives. Defaults to `tf.timestamp` (which reads the clock `time.time` reads).
+        steps_per_execution: the steps (and fetches) of one call into TensorFlow
+            (`train.steps_per_execution`); only each call's first fetch is timed. Defaults to 1.
     """
 
     def __init__(
@@ -51,14 +58,17 @@ class InputWait(Callback):
         advice: str | None = DECODED_ADVICE,
         clock: Callable[[], float] = time.time,
         stamp: Callable[[], tf.Tensor] = tf.timestamp,
+        steps_per_execution: int = 1,
     ):
         super().__init__()
         self.warn_above = warn_above
         self.advice = advice
         self._clock, self._stamp = clock, stamp
+        self.k = steps_per_execution
         with tf.device("/CPU:0"):  # beside the pipeline, whatever device trains
             self._origin = tf.Variable(0.0, dtype=tf.float64, trainable=False)  # the epoch's
             self._arrivals = tf.Variable(0.0, dtype=tf.float64, trainable=False)  # their sum
+            self._fetches = tf.Variable(0, dtype=tf.int64, trainable=False)  # in the epoch
         self._first_step = True
         self._warned = False
         self._epochs_seen = 0  # the first, with tracing and filling buffers, warns only alone
@@ -79,12 +89,19 @@ class InputWait(Callback):
         return ds.map(stamp).with_options(options)
 
     def arrived(self) -> tf.Operation:
-        """The pipeline's stage, as the step's batch arrives: adds the moment to the sum."""
-        return self._arrivals.assign_add(tf.cast(self._stamp(), tf.float64) - self._origin)
+        """The pipeline's stage, as the step's batch arrives: adds the moment to the sum (a
+        call's first fetch only)."""
+        if self.k == 1:
+            return self._arrivals.assign_add(tf.cast(self._stamp(), tf.float64) - self._origin)
+        first = tf.equal(self._fetches % self.k, 0)
+        moment = tf.cast(self._stamp(), tf.float64) - self._origin
+        with tf.control_dependencies([self._arrivals.assign_add(tf.where(first, moment, 0.0))]):
+            return self._fetches.assign_add(1)
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         self._start = self._clock()
         self._origin.assign(self._start)
+        self._fetches.assign(0)
         self._since = None
 
     def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:

@@ -28,7 +28,9 @@ class StepTimer(Callback):
     `examples_per_sec_per_worker` to the epoch's logs (callbacks.EpochLines prints them).
 
     A step is the time from one batch's end to the next (the first from the epoch's start), so
-    it holds everything a step costs: input, compute, all-reduce, callbacks.
+    it holds everything a step costs: input, compute, all-reduce, callbacks. With
+    `train.steps_per_execution` K the callbacks see one end per K steps: each of the K steps
+    is that call's time / K.
     """
 
     def __init__(self, plan: Derived):
@@ -39,14 +41,20 @@ class StepTimer(Callback):
         self.seconds: list[float] = []  # training time of each epoch (EpochStats' when there)
         self._last = 0.0
         self._start = 0.0
+        self._index = -1
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         self.steps.append([])
         self._start, self._last = time.time(), time.perf_counter()
+        self._index = -1  # Keras' index of the last step timed in this fit's epoch
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
         now = time.perf_counter()
-        self.steps[-1].append(now - self._last)
+        # One call into TensorFlow runs train.steps_per_execution steps (Keras' index is its
+        # last; a part-done epoch's last call may run fewer): each gets the call's mean.
+        ran = min(batch, self.params.get("steps", batch + 1) - 1) - self._index
+        self._index += ran
+        self.steps[-1].extend([(now - self._last) / ran] * ran)
         self._last = now
         startup.mark("first_step")  # the first only
 
@@ -187,19 +195,23 @@ def covered_share(
 
 class ProfileSteps(Callback):
     """Traces training steps `first..last` (1-based, counted over the run) with TensorFlow's
-    profiler into `logdir` (rank 0 only: add it to rank 0's callbacks alone)."""
+    profiler into `logdir` (rank 0 only: add it to rank 0's callbacks alone). With
+    `steps_per_execution` K, whole calls of K steps: from the one that holds `first` to the
+    one that holds `last`."""
 
-    def __init__(self, first: int, last: int, logdir: str):
+    def __init__(self, first: int, last: int, logdir: str, steps_per_execution: int = 1):
         super().__init__()
         self.first, self.last, self.logdir = first, last, logdir
-        self._step = 0
+        self.k = steps_per_execution
+        self._step = 0  # the steps the calls begun so far run, over the run
+        self._began = 0  # the first step traced
         self._on = False
 
     def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
-        self._step += 1
-        if self._step == self.first:
+        start, self._step = self._step + 1, self._step + self.k
+        if not self._on and start <= self.first <= self._step:
             tf.profiler.experimental.start(self.logdir)
-            self._on = True
+            self._on, self._began = True, start
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
         if self._on and self._step >= self.last:
@@ -212,4 +224,4 @@ class ProfileSteps(Callback):
     def _stop(self) -> None:
         tf.profiler.experimental.stop()
         self._on = False
-        distributed.log(f"profiler: steps {self.first}-{self._step} traced into {self.logdir}")
+        distributed.log(f"profiler: steps {self._began}-{self._step} traced into {self.logdir}")

@@ -20,7 +20,6 @@ from typing import Any
 import numpy as np
 
 from hvd_train.runtime import binding, distributed
-from hvd_train.train.checkpoint import every_steps_due
 from hvd_train.train.control import RunControl
 from hvd_train.train.hooks import Callback
 
@@ -95,7 +94,7 @@ class RandomStates(Callback):
         self.also_gathered: list[Any] | None = None
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
-        if every_steps_due(self.every_steps, self.control.position_step):
+        if self.control.passed(self.every_steps):
             self._gather()
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
