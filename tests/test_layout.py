@@ -124,6 +124,7 @@ def test_a_run_s_files_are_every_name_the_layout_gives_at_the_top_of_run_dir() -
     """rundir's allow-list (what makes a folder an earlier run's) is the layout's top level."""
     assert layout.RUN_FILES == {
         "summary.json", "metrics.csv", "config.yaml", "checkpoints", "model.keras", "model",
-        "best.keras", "best", "tensorboard", "timeline.json", "logs", "log.txt",
+        "best.keras", "best", "model.weights.h5", "best.weights.h5", "tensorboard",
+        "timeline.json", "logs", "log.txt",
         ".hvd_train.lock", "evaluation.json", ".hvd_train.reserve",
     }  # fmt: skip

@@ -33,7 +33,7 @@ from typing import IO, Any
 TEMPORARY_PATTERNS = ("*.tmp*", "*.old-*")
 # Suffixes a temporary keeps at its end, for the writers that insist on one (Keras' model.save
 # wants `.keras`): `model.tmp-<pid>.keras`.
-KEPT_SUFFIXES = (".keras",)
+KEPT_SUFFIXES = (".keras", ".weights.h5")  # Keras writes these by their suffix
 # The leftovers the next job deletes, exactly: `<name>.tmp-<pid>[<kept suffix>]` and
 # `<name>.old-<pid>` (a folder set aside for the moment of its replacement), or hidden,
 # `.tmp-<name>-<pid>` and `.old-<name>-<pid>`.

@@ -45,6 +45,13 @@ def saved_model_folder(keras_file: str) -> str:
     return keras_file.removesuffix(".keras")
 
 
+def weights_file(keras_file: str) -> str:
+    """Where the weights of a model whose `.keras` file would not load elsewhere (no
+    `get_config`, an unregistered class, a Lambda) are exported instead: `model.weights.h5`,
+    `best.weights.h5`."""
+    return keras_file.removesuffix(".keras") + ".weights.h5"
+
+
 def _in_run_dir(*names: str, doc: str) -> property:
     """A RunDir property: the path of `names` inside its root."""
     return property(lambda self: os.path.join(self.root, *names), doc=doc)
@@ -64,6 +71,8 @@ class RunDir:
     model_folder = _in_run_dir(saved_model_folder(MODEL), doc="A subclassed final model.")
     best = _in_run_dir(BEST, doc="The best epoch's plain model (`best_folder`: subclassed).")
     best_folder = _in_run_dir(saved_model_folder(BEST), doc="A subclassed best model.")
+    model_weights = _in_run_dir(weights_file(MODEL), doc="The final model's weights alone.")
+    best_weights = _in_run_dir(weights_file(BEST), doc="The best epoch's model's weights alone.")
     checkpoints = _in_run_dir(CHECKPOINTS, doc="The resumable checkpoints' folder.")
     checkpoint_pattern = _in_run_dir(CHECKPOINTS, "ckpt-*", doc="Every checkpoint, for messages.")
     checkpoint_form = _in_run_dir(

@@ -415,10 +415,23 @@ class CallbackList(keras.callbacks.CallbackList):
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
         numbers = None
+        flat = _flat(logs or {})  # as pythonify_logs flattens them, without reading them
         for callback, tensors in self._at_batch_end:
             if not tensors and numbers is None:
                 numbers = python_utils.pythonify_logs(logs)
-            callback.on_train_batch_end(batch, logs if tensors else numbers)
+            callback.on_train_batch_end(batch, flat if tensors else numbers)
+
+
+def _flat(logs: dict) -> dict:
+    """`logs` with a nested dict's items in its place: a `train_step` written as keras.io's
+    guide writes it returns `{m.name: m.result() for m in self.metrics}`, whose compiled
+    metrics' result is a dict."""
+    if not any(isinstance(v, dict) for v in logs.values()):
+        return logs
+    flat: dict = {}
+    for key, value in logs.items():
+        flat.update(_flat(value) if isinstance(value, dict) else {key: value})
+    return flat
 
 
 def _takes_tensor_logs(callback: Any) -> bool:

@@ -20,7 +20,7 @@ from hvd_train.base.errors import ReplicaMismatch, UserError
 from hvd_train.config import CheckpointConfig, Config, Derived, LoggingConfig
 from hvd_train.data.diagnostics import advice_for
 from hvd_train.data.pipeline import Source
-from hvd_train.record.layout import RunDir
+from hvd_train.record.layout import RunDir, saved_model_folder, weights_file
 from hvd_train.record.mlflow_run import Sender
 from hvd_train.record.run_record import RunRecord
 from hvd_train.record.stops import StopSignals
@@ -262,9 +262,11 @@ class Checkpointer(Callback):
         self.last: str | None = store.newest()
         best = store.best()
         self.best_value = read_state(best)["metrics"][checkpoint.monitor] if best else None
-        # A resumed run's best.keras, exported by an earlier job, stays its best until beaten.
-        resumed = self.last is not None and os.path.exists(best_path)
-        self.best_model: str | None = best_path if resumed else None
+        # A resumed run's best model, exported by an earlier job (best.keras, or its SavedModel
+        # folder or weights: checkpoint.export_plain_model), stays its best until beaten.
+        exported = [saved_model_folder(best_path), weights_file(best_path), best_path]
+        found = [p for p in exported if os.path.exists(p)] if self.last is not None else []
+        self.best_model: str | None = found[-1] if found else None
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
         c = self.control

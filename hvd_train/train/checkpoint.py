@@ -11,6 +11,7 @@ import json
 import math
 import os
 import shutil
+import weakref
 from typing import Any
 
 import numpy as np
@@ -35,8 +36,11 @@ def export_plain_model(model: Model, path: str) -> str:
     Horovod nor hvd_train is installed. A functional or sequential model is cloned and saved as
     `.keras` (one of a class of its own, a KerasHub task, keeps its class: `plain_clone`); a
     subclassed model, which cannot be cloned, is saved by Keras 3 as `.keras` too,
-    by Keras 2 as a SavedModel folder (`path` without `.keras`). A crash during the write leaves
-    any previous file at `path` as it was. Returns the path written.
+    by Keras 2 as a SavedModel folder (`path` without `.keras`). A model whose `.keras` file
+    would not load again (`plain_file_problem`: no `get_config`, a class Keras cannot find, a
+    Lambda layer) gets its weights written instead, `<stem>.weights.h5`, which `evaluate`,
+    `predict` and a resume load into the model `model.factory` builds. A crash during the write
+    leaves any previous file at `path` as it was. Returns the path written.
 
     Raises:
         OSError or tf.errors.OpError: the write failed (its temporary file is removed).
@@ -44,6 +48,11 @@ def export_plain_model(model: Model, path: str) -> str:
     # base/files.py: written as `<stem>.tmp-<pid>.keras` (a folder: `<path>.tmp-<pid>`), then
     # renamed over `path`; what a killed process leaves, `remove_strays` deletes.
     active = binding.active()
+    if plain_file_problem(model) is not None:
+        target = layout.weights_file(path)
+        with atomic_path(target) as tmp:
+            model.save_weights(tmp)
+        return target
     try:
         plain = plain_clone(model)  # SyncBatchNormalization back to plain Keras
     except ValueError:  # subclassed model
@@ -54,6 +63,56 @@ def export_plain_model(model: Model, path: str) -> str:
     with atomic_path(path) as tmp:
         active.save_plain(plain, tmp)
     return path
+
+
+_PROBLEMS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model: its problem
+
+
+def plain_file_problem(model: Model, built_in: bool = False) -> str | None:
+    """Why `model` cannot be written as a `.keras` file that Keras loads again, in one line
+    naming its class and what to add; None when it can (or, on Keras 2, a subclassed model:
+    its SavedModel folder needs no config). Found once a model: its config is written and read
+    back in this process, in Keras' safe mode, as `load_model` reads a `.keras` file (where
+    `model.factory`'s module is imported, so the classes it registers are found).
+
+    keras.io's guides write models that fail it: a subclassed model without `get_config`, a
+    functional model of an unregistered class (one that overrides `train_step`), a `Lambda`.
+    `built_in`: one of hvd_train's models, whose files load (tested): not read back.
+    """
+    if model in _PROBLEMS:
+        return _PROBLEMS[model]
+    if built_in:
+        _PROBLEMS[model] = None
+        return None
+    active = binding.active()
+    try:
+        plain = plain_clone(model)
+    except ValueError:  # subclassed
+        plain = model if active.SUBCLASSED_AS_KERAS else None
+    problem = None
+    if plain is not None:
+        saving = active.keras.saving
+        try:
+            with tf.device("/CPU:0"):  # the copy read back never takes a GPU's memory
+                config = saving.serialize_keras_object(plain)
+                saving.deserialize_keras_object(config, safe_mode=True)
+        except Exception as e:  # noqa: BLE001 - whatever Keras raises, the file would not load
+            # Keras' first sentence: what it could not do.
+            why = " ".join(str(e).split()).split(". ")[0][:200] or type(e).__name__
+            name = type(model).__name__
+            fix = (
+                "replace the Lambda layer with a layer class of your own"
+                if "Lambda" in why
+                else f"give {name} get_config()"
+            )
+            problem = (
+                f"the model ({name}) cannot be saved as a .keras file that loads again ({why}); "
+                "model.weights.h5 and best.weights.h5 are written instead, which evaluate, "
+                "predict and resume load into the model model.factory builds. For .keras files: "
+                f"{fix}, registered with @keras.saving.register_keras_serializable()"
+            )
+    _PROBLEMS[model] = problem
+    return problem
 
 
 # --------------------------------------------------------------------------- resumable checkpoints

@@ -30,7 +30,10 @@ from hvd_train.record.layout import RunDir
 EVALUATION_KIND = "hvd-train evaluate"  # marks a file evaluate may write over
 PREDICTION_COLUMNS = ["path", "class", "class_index", "probability"]
 _RUN = RunDir("")
-MODEL_HINT = f"{_RUN.model}, {_RUN.best} or a {_RUN.checkpoint_form} folder of the run"
+MODEL_HINT = (
+    f"{_RUN.model}, {_RUN.best}, {_RUN.model_weights}, {_RUN.best_weights} or a "
+    f"{_RUN.checkpoint_form} folder of the run"
+)
 
 
 # --------------------------------------------------------------------------- evaluate
@@ -279,9 +282,9 @@ def _start(cfg: Config, model_path: str, batch: int):
     threads = cfg.runtime.intra_op_threads or 1
     distributed.configure_devices(threads, cfg.runtime.inter_op_threads)
     classes = distributed.chief_computes(lambda: training_classes(cfg.data), "training_classes")
-    path = model_path or RunDir(cfg.run.dir).model
+    path = model_path or exported_model(RunDir(cfg.run.dir))
     model = load_model(cfg, path, len(classes))
-    outputs = model.output_shape[-1]
+    outputs = _outputs(model, config_input_shape(cfg.data))
     if outputs != len(classes):
         raise DataError(
             f"--model: {path} has {outputs} outputs, but the config's data has {len(classes)} "
@@ -303,13 +306,58 @@ def load_model(cfg: Config, path: str, num_classes: int):
         raise UserError(f"--model: {path} does not exist; expected {MODEL_HINT}")
     if os.path.isdir(path) and os.path.exists(os.path.join(path, f"{PREFIX}.index")):
         return _from_checkpoint(cfg, path, num_classes)
+    if path.endswith(".weights.h5"):
+        return _from_weights(cfg, path, num_classes)
     # Read by the Keras that wrote it (Keras 3 cannot read Keras 2's .keras, nor the reverse).
     active = binding.activate(binding.of_saved(path) or binding.resolve(cfg.runtime.keras))
+    if cfg.model.factory:  # the classes its module registers with Keras, as training had them
+        from hvd_train.train.models import import_user_module
+
+        import_user_module(cfg.model.factory.rpartition(":")[0])
     try:
         return active.load_model(path)
     except Exception as e:  # noqa: BLE001 - Keras raises many kinds for a file it cannot read
         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
         raise UserError(f"--model: cannot load {path} ({first}); expected {MODEL_HINT}") from None
+
+
+def _outputs(model, input_shape: tuple[int, ...]) -> int:
+    """The model's outputs a row (Keras 3's subclassed models have no output_shape)."""
+    try:
+        return int(model.output_shape[-1])
+    except AttributeError:
+        import numpy as np
+
+        return int(model(np.zeros((1, *input_shape), np.float32)).shape[-1])
+
+
+def exported_model(run: RunDir) -> str:
+    """The run's final model as training exported it: model.keras, a Keras 2 subclassed
+    model's SavedModel folder, or model.weights.h5 (a model whose .keras file would not load:
+    train/checkpoint.py plain_file_problem); model.keras when there is none."""
+    return next((p for p in (run.model, run.model_folder, run.model_weights) if os.path.exists(p)),
+                run.model)  # fmt: skip
+
+
+def _from_weights(cfg: Config, path: str, num_classes: int):
+    """The model the config builds (its `model.factory`: no code is read from a file, Keras'
+    safe mode stays on) with the weights training exported (`*.weights.h5`)."""
+    import numpy as np
+
+    from hvd_train.train.models import build_model
+
+    shape = config_input_shape(cfg.data)
+    model = build_model(cfg, shape, num_classes)
+    model(np.zeros((1, *shape), np.float32))  # a subclassed model has its weights once called
+    try:
+        model.load_weights(path)
+    except (ValueError, OSError) as e:
+        first = " ".join(str(e).split())[:200]
+        raise UserError(
+            f"--model: {path} does not fit the config's model ({first}); use the config it was "
+            "trained with"
+        ) from None
+    return model
 
 
 def _from_checkpoint(cfg: Config, path: str, num_classes: int):
@@ -338,6 +386,8 @@ def _from_checkpoint(cfg: Config, path: str, num_classes: int):
 
 
 def _check_inputs(model, data_shape: tuple, model_path: str, data: str) -> None:
+    if not hasattr(model, "input_shape"):  # subclassed (Keras 3): built from the config's shape
+        return
     if tuple(model.input_shape[1:]) != tuple(data_shape):
         raise DataError(
             f"--model: {model_path} takes inputs of shape {list(model.input_shape[1:])}, but "

@@ -29,6 +29,7 @@ from hvd_train.record.summary import (
 from hvd_train.runtime import distributed, tuning, worker
 from hvd_train.train.banner import log_plan
 from hvd_train.train.callbacks import RunCallbacks, build_callbacks, require_tensorboard
+from hvd_train.train.checkpoint import plain_file_problem
 from hvd_train.train.elastic import fit_elastic
 from hvd_train.train.failure import abandon, fail, reading_cause, record_cause
 from hvd_train.train.fitting import fit_from
@@ -88,6 +89,9 @@ def train(
             startup.mark("model")
             if note := weights_note(cfg.model):
                 distributed.log(note)  # rank 0; a resume below then restores the checkpoint
+            # Found before training, and said once: the exports then write the weights.
+            if problem := plain_file_problem(model, built_in=not cfg.model.factory):
+                distributed.log(f"note: {problem}")
             start = resume(cfg, model, plan)
             run.signals.abandon = functools.partial(abandon, run.record, start)
             # The model's Keras, which a factory's model may have switched (runtime.keras: auto).

@@ -1,0 +1,86 @@
+"""Models as keras.io's guides write them (tests/workers/keras_io_models.py: no `get_config`, an
+unregistered class, a Lambda, augmentation layers), trained by `python -m hvd_train` at 2
+workers, then evaluated by `hvd-train evaluate` in a process of its own: no finished epoch is
+lost to an export, and every run that completes can be evaluated.
+
+A model whose `.keras` file would not load again gets `model.weights.h5` and
+`best.weights.h5` instead, said once at the start; evaluate rebuilds it from the run's
+`model.factory` and loads the weights (Keras' safe mode stays on). The subclassed one is also
+resumed at another worker count. Keras 3 only: keras.io's guides are Keras 3's.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import pytest
+from harness import PYTHON, QUICKSTART, check, horovodrun, run
+
+from hvd_train.runtime import binding
+
+pytestmark = [
+    pytest.mark.multiworker,
+    pytest.mark.skipif(not binding.has_keras3(), reason="Keras 3 (TensorFlow 2.16+)"),
+]
+
+HVD = [PYTHON, "-m", "hvd_train"]
+FACTORIES = str(pathlib.Path(__file__).parent / "workers" / "keras_io_models.py")
+NOTE = "cannot be saved as a .keras file that loads again"
+# model: (the class the note names, what in Keras' message says why), or None: a .keras file
+MODELS = {
+    "subclassed": ("Classifier", "get_config()"),
+    "custom_train_step": ("CustomModel", "Could not locate class 'CustomModel'"),
+    "with_lambda": ("Functional", "Lambda"),
+    "augmented": None,
+}
+
+
+def _train(root: pathlib.Path, name: str, workers: int, *sets: str):
+    command = [*HVD, "--config", str(QUICKSTART), "--set", f"run.dir={root / name}",
+               "--set", f"model.factory={FACTORIES}:{name}", "--set", "train.epochs=1",
+               *(a for s in sets for a in ("--set", s))]  # fmt: skip
+    return check(horovodrun(workers, command, root) if workers > 1 else run(command, root))
+
+
+def _evaluate(run_dir: pathlib.Path) -> dict:
+    command = [*HVD, "evaluate", "--config", str(run_dir / "config.yaml")]
+    check(run(command, run_dir.parent))
+    return json.loads((run_dir / "evaluation.json").read_text())
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_a_keras_io_model_trains_at_2_workers_and_evaluates(tmp_path, name: str) -> None:
+    out = _train(tmp_path, name, 2).stdout
+    run_dir = tmp_path / name
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed", summary
+    expected = MODELS[name]
+    if expected is None:
+        assert NOTE not in out, out[-3000:]
+        assert summary["model_path"] == str(run_dir / "model.keras")
+        assert (run_dir / "best.keras").exists()
+    else:
+        cls, why = expected
+        notes = [line for line in out.splitlines() if NOTE in line]
+        assert len(notes) == 1 and f"({cls})" in notes[0] and why in notes[0], out[-3000:]
+        assert summary["model_path"] == str(run_dir / "model.weights.h5"), summary
+        assert summary["best_model_path"] == str(run_dir / "best.weights.h5"), summary
+        assert not (run_dir / "model.keras").exists() and not (run_dir / "best.keras").exists()
+    evaluation = _evaluate(run_dir)
+    assert evaluation["examples"] > 0 and 0.0 <= evaluation["accuracy"] <= 1.0, evaluation
+    # The weights evaluated are the ones trained: the same validation split, the same numbers.
+    final = summary["final_metrics"]
+    assert evaluation["accuracy"] == pytest.approx(final["val_accuracy"], abs=1e-6), final
+
+
+def test_a_subclassed_model_without_get_config_resumes_at_another_worker_count(tmp_path) -> None:
+    _train(tmp_path, "subclassed", 2)
+    out = _train(tmp_path, "subclassed", 1, "train.epochs=2").stdout
+    assert "resuming from" in out, out[-3000:]
+    summary = json.loads((tmp_path / "subclassed" / "summary.json").read_text())
+    assert (summary["status"], summary["epochs_completed"]) == ("completed", 2), summary
+    evaluation = _evaluate(tmp_path / "subclassed")
+    assert evaluation["accuracy"] == pytest.approx(
+        summary["final_metrics"]["val_accuracy"], abs=1e-6
+    )
