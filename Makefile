@@ -8,7 +8,8 @@ export HVD_TRAIN_TF ?= 2.21
 VENV   := $(shell bash scripts/stack.sh venv 2>/dev/null)
 PY     := $(VENV)/bin/python
 NP     ?= 2
-export PATH := $(abspath $(VENV))/bin:$(PATH)
+# (Not for a list of stacks, `make gpu-build-check`'s: no venv, and `/bin` would come first.)
+export PATH := $(if $(VENV),$(abspath $(VENV))/bin:)$(PATH)
 
 .PHONY: install demo test test-quick test-stack lint format bench clean docker-test slurm-test gpu-test gpu-build-check
 

@@ -221,7 +221,9 @@ def horovod_source(stack: str, work: pathlib.Path) -> pathlib.Path:
     env = {**os.environ, "HVD_TRAIN_TF": stack}
     sdist = sh(["bash", series, "sdist", sys.executable], env=env).strip()
     with tarfile.open(sdist) as tar:
-        tar.extractall(work, filter="data")
+        # The "data" filter where this Python has it (3.11.4+; a distribution's 3.11.2 has not).
+        safe = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+        tar.extractall(work, **safe)
     source = work / "horovod-0.28.1"
     sh(["bash", series, "apply", str(source)], env=env)
     gloo = source / "third_party" / "gloo" / "gloo"
@@ -261,6 +263,11 @@ def compile_flags(source: pathlib.Path, tf_dir: pathlib.Path, tf_version: str,
     includes = [third / "HTTPRequest/include", third / "lbfgs/include", third / "gloo",
                 *sorted(third.glob("boost/*/include")), tf_dir / "tensorflow/include",
                 third / "flatbuffers/include", *mpi, *cuda]  # fmt: skip
+    # Last, for what the wheels lack: the CUDA headers TensorFlow's own build used, which it
+    # ships. CCCL's 12.2 wheel (TensorFlow 2.15's CUDA) has no <nv/target>, which cuda_fp16.h
+    # includes and CUDA 12.2's toolkit has.
+    bundled = tf_dir / "tensorflow/include/third_party/gpus/cuda/include"
+    includes += [bundled] if bundled.is_dir() else []
     return [
         "-std=c++17", "-O2", "-fPIC", "-pthread", "-mf16c", "-mavx", "-mfma", "-w",
         "-D_GLIBCXX_USE_CXX11_ABI=1", "-DEIGEN_MAX_ALIGN_BYTES=64", "-DEIGEN_MPL2_ONLY=1",

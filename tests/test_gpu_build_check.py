@@ -141,3 +141,18 @@ def test_the_check_compiles_what_a_cuda_build_compiles(tmp_path, stack, xla_ops)
     assert ("xla_mpi_ops.cc" in names) is xla_ops
     assert not {"ccl_operations.cc", "hip_operations.cc", "ddl_operations.cc"} & set(names)
     assert len(names) == len(set(names))
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="no make")
+def test_make_runs_a_list_of_stacks_with_the_machines_python_first_on_path() -> None:
+    """`HVD_TRAIN_TF=2.19,2.18 make gpu-build-check` names no one venv: the Makefile must not
+    put `/bin` first on PATH then (it did: `$(abspath )/bin`), or the check ran under the
+    distribution's Python (Debian's 3.11.2, whose tarfile has no `filter`) and failed."""
+    env = {**os.environ, "HVD_TRAIN_TF": "2.19,2.18"}
+    out = subprocess.run(
+        ["make", "-s", "-f", "Makefile", "-f", "-", "print-path"],
+        input="print-path:\n\t@echo $$PATH\n", cwd=ROOT, env=env, text=True,
+        capture_output=True, check=True,
+    ).stdout  # fmt: skip
+    assert out.split(":")[0] != "/bin", out
+    assert out.strip() == os.environ["PATH"], out

@@ -6,16 +6,19 @@ lost to an export, and every run that completes can be evaluated.
 A model whose `.keras` file would not load again gets `model.weights.h5` and
 `best.weights.h5` instead, said once at the start; evaluate rebuilds it from the run's
 `model.factory` and loads the weights (Keras' safe mode stays on). The subclassed one is also
-resumed at another worker count. Keras 3 only: keras.io's guides are Keras 3's.
+resumed at another worker count and predicts from its weights. Keras 3 only: keras.io's guides are Keras 3's.
 """
 
 from __future__ import annotations
 
+import csv
 import json
 import pathlib
 
+import numpy as np
 import pytest
 from harness import PYTHON, QUICKSTART, check, horovodrun, run
+from PIL import Image
 
 from hvd_train.runtime import binding
 
@@ -84,3 +87,16 @@ def test_a_subclassed_model_without_get_config_resumes_at_another_worker_count(t
     assert evaluation["accuracy"] == pytest.approx(
         summary["final_metrics"]["val_accuracy"], abs=1e-6
     )
+    # predict: every image of a folder, a class each, from model.weights.h5 at 2 workers
+    rng = np.random.default_rng(0)
+    images = tmp_path / "images"
+    for name in ("a.png", "b.png", "sub/c.png"):
+        (images / name).parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)).save(images / name)
+    command = [*HVD, "predict", "--config", str(tmp_path / "subclassed" / "config.yaml"),
+               "--images", str(images), "--out", str(tmp_path / "p.csv")]  # fmt: skip
+    check(horovodrun(2, command, tmp_path))
+    with open(tmp_path / "p.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["path"] for r in rows] == ["a.png", "b.png", "sub/c.png"], rows
+    assert all(0 <= int(r["class_index"]) < 10 for r in rows), rows

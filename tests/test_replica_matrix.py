@@ -34,7 +34,7 @@ OVERFLOW_AFTER = 4  # rank 1's gradients become infinite at its 5th step (mixed_
 # at another steps_per_execution ending as the uninterrupted one to the bit shows that it
 # changes nothing in the training.
 CELLS = [
-    ("keras", 2, "mixed_float16", "window", (3, 1)),
+    ("keras", 2, "mixed_float16", "window", (3, 2)),  # resumed: calls of 2 and 1
     ("keras", 1, "float32", "workers", (2, 3)),
     ("tf_keras", 1, "mixed_float16", "epoch", (1, 1)),
     ("tf_keras", 2, "float32", "window", (1, 3)),

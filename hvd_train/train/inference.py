@@ -46,7 +46,7 @@ def evaluate(cfg: Config, model_path: str, data_path: str, out: str, batch: int)
 
     model, model_path, classes = _start(cfg, model_path, batch)
     if data_path:
-        source = _folder_source(cfg.data.on_corrupt, data_path, classes, model.input_shape[1:])
+        source = _folder_source(cfg.data.on_corrupt, data_path, classes, _takes(model, cfg))
     else:
         source = _validation_source(cfg)
     _check_inputs(model, source.input_shape, model_path, data_path or "the validation split")
@@ -185,7 +185,7 @@ def predict(cfg: Config, model_path: str, folder: str, out: str, batch: int) -> 
     files, skipped = distributed.chief_computes(
         lambda: _list_images(folder, cfg.data.on_corrupt), "predict_images"
     )
-    size, channels = _image_size(model.input_shape[1:])
+    size, channels = _image_size(_takes(model, cfg))
 
     def decode(file):
         import tensorflow as tf
@@ -319,6 +319,13 @@ def load_model(cfg: Config, path: str, num_classes: int):
     except Exception as e:  # noqa: BLE001 - Keras raises many kinds for a file it cannot read
         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
         raise UserError(f"--model: cannot load {path} ({first}); expected {MODEL_HINT}") from None
+
+
+def _takes(model, cfg: Config) -> tuple[int, ...]:
+    """One example's shape as the model takes it; a subclassed model (Keras 3) has no
+    input_shape, and was built from the config's (`_from_weights`, `_from_checkpoint`)."""
+    shape = getattr(model, "input_shape", None)
+    return tuple(shape[1:]) if shape is not None else config_input_shape(cfg.data)
 
 
 def _outputs(model, input_shape: tuple[int, ...]) -> int:
