@@ -100,3 +100,40 @@ def test_a_subclassed_model_without_get_config_resumes_at_another_worker_count(t
         rows = list(csv.DictReader(f))
     assert [r["path"] for r in rows] == ["a.png", "b.png", "sub/c.png"], rows
     assert all(0 <= int(r["class_index"]) < 10 for r in rows), rows
+
+
+def _weights(path: pathlib.Path) -> dict[str, np.ndarray]:
+    """Every array of a Keras `.weights.h5` file, by its path in the file."""
+    import h5py
+
+    found: dict[str, np.ndarray] = {}
+    with h5py.File(path, "r") as f:
+        f.visititems(lambda name, o: found.update({name: o[()]}) if hasattr(o, "shape") else None)
+    return found
+
+
+def test_a_custom_train_steps_optimizer_apply_averages_as_one_worker_on_the_global_batch(
+    tmp_path,
+) -> None:
+    """keras.io's `train_step` calls `self.optimizer.apply(gradients, variables)`: the
+    DistributedOptimizer averages there too. Two workers at 32 end with the weights of one at
+    64, to float64's rounding of the batch sums (the bound and why: tests/test_multiworker.py
+    test_two_workers_at_batch_b_train_like_one_worker_at_2b); had each worker applied its own
+    gradients, the ranks would differ, and both would differ from one worker by whole steps."""
+    sets = ["train.batch_size_mode=global", "train.batch_size=64", "train.epochs=2",
+            "logging.tensorboard=false", "runtime.intra_op_threads=1", "train.verbose=0"]  # fmt: skip
+    for workers in (2, 1):
+        command = [*HVD, "--config", str(QUICKSTART), "--set", f"run.dir=np{workers}",
+                   "--set", f"model.factory={FACTORIES}:custom_train_step_float64",
+                   *(a for s in sets for a in ("--set", s))]  # fmt: skip
+        check(horovodrun(2, command, tmp_path) if workers == 2 else run(command, tmp_path))
+    one, two = (
+        _weights(tmp_path / "np1/model.weights.h5"),
+        _weights(tmp_path / "np2/model.weights.h5"),
+    )
+    assert one.keys() == two.keys(), (one.keys(), two.keys())
+    layers = {name: a for name, a in one.items() if not name.startswith("optimizer/")}
+    assert len(layers) == 4, one.keys()  # two Dense layers' kernels and biases
+    for name, a in layers.items():
+        assert a.dtype == np.float64, name
+        assert np.abs(two[name] - a).max() <= 1e-9 * np.abs(a).max(), name

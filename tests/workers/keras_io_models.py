@@ -81,3 +81,13 @@ def augmented(cfg, input_shape, num_classes):
     x = layers.Dense(32, activation="relu")(x)
     outputs = layers.Dense(num_classes, activation="softmax")(x)
     return keras.Model(inputs, outputs)
+
+
+def custom_train_step_float64(cfg, input_shape, num_classes):
+    """`custom_train_step` computing in float64, for an exact comparison of runs that differ
+    only in the order of a sum (tests/workers/float64_models.py says why)."""
+    inputs = keras.Input(shape=input_shape, dtype="float64")
+    x = layers.Flatten(dtype="float64")(inputs)
+    x = layers.Dense(32, activation="relu", dtype="float64")(x)
+    outputs = layers.Dense(num_classes, activation="softmax", dtype="float64")(x)
+    return CustomModel(inputs, outputs)
