@@ -103,7 +103,36 @@ def distributed_optimizer(optimizer: Any, fp16: bool, accumulation: int, loss_sc
         # too (Horovod refuses them otherwise when it accumulates).
         sparse_as_dense=accumulation > 1,
     )
+    _average_in_apply_gradients(wrapped)
     return keras.mixed_precision.LossScaleOptimizer(wrapped) if loss_scale else wrapped
+
+
+def _average_in_apply_gradients(optimizer: Any) -> None:
+    """Horovod's Keras 2 DistributedOptimizer all-reduces in `compute_gradients` (which Keras'
+    own `train_step` reaches through `minimize`) and not in `apply_gradients`: a `train_step`
+    of the user's that computes its gradients with a GradientTape and calls
+    `self.optimizer.apply_gradients(zip(grads, vars))`, as Keras 2's guide "Customizing what
+    happens in fit()" writes it, applied each rank's own gradients, and the ranks parted.
+    Here `apply_gradients` all-reduces the gradients it is given unless `compute_gradients`
+    did so in the same step (set as the step is traced: the one runs just before the other).
+    Instance attributes, not a subclass: Horovod's methods call `super(self.__class__, self)`."""
+    compute, apply = optimizer._compute_gradients, optimizer.apply_gradients
+    optimizer._hvd_train_reduced = False
+
+    def _compute_gradients(*args: Any, **kwargs: Any) -> Any:
+        optimizer._hvd_train_reduced = True
+        return compute(*args, **kwargs)
+
+    def apply_gradients(grads_and_vars: Any, *args: Any, **kwargs: Any) -> Any:
+        if not optimizer._hvd_train_reduced:
+            grads, variables = zip(*grads_and_vars, strict=True)
+            grads_and_vars = list(
+                zip(optimizer._allreduce(grads, variables), variables, strict=True)
+            )
+        optimizer._hvd_train_reduced = False
+        return apply(grads_and_vars, *args, **kwargs)
+
+    optimizer._compute_gradients, optimizer.apply_gradients = _compute_gradients, apply_gradients
 
 
 def inner_optimizer(optimizer: Any) -> Any:
