@@ -19,7 +19,7 @@ import tensorflow as tf
 from hvd_train.base.errors import TrainingError
 from hvd_train.record.stops import StopSignals
 from hvd_train.runtime import distributed
-from hvd_train.train.hooks import Callback
+from hvd_train.train.hooks import Callback, passes
 
 AUTO_EVERY_S = 1.0  # with `every` 0: agree about once a second
 AUTO_MAX_STEPS = 1000
@@ -98,10 +98,8 @@ class RunControl(Callback):
         self._next = min(self._next, self.position_step + 1)
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
-        # `batch`: the call's last step in this fit's epoch (a part-done epoch's fit counts
-        # from its first step left); the last call of a part-done epoch may run fewer steps
-        # than its index says (Keras 3 stops at the end of its data), never past the epoch.
-        done = self._fit_start + min(batch + 1, self.params.get("steps") or batch + 1)
+        # A part-done epoch's fit counts its steps from its first step left.
+        done = self._fit_start + self.steps_done(batch)
         ran = done - self.step_in_epoch
         self._previous = self.position_step
         self.signals.steps_run += ran
@@ -115,7 +113,7 @@ class RunControl(Callback):
     def passed(self, every: int | None) -> bool:
         """Whether the last call's steps reached or passed a multiple of `every` position
         steps (with one step a call: whether the position is a multiple of it)."""
-        return bool(every) and self._previous // every < self.position_step // every
+        return passes(every, self._previous, self.position_step)
 
     def _agreement_due(self) -> bool:
         if self.every:

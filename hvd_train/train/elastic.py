@@ -21,7 +21,7 @@ from hvd_train.runtime import binding, distributed, replicas
 from hvd_train.runtime.schedules import continue_at, learning_rate_schedule, lr_multiplier
 from hvd_train.train.callbacks import RunCallbacks
 from hvd_train.train.fitting import fit_from
-from hvd_train.train.hooks import Callback
+from hvd_train.train.hooks import Callback, passes
 
 
 class TrackPosition(Callback):
@@ -44,11 +44,9 @@ class TrackPosition(Callback):
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
         before = self.state.batch
-        # A part-done epoch's last call may run fewer steps than its index says.
-        self.state.batch = self._fit_start + min(batch + 1, self.params.get("steps") or batch + 1)
+        self.state.batch = self._fit_start + self.steps_done(batch)
         self.state.global_batch = self.d.global_batch
-        every = self.every_steps
-        if every and before // every < self.state.batch // every:
+        if passes(self.every_steps, before, self.state.batch):
             self.state.commit()
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:

@@ -54,6 +54,13 @@ class Callback:
     def on_predict_batch_begin(self, batch: int, logs: dict | None = None) -> None: ...
     def on_predict_batch_end(self, batch: int, logs: dict | None = None) -> None: ...
 
+    def steps_done(self, batch: int) -> int:
+        """The steps of this `fit`'s epoch done once the call into TensorFlow whose last step
+        Keras indexes `batch` has run: a call runs `train.steps_per_execution` steps, and the
+        last call of a part-done epoch may run fewer than its index says (Keras 3 stops at the
+        end of its data), never past the epoch (`params["steps"]`)."""
+        return min(batch + 1, self.params.get("steps") or batch + 1)
+
     # Keras 2's CallbackList asks these to skip the batch hooks no callback implements.
     def _implements_train_batch_hooks(self) -> bool:
         return self._overrides("on_batch_begin", "on_batch_end", "on_train_batch_begin",
@@ -67,3 +74,9 @@ class Callback:
 
     def _overrides(self, *hooks: str) -> bool:
         return any(getattr(type(self), h) is not getattr(Callback, h) for h in hooks)
+
+
+def passes(every: int | None, before: int, after: int) -> bool:
+    """Whether going from step `before` to step `after` reaches or passes a multiple of
+    `every` (one step at a time: whether `after` is one); never for no `every`."""
+    return bool(every) and before // every < after // every

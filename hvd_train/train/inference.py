@@ -317,7 +317,7 @@ def load_model(cfg: Config, path: str, num_classes: int):
     try:
         return active.load_model(path)
     except Exception as e:  # noqa: BLE001 - Keras raises many kinds for a file it cannot read
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        first = _first_line(e)
         raise UserError(f"--model: cannot load {path} ({first}); expected {MODEL_HINT}") from None
 
 
@@ -359,7 +359,7 @@ def _from_weights(cfg: Config, path: str, num_classes: int):
     try:
         model.load_weights(path)
     except (ValueError, OSError) as e:
-        first = " ".join(str(e).split())[:200]
+        first = _first_line(e)
         raise UserError(
             f"--model: {path} does not fit the config's model ({first}); use the config it was "
             "trained with"
@@ -384,12 +384,17 @@ def _from_checkpoint(cfg: Config, path: str, num_classes: int):
         status = tf.train.Checkpoint(model=model).read(os.path.join(path, PREFIX))  # no optimizer
         status.expect_partial().assert_existing_objects_matched()
     except (AssertionError, ValueError, tf.errors.OpError) as e:
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        first = _first_line(e)
         raise UserError(
             f"--model: checkpoint {path} does not fit the config's model ({first}); use the "
             "config it was trained with"
         ) from None
     return model
+
+
+def _first_line(e: BaseException) -> str:
+    """What a one-line error quotes of an exception Keras or TensorFlow raised."""
+    return (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
 
 
 def _check_inputs(model, data_shape: tuple, model_path: str, data: str) -> None:

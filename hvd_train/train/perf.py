@@ -41,19 +41,18 @@ class StepTimer(Callback):
         self.seconds: list[float] = []  # training time of each epoch (EpochStats' when there)
         self._last = 0.0
         self._start = 0.0
-        self._index = -1
+        self._done = 0
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         self.steps.append([])
         self._start, self._last = time.time(), time.perf_counter()
-        self._index = -1  # Keras' index of the last step timed in this fit's epoch
+        self._done = 0  # the steps of this fit's epoch timed
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
         now = time.perf_counter()
-        # One call into TensorFlow runs train.steps_per_execution steps (Keras' index is its
-        # last; a part-done epoch's last call may run fewer): each gets the call's mean.
-        ran = min(batch, self.params.get("steps", batch + 1) - 1) - self._index
-        self._index += ran
+        # One call into TensorFlow runs train.steps_per_execution steps: each gets its mean.
+        ran = self.steps_done(batch) - self._done
+        self._done += ran
         self.steps[-1].extend([(now - self._last) / ran] * ran)
         self._last = now
         startup.mark("first_step")  # the first only
