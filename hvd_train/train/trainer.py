@@ -89,10 +89,10 @@ def train(
             startup.mark("model")
             if note := weights_note(cfg.model):
                 distributed.log(note)  # rank 0; a resume below then restores the checkpoint
-            # Found before training, and said once, by rank 0, which exports (a survivor that
-            # becomes rank 0 under Horovod Elastic finds it at its first export).
-            chief = distributed.is_chief()
-            if chief and (problem := plain_file_problem(model, built_in=not cfg.model.factory)):
+            # Found before training, on every rank: the probe builds layers, whose automatic
+            # names count up, and Horovod matches the ranks' gradients by their names (a probe
+            # on rank 0 alone left the ranks' names apart and hung the job). Said once.
+            if problem := plain_file_problem(model, built_in=not cfg.model.factory):
                 distributed.log(f"note: {problem}")
             start = resume(cfg, model, plan)
             run.signals.abandon = functools.partial(abandon, run.record, start)
