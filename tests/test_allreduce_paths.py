@@ -1,7 +1,8 @@
 """Horovod's all-reduce as hvd_train builds it (patches/horovod-0.28.1, 0012 and 0013): on one
 host, CPU tensors are summed through shared memory, to the same bits the transport gives and
-alike on every rank; the background thread sleeps while nothing is queued; and a rank that dies
-inside a shared-memory all-reduce ends the others' wait with an error, not a hang."""
+alike on every rank; the background thread sleeps while nothing is queued; a rank that dies
+inside a shared-memory all-reduce ends the others' wait with an error, not a hang; and a rank
+that never comes to an all-reduce ends the job after the stall shutdown time (0015)."""
 
 from __future__ import annotations
 
@@ -149,3 +150,25 @@ def test_a_rank_dead_inside_a_shared_memory_all_reduce_ends_the_others_wait(tmp_
     assert ended.returncode != 0
     error = json.loads((tmp_path / "rank-0.json").read_text())["error"]
     assert error and "shared-memory all-reduce: rank 1 has gone" in error, error
+
+
+@pytest.mark.stack
+@pytest.mark.parametrize("controller", ["gloo", "mpi"])
+def test_a_rank_that_never_comes_to_an_all_reduce_ends_the_job_at_the_stall_shutdown(
+    controller, tmp_path
+) -> None:
+    """Horovod's test/parallel/test_stall.py, with TensorFlow and both controllers: rank 0
+    all-reduces a tensor rank 1 never submits. Horovod's stall check names rank 1 as missing
+    after HOROVOD_STALL_CHECK_TIME_SECONDS and shuts down after
+    HOROVOD_STALL_SHUTDOWN_TIME_SECONDS (hvd_train's horovod.stall_warning_s and
+    horovod.stall_shutdown_s): rank 0's all-reduce fails and the job ends. Under Gloo it hung
+    until killed before patch 0015 (the check saw no ranks)."""
+    env = {"HOROVOD_STALL_CHECK_TIME_SECONDS": "2", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "5"}
+    ended = run(job_command(2, controller, "stalled", tmp_path), tmp_path, timeout=120, env=env)
+    assert ended.returncode != 0, ended.stdout[-2000:]
+    error = json.loads((tmp_path / "rank-0.json").read_text())["error"]
+    assert error and "Horovod has been shut down" in error, error
+    # horovodrun's prefixes ([0]<stderr>: under Gloo, [1,0]<stderr>: under MPI) taken off.
+    said = re.sub(r"(?m)^\[[\d,]+\]<std\w+>:", "", ended.stdout + ended.stderr)
+    # Rank 1 named as missing, and marked (!) as the one the shutdown is for.
+    assert "Missing ranks:" in said and "\n1!: [" in said, said[-3000:]

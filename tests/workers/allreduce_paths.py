@@ -4,6 +4,7 @@ and what its background thread does while nothing is queued.
     allreduce_paths.py exact OUT       # the sums and averages, exact, alike on every rank
     allreduce_paths.py idle OUT        # the background thread's sleeps while idle
     allreduce_paths.py victim OUT      # large all-reduces until the test kills rank 1
+    allreduce_paths.py stalled OUT     # rank 0 all-reduces, rank 1 never does
 
 Each rank writes OUT/rank-<r>.json.
 """
@@ -108,6 +109,19 @@ def victim(rank: int, size: int, out: str) -> dict:
     return {"error": None}
 
 
+def stalled(rank: int) -> dict:
+    """Rank 0 all-reduces a tensor that rank 1 never submits: rank 1 sleeps for longer than the
+    test waits (Horovod's test/parallel/test_stall.py: there its other ranks come, late)."""
+    if rank != 0:
+        time.sleep(600)
+        return {"error": None}
+    try:
+        hvd.allreduce(tf.constant([1.0]), name="only_rank_0")
+    except Exception as e:  # noqa: BLE001 - what rank 0 got is the result
+        return {"error": " ".join(str(e).split())[:800]}
+    return {"error": None}
+
+
 def main() -> None:
     what, out = sys.argv[1], sys.argv[2]
     before = {int(t) for t in os.listdir("/proc/self/task")}
@@ -117,11 +131,13 @@ def main() -> None:
         result = exact(rank, size)
     elif what == "idle":
         result = idle(rank, size, before)
+    elif what == "stalled":
+        result = stalled(rank)
     else:
         result = victim(rank, size, out)
     with open(os.path.join(out, f"rank-{rank}.json"), "w") as f:
         json.dump(result, f)
-    if what == "victim":
+    if what in ("victim", "stalled"):
         os._exit(1 if result["error"] else 0)  # Horovod's shutdown would wait for the dead rank
 
 
