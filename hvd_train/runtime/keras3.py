@@ -97,6 +97,26 @@ class Averaging:
 
     _hvd_fp16 = False
     _hvd_accumulation = 1
+    # Horovod's DistributedOptimizer arguments (hvd_train.horovod sets them; the trainer's
+    # optimizer keeps these defaults): the reduction, its compression (None: from _hvd_fp16),
+    # the scaling before and after the sum, the window's mean (False: Horovod's sum), the
+    # all-reduce groups (None: one group), the device and name scope of the all-reduces.
+    _hvd_op = None
+    _hvd_compression = None
+    _hvd_prescale = 1.0
+    _hvd_postscale = 1.0
+    _hvd_window_mean = True
+    _hvd_groups: Any = None
+    _hvd_device = ""
+    _hvd_name: str | None = None
+    _hvd_variables: list[Any] | None = None
+    _hvd_local: tuple[Any, ...] = ()  # register_local_var's: each rank's own, not all-reduced
+    _hvd_scale_local = True
+
+    def register_local_var(self, var: Any) -> None:
+        """Horovod's: a variable whose gradient is this rank's own (not all-reduced), scaled
+        by 1/size unless `scale_local_gradients=False`."""
+        object.__setattr__(self, "_hvd_local", (*self._hvd_local, var))
 
     def build(self, variables: Any) -> None:
         super().build(variables)
@@ -117,6 +137,9 @@ class Averaging:
         # Keras 2: the schedule and the checkpoints count batches, which an overflow on one
         # rank must not shift (Keras 3's LossScaleOptimizer leaves a skipped step uncounted).
         before = tf.identity(self.iterations)
+        if isinstance(self._hvd_groups, list) or self._hvd_local:  # by variable: at tracing
+            chosen = trainable_variables if trainable_variables is not None else None
+            object.__setattr__(self, "_hvd_variables", list(chosen or self._trainable_variables))
         self._hvd_apply(grads, trainable_variables)
         self.iterations.assign(before + 1)
 
@@ -132,10 +155,13 @@ class Averaging:
 
         def update() -> None:
             # None where the step gave no gradient: known when the step is traced.
+            # The mean over the window (Horovod's sum without average_aggregated_gradients).
             means = [
-                None if g is None else total / self._hvd_accumulation
+                None if g is None
+                else total / self._hvd_accumulation if self._hvd_window_mean
+                else tf.identity(total)
                 for total, g in zip(self._hvd_sums, grads, strict=True)
-            ]
+            ]  # fmt: skip
             super(Averaging, self).apply(self._hvd_average(means), trainable_variables)
             for total in self._hvd_sums:
                 total.assign(tf.zeros_like(total))
@@ -151,22 +177,71 @@ class Averaging:
             return grads
         if hvd_tf.size() == 1:
             return _after_all(grads, present)
+        # register_local_var's: each rank's own, not all-reduced, scaled by 1 / size.
+        if self._hvd_local and (own := self._hvd_local_positions(grads)):
+            out = self._hvd_average([None if i in own else g for i, g in enumerate(grads)])
+            scale = 1.0 / hvd_tf.size() if self._hvd_scale_local else 1.0
+            for i in own:
+                out[i] = tf.convert_to_tensor(grads[i]) * scale
+            return out
         dense = [tf.convert_to_tensor(grads[i]) for i in present]  # IndexedSlices: dense
-        compression = hvd_tf.Compression.fp16 if self._hvd_fp16 else hvd_tf.Compression.none
+        compression = self._hvd_compression or (
+            hvd_tf.Compression.fp16 if self._hvd_fp16 else hvd_tf.Compression.none
+        )
+        how = {"op": self._hvd_op or hvd_tf.Average, "compression": compression}
+        if (self._hvd_prescale, self._hvd_postscale) != (1.0, 1.0):
+            how.update(prescale_factor=self._hvd_prescale, postscale_factor=self._hvd_postscale)
         # Named as Horovod's own DistributedOptimizer names its all-reduces (in its timeline).
-        with tf.name_scope(f"Distributed{type(self).__name__}_Allreduce"):
+        scope = self._hvd_name or f"Distributed{type(self).__name__}"
+        averaged: list[Any] = [None] * len(dense)
+        with tf.name_scope(f"{scope}_Allreduce"), tf.device(self._hvd_device):
             if _compiled_by_xla():  # XLA has a kernel for HorovodAllreduce alone
-                averaged = [
-                    hvd_tf.allreduce(g, op=hvd_tf.Average, compression=compression) for g in dense
-                ]
+                averaged = [hvd_tf.allreduce(g, **how) for g in dense]
             else:
-                averaged = hvd_tf.grouped_allreduce(
-                    dense, op=hvd_tf.Average, compression=compression
-                )
+                for group in self._hvd_group_positions(present, len(grads)):
+                    reduced = hvd_tf.grouped_allreduce([dense[k] for k in group], **how)
+                    for k, g in zip(group, reduced, strict=True):
+                        averaged[k] = g
         out = list(grads)
         for i, g in zip(present, averaged, strict=True):
             out[i] = g
         return out
+
+    def _hvd_local_positions(self, grads: list[Any]) -> set[int]:
+        """The positions in `grads` of register_local_var's variables that have a gradient."""
+        local = {id(v) for v in self._hvd_local} | {
+            id(getattr(v, "value", v)) for v in self._hvd_local
+        }
+        variables = self._hvd_variables or []
+        return {
+            i for i, v in enumerate(variables)
+            if grads[i] is not None and (id(v) in local or id(getattr(v, "value", v)) in local)
+        }  # fmt: skip
+
+    def _hvd_group_positions(self, present: list[int], count: int) -> list[list[int]]:
+        """The positions in `present` of each all-reduce group: one group, or Horovod's
+        `groups` (a number of groups of consecutive gradients, or lists of variables, each a
+        group, the rest a group each). Grouping changes how tensors are fused, not the sums."""
+        groups = self._hvd_groups
+        if not groups:
+            return [list(range(len(present)))]
+        if isinstance(groups, int):
+            size = -(-len(present) // groups)
+            return [
+                list(range(k, min(k + size, len(present)))) for k in range(0, len(present), size)
+            ]
+        where = {v: k for k, v in enumerate(present)}
+        variables = getattr(self, "_hvd_variables", None) or [None] * count
+        index = {id(v): k for k, v in enumerate(variables)}
+        found, taken = [], set()
+        for members in groups:
+            group = [
+                where[index[id(v)]] for v in members if where.get(index.get(id(v), -1)) is not None
+            ]
+            if group:
+                found.append(group)
+                taken.update(group)
+        return found + [[k] for k in range(len(present)) if k not in taken]
 
 
 def _after_all(grads: list[Any], present: list[int]) -> list[Any]:
