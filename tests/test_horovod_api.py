@@ -1,6 +1,9 @@
 """Horovod's own Keras code on Keras 3 with one import line changed (`import hvd_train.horovod as
 hvd`): Horovod v0.28.1's test/parallel/test_tensorflow2_keras.py case for case, and its
-examples/tensorflow2/tensorflow2_keras_mnist.py, each run by a real 2-worker Horovod job
+examples/tensorflow2/tensorflow2_keras_mnist.py, its elastic
+examples/elastic/tensorflow2/tensorflow2_keras_mnist_elastic.py and
+examples/tensorflow2/tensorflow2_keras_synthetic_benchmark.py, each run by a real 2-worker
+Horovod job
 (tests/workers/horovod_keras_cases.py and horovod_keras_mnist.py say what differs from
 upstream, and docs/horovod.md lists the cases)."""
 
@@ -11,7 +14,7 @@ import pathlib
 import re
 
 import pytest
-from harness import PYTHON, WORKERS, check, horovodrun, run
+from harness import BIN, PYTHON, WORKERS, check, horovodrun, run, two_local_hosts
 
 from hvd_train.runtime import binding
 
@@ -34,6 +37,7 @@ MIRRORED = [
     "test_gradient_aggregation_with_local_vars_0",
     "test_gradient_aggregation_with_local_vars_1",
     "test_broadcast_global_variables_callback_with_local_vars",
+    "test_horovod_syncbn_cpu",  # of test_tensorflow.py
 ]
 LEFT_OUT = {
     "test_partial_distributed_optimizer": "horovod.keras.PartialDistributedOptimizer (Keras 2's "
@@ -110,3 +114,35 @@ def test_every_name_of_horovods_keras_api_is_there() -> None:
     )
     out = check(run([PYTHON, "-c", script], pathlib.Path(__file__).parent)).stdout
     assert json.loads(out.strip().splitlines()[-1]) == [], out
+
+
+def test_horovods_elastic_keras_mnist_example_trains_alike_on_every_rank(tmp_path) -> None:
+    """Horovod's elastic tensorflow2_keras_mnist_elastic.py with its import changed, under
+    `horovodrun --min-np 1 --max-np 2` and a discovery script offering two one-slot hosts: it
+    trains its 3 epochs (the state's epoch count says 3), rank 0 writes a checkpoint an
+    epoch, and both ranks end with the same weights (elastic.run synchronizes the state from
+    rank 0 before training, so the ranks' different initial weights do not survive)."""
+    discover = two_local_hosts(tmp_path)
+    cmd = [str(BIN / "horovodrun"), "-np", "2", "--min-np", "1", "--max-np", "2",
+           "--host-discovery-script", str(discover), "--gloo", PYTHON,
+           str(WORKERS / "horovod_keras_mnist_elastic.py"), str(tmp_path)]  # fmt: skip
+    proc = check(run(cmd, tmp_path, timeout=900))
+    digests = dict(re.findall(r"WEIGHTS rank (\d) (\w+) epoch 3", proc.stdout))
+    assert sorted(digests) == ["0", "1"] and len(set(digests.values())) == 1, proc.stdout
+    assert sorted(p.name for p in tmp_path.glob("checkpoint-*.keras")) == [
+        "checkpoint-1.keras", "checkpoint-2.keras", "checkpoint-3.keras",
+    ]  # fmt: skip
+
+
+def test_horovods_synthetic_benchmark_runs_with_fp16_all_reduce(tmp_path) -> None:
+    """Horovod's tensorflow2_keras_synthetic_benchmark.py with its import changed, run small
+    through its own options (MobileNetV3Small, batch 4, 3 iterations of 2 batches, CPU,
+    `--fp16-allreduce`): it prints its throughput table, and both ranks end with the same
+    trainable weights (the gradients averaged in float16 are the same bits everywhere)."""
+    cmd = [PYTHON, str(WORKERS / "horovod_keras_synthetic_benchmark.py"), "--model",
+           "MobileNetV3Small", "--batch-size", "4", "--num-batches-per-iter", "2",
+           "--num-iters", "3", "--no-cuda", "--fp16-allreduce"]  # fmt: skip
+    proc = check(horovodrun(2, cmd, tmp_path, timeout=900))
+    assert re.search(r"Total img/sec on 2 CPU\(s\): [\d.]+ \+-[\d.]+", proc.stdout), proc.stdout
+    digests = dict(re.findall(r"WEIGHTS rank (\d) (\w+)", proc.stdout))
+    assert sorted(digests) == ["0", "1"] and len(set(digests.values())) == 1, proc.stdout

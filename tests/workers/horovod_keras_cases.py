@@ -422,6 +422,37 @@ def test_broadcast_global_variables_callback_with_local_vars():
             np.testing.assert_allclose(var.numpy(), np.full(var.shape, float(root_rank)))
 
 
+def test_horovod_syncbn_cpu():
+    """Horovod v0.28.1's test/parallel/test_tensorflow.py test_horovod_syncbn_cpu: each rank's
+    SyncBatchNormalization on its own row gives what BatchNormalization gives on all the
+    ranks' rows together, and the same moving statistics, within assertAllClose's default
+    tolerances (1e-6). Keras 3: eager calls in place of the graph's initializer and evaluate;
+    BatchNormalization has no `fused`."""
+    with tf.device("/cpu:0"):
+        x_list = [
+            tf.convert_to_tensor(np.stack([
+                np.array([[r, r + 1], [r * 2, r * 2 + 1], [r * 3, r * 3 + 1], [r * 4, r * 4 + 1]],
+                         dtype=np.float32)
+                for r in range(hvd.size())
+            ]), np.float32),
+            tf.convert_to_tensor(np.stack([
+                np.array([[r + 1], [r * 2 + 1], [r * 3 + 1], [r * 4 + 1]], dtype=np.float32)
+                for r in range(hvd.size())
+            ]), np.float32),
+        ]  # fmt: skip
+        for x in x_list:
+            bn = keras.layers.BatchNormalization(axis=1)
+            sync_bn = hvd.SyncBatchNormalization(axis=1)
+            bn_out = bn(x, training=True).numpy()
+            sync_bn_out = sync_bn(tf.expand_dims(x[hvd.rank()], 0), training=True).numpy()
+            np.testing.assert_allclose(sync_bn_out, np.expand_dims(bn_out[hvd.rank()], 0),
+                                       rtol=1e-6, atol=1e-6)  # fmt: skip
+            np.testing.assert_allclose(sync_bn.moving_mean.numpy(), bn.moving_mean.numpy(),
+                                       rtol=1e-6, atol=1e-6)  # fmt: skip
+            np.testing.assert_allclose(sync_bn.moving_variance.numpy(),
+                                       bn.moving_variance.numpy(), rtol=1e-6, atol=1e-6)  # fmt: skip
+
+
 # --------------------------------------------------------------------------- hvd_train's own
 
 
@@ -506,6 +537,7 @@ CASES = [
     test_gradient_aggregation_with_local_vars_0,
     test_gradient_aggregation_with_local_vars_1,
     test_broadcast_global_variables_callback_with_local_vars,
+    test_horovod_syncbn_cpu,
     own_momentum_correction_is_refused_not_ignored,
     own_load_model_wraps_the_optimizer_with_its_state,
     own_groups_predivide_and_sum_reduce_as_horovod_says,
