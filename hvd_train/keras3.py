@@ -1,7 +1,7 @@
 """Horovod for your own Keras 3 `model.fit` script: what `horovod.tensorflow.keras` is to Keras 2.
 
-Horovod's own Keras API cannot train Keras 3 (its callbacks call `.ref()` on Keras 3 variables,
-horovod#4290); these are the pieces hvd_train's trainer uses, on `horovod.tensorflow`'s ops::
+Shorter names over hvd_train.horovod, which is Horovod's Keras API under Horovod's own names
+on Keras 3 (docs/horovod.md: a Horovod script changes its import line and runs)::
 
     import keras
     from hvd_train import keras3 as hvdk
@@ -40,15 +40,20 @@ if not binding.has_keras3():
         + ": for tf.keras (Keras 2) use horovod.tensorflow.keras"
     )
 
-from hvd_train.runtime.distributed import is_chief, local_rank, rank, size  # noqa: E402
-from hvd_train.runtime.keras3 import (  # noqa: E402
-    BroadcastInitialState,
-    DistributedOptimizer,
-    MetricAverage,
+from hvd_train.horovod import (  # noqa: E402
+    Compression,
     SyncBatchNormalization,
-    init,
-    warmup,
+    local_rank,
+    rank,
+    size,
 )
+from hvd_train.horovod import DistributedOptimizer as _HorovodsOptimizer  # noqa: E402
+from hvd_train.horovod.callbacks import (  # noqa: E402
+    BroadcastGlobalVariablesCallback,
+    MetricAverageCallback,
+)
+from hvd_train.runtime.distributed import is_chief  # noqa: E402
+from hvd_train.runtime.keras3 import init, warmup  # noqa: E402
 from hvd_train.train.models import plain_clone  # noqa: E402
 
 __all__ = [
@@ -64,6 +69,30 @@ __all__ = [
     "SyncBatchNormalization",
     "plain_model",
 ]
+
+
+def DistributedOptimizer(optimizer: Any, fp16: bool = False, accumulation: int = 1) -> Any:  # noqa: N802
+    """hvd_train.horovod's DistributedOptimizer under shorter arguments: `fp16` sends the
+    gradients as float16 (`compression=Compression.fp16`); `accumulation` sums that many
+    batches' gradients locally per all-reduce and applies their mean
+    (`backward_passes_per_step` with `average_aggregated_gradients=True`)."""
+    return _HorovodsOptimizer(
+        optimizer, compression=Compression.fp16 if fp16 else Compression.none,
+        backward_passes_per_step=accumulation, average_aggregated_gradients=True,
+    )  # fmt: skip
+
+
+class BroadcastInitialState(BroadcastGlobalVariablesCallback):
+    """hvd_train.horovod.callbacks.BroadcastGlobalVariablesCallback(0): rank 0's weights and
+    optimizer state to every rank when training begins (put it first in `fit`'s callbacks)."""
+
+    def __init__(self) -> None:
+        super().__init__(0)
+
+
+class MetricAverage(MetricAverageCallback):
+    """hvd_train.horovod.callbacks.MetricAverageCallback(): the epoch's logs averaged over the
+    workers (after the broadcast, before the callbacks that read metrics)."""
 
 
 def plain_model(model: Any) -> Any:
