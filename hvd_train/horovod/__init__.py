@@ -28,13 +28,7 @@ from typing import Any
 
 from hvd_train.runtime import binding
 
-if not binding.has_keras3():
-    _tf = binding.installed_tensorflow()
-    raise ImportError(
-        "hvd_train.horovod needs Keras 3, which comes with TensorFlow 2.16 or later; "
-        + (f"this is TensorFlow {_tf}" if _tf else "TensorFlow is not installed")
-        + ": for tf.keras (Keras 2) use horovod.tensorflow.keras"
-    )
+binding.require_keras3("hvd_train.horovod")
 
 import horovod.tensorflow as _hvd  # noqa: E402
 import keras  # noqa: E402

@@ -78,6 +78,19 @@ def has_keras3(tf_version: str | None = None) -> bool:
     return version_tuple(tf_version or installed_tensorflow()) >= _KERAS3_FROM
 
 
+def require_keras3(module: str) -> None:
+    """Raises one ImportError line where `module` (a Keras 3 API of hvd_train's) is imported
+    on a TensorFlow without Keras 3, pointing at Horovod's own Keras 2 API."""
+    if has_keras3():
+        return
+    tf = installed_tensorflow()
+    raise ImportError(
+        f"{module} needs Keras 3, which comes with TensorFlow 2.16 or later; "
+        + (f"this is TensorFlow {tf}" if tf else "TensorFlow is not installed")
+        + ": for tf.keras (Keras 2) use horovod.tensorflow.keras"
+    )
+
+
 def default(tf_version: str | None = None) -> str:
     """The Keras of the built-in models: Keras 3 on TensorFlow 2.16+, Keras 2 on 2.15."""
     return KERAS3 if has_keras3(tf_version) else KERAS2
