@@ -104,7 +104,11 @@ def distributed_optimizer(optimizer: Any, fp16: bool, accumulation: int, loss_sc
         sparse_as_dense=accumulation > 1,
     )
     _average_in_apply_gradients(wrapped)
-    return keras.mixed_precision.LossScaleOptimizer(wrapped) if loss_scale else wrapped
+    if not loss_scale:
+        return wrapped
+    scaler = keras.mixed_precision.LossScaleOptimizer(wrapped)
+    _average_before_the_loss_scaler(scaler, wrapped)
+    return scaler
 
 
 def _average_in_apply_gradients(optimizer: Any) -> None:
@@ -133,6 +137,28 @@ def _average_in_apply_gradients(optimizer: Any) -> None:
         return apply(grads_and_vars, *args, **kwargs)
 
     optimizer._compute_gradients, optimizer.apply_gradients = _compute_gradients, apply_gradients
+
+
+def _average_before_the_loss_scaler(scaler: Any, wrapped: Any) -> None:
+    """A `train_step` of the user's calls the LossScaleOptimizer's `apply_gradients` with its
+    own gradients, and the loss scaler checks them before `wrapped` would all-reduce them: a
+    rank whose gradients overflowed skipped the step, and its all-reduce, alone, and the others
+    waited for it in theirs. Here the scaler's `apply_gradients` all-reduces first (unless
+    `compute_gradients` did, in Keras' own step), so every rank's scaler sees the same
+    averages and skips the same steps."""
+    apply = scaler.apply_gradients
+
+    def apply_gradients(grads_and_vars: Any, *args: Any, **kwargs: Any) -> Any:
+        if not wrapped._hvd_train_reduced:
+            grads, variables = zip(*grads_and_vars, strict=True)
+            grads_and_vars = list(zip(wrapped._allreduce(grads, variables), variables, strict=True))
+            wrapped._hvd_train_reduced = True  # `wrapped.apply_gradients` does not again
+        try:
+            return apply(grads_and_vars, *args, **kwargs)
+        finally:
+            wrapped._hvd_train_reduced = False  # also where the scaler skipped the step
+
+    scaler.apply_gradients = apply_gradients
 
 
 def inner_optimizer(optimizer: Any) -> Any:

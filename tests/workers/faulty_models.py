@@ -77,3 +77,26 @@ def error_on_one_rank(cfg) -> tf.keras.Model:
 
 def inf_gradient_on_one_rank(cfg) -> tf.keras.Model:
     return _trapped(cfg, "inf_grad")
+
+
+class _GuidesTrainStep(tf.keras.Model):
+    """The train_step of tensorflow.org's "Customizing what happens in fit()" (Keras 2): its
+    own GradientTape, then `self.optimizer.apply_gradients` (under mixed_float16, Keras'
+    LossScaleOptimizer's)."""
+
+    def train_step(self, data):
+        x, y = data
+        with tf.GradientTape() as tape:
+            y_pred = self(x, training=True)
+            loss = self.compiled_loss(y, y_pred, regularization_losses=self.losses)
+        trainable_vars = self.trainable_variables
+        gradients = tape.gradient(loss, trainable_vars)
+        self.optimizer.apply_gradients(zip(gradients, trainable_vars))  # noqa: B905 - the guide
+        self.compiled_metrics.update_state(y, y_pred)
+        return {m.name: m.result() for m in self.metrics}
+
+
+def custom_step_inf_gradient_on_one_rank(cfg) -> tf.keras.Model:
+    """inf_gradient_on_one_rank's model, trained by the guide's own train_step."""
+    model = _trapped(cfg, "inf_grad")
+    return _GuidesTrainStep(model.inputs, model.outputs)
