@@ -54,3 +54,25 @@ def with_lambda(cfg, input_shape, num_classes):
     x = layers.Dense(32, activation="relu")(x)
     outputs = layers.Dense(num_classes, activation="softmax")(x)
     return keras.Model(inputs, outputs)
+
+
+def augmented(cfg, input_shape, num_classes):
+    data_augmentation = keras.Sequential(
+        [layers.RandomFlip("horizontal"), layers.RandomRotation(0.1)]
+    )
+    inputs = keras.Input(shape=input_shape)
+    x = data_augmentation(inputs)
+    x = layers.Flatten()(x)
+    x = layers.Dense(32, activation="relu")(x)
+    outputs = layers.Dense(num_classes, activation="softmax")(x)
+    return keras.Model(inputs, outputs)
+
+
+def custom_train_step_float64(cfg, input_shape, num_classes):
+    """`custom_train_step` computing in float64, for an exact comparison of runs that differ
+    only in the order of a sum (tests/workers/float64_models.py says why)."""
+    inputs = keras.Input(shape=input_shape, dtype="float64")
+    x = layers.Flatten(dtype="float64")(inputs)
+    x = layers.Dense(32, activation="relu", dtype="float64")(x)
+    outputs = layers.Dense(num_classes, activation="softmax", dtype="float64")(x)
+    return CustomModel(inputs, outputs)
