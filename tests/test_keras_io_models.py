@@ -29,6 +29,7 @@ pytestmark = [
 
 HVD = [PYTHON, "-m", "hvd_train"]
 FACTORIES = str(pathlib.Path(__file__).parent / "workers" / "keras_io_models.py")
+KERAS2 = str(pathlib.Path(__file__).parent / "workers" / "keras2_io_models.py")  # the same, Keras 2
 NOTE = "cannot be saved as a .keras file that loads again"
 # model: (the class the note names, what in Keras' message says why), or None: a .keras file
 MODELS = {
@@ -39,9 +40,9 @@ MODELS = {
 }
 
 
-def _train(root: pathlib.Path, name: str, workers: int, *sets: str):
+def _train(root: pathlib.Path, name: str, workers: int, *sets: str, factories: str = FACTORIES):
     command = [*HVD, "--config", str(QUICKSTART), "--set", f"run.dir={root / name}",
-               "--set", f"model.factory={FACTORIES}:{name}", "--set", "train.epochs=1",
+               "--set", f"model.factory={factories}:{name}", "--set", "train.epochs=1",
                *(a for s in sets for a in ("--set", s))]  # fmt: skip
     return check(horovodrun(workers, command, root) if workers > 1 else run(command, root))
 
@@ -77,9 +78,16 @@ def test_a_keras_io_model_trains_at_2_workers_and_evaluates(tmp_path, name: str)
     assert evaluation["accuracy"] == pytest.approx(final["val_accuracy"], abs=1e-6), final
 
 
-def test_a_subclassed_model_without_get_config_resumes_at_another_worker_count(tmp_path) -> None:
-    _train(tmp_path, "subclassed", 2)
-    out = _train(tmp_path, "subclassed", 1, "train.epochs=2").stdout
+@pytest.mark.parametrize(
+    "factories",
+    [FACTORIES, pytest.param(KERAS2, marks=[pytest.mark.stack, pytest.mark.second_keras])],
+    ids=["keras3", "keras2"],
+)
+def test_a_subclassed_model_without_get_config_resumes_at_another_worker_count(
+    tmp_path, factories
+) -> None:
+    _train(tmp_path, "subclassed", 2, factories=factories)
+    out = _train(tmp_path, "subclassed", 1, "train.epochs=2", factories=factories).stdout
     assert "resuming from" in out, out[-3000:]
     summary = json.loads((tmp_path / "subclassed" / "summary.json").read_text())
     assert (summary["status"], summary["epochs_completed"]) == ("completed", 2), summary
@@ -110,9 +118,6 @@ def _weights(path: pathlib.Path) -> dict[str, np.ndarray]:
     with h5py.File(path, "r") as f:
         f.visititems(lambda name, o: found.update({name: o[()]}) if hasattr(o, "shape") else None)
     return found
-
-
-KERAS2 = str(pathlib.Path(__file__).parent / "workers" / "keras2_io_models.py")
 
 
 @pytest.mark.parametrize(
