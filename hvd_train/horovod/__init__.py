@@ -64,7 +64,8 @@ __all__ = [
     "init", "shutdown", "is_initialized", "size", "rank", "local_rank", "local_size",
     "cross_rank", "cross_size", "mpi_built", "mpi_enabled", "mpi_threads_supported",
     "gloo_built", "gloo_enabled", "nccl_built", "start_timeline", "stop_timeline",
-    "allreduce", "allgather", "broadcast", "broadcast_global_variables", "Average", "Sum",
+    "allreduce", "allgather", "broadcast", "reducescatter", "broadcast_global_variables",
+    "Average", "Sum",
     "Compression", "DistributedOptimizer", "load_model", "SyncBatchNormalization",
     "callbacks", "elastic",
 ]  # fmt: skip
@@ -112,6 +113,14 @@ def broadcast(value: Any, root_rank: int, name: str | None = None) -> tf.Tensor:
     """Horovod's `broadcast`: `root_rank`'s value on every rank."""
     return _hvd.broadcast(
         tf.constant(value) if not tf.is_tensor(value) else value, root_rank, name=name
+    )
+
+
+def reducescatter(value: Any, name: str | None = None, op: Any = Average) -> tf.Tensor:
+    """Horovod's `reducescatter`: the ranks' values reduced, each rank given its slice of the
+    first dimension."""
+    return _hvd.reducescatter(
+        tf.constant(value) if not tf.is_tensor(value) else value, name=name, op=op
     )
 
 

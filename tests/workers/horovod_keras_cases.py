@@ -501,7 +501,7 @@ def own_load_model_wraps_the_optimizer_with_its_state():
 
 
 def own_groups_predivide_and_sum_reduce_as_horovod_says():
-    """DistributedOptimizer's `groups` (a number, or lists of variables) and
+    """The collectives give Horovod's results; and DistributedOptimizer's `groups` (a number, or lists of variables) and
     `gradient_predivide_factor` give the ranks' mean, `op=hvd.Sum` their sum: each rank's
     gradient is rank + 1, and an optimizer that adds the gradient shows what came back."""
 
@@ -509,6 +509,15 @@ def own_groups_predivide_and_sum_reduce_as_horovod_says():
         def update_step(self, gradient, variable, learning_rate):
             variable.assign_add(gradient)
 
+    # The collectives, as Horovod's Keras module has them.
+    mine = np.arange(4.0) + hvd.rank()
+    np.testing.assert_allclose(hvd.allreduce(mine), np.arange(4.0) + (hvd.size() - 1) / 2)
+    np.testing.assert_allclose(hvd.allreduce(mine, op=hvd.Sum), hvd.size() * np.arange(4.0)
+                               + sum(range(hvd.size())))  # fmt: skip
+    np.testing.assert_allclose(hvd.broadcast(mine, root_rank=0), np.arange(4.0))
+    assert hvd.allgather(mine).shape == (4 * hvd.size(),)
+    part = hvd.reducescatter(np.ones((2 * hvd.size(), 3)), op=hvd.Sum)
+    np.testing.assert_allclose(part, np.full((2, 3), float(hvd.size())))
     mean = sum(range(1, hvd.size() + 1)) / hvd.size()
     total = float(sum(range(1, hvd.size() + 1)))
     for kwargs, expected in [
