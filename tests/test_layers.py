@@ -27,6 +27,7 @@ LAYERS: dict[str, set[str]] = {
     "runtime": {"base", "config"},  # Horovod's state, the speed knobs, the Keras bindings
     "data": {"base", "config", "runtime"},  # sources, each worker's slice, decoding
     "train": {"base", "config", "record", "runtime", "data"},  # the run and its parts
+    "horovod": {"base", "config", "runtime"},  # Horovod's Keras API on Keras 3, for users' scripts
     "commands": {"base", "config", "record", "launcher", "runtime", "data", "train"},
 }
 # Layers that import without TensorFlow, Horovod or a Keras: the launchers read configs and

@@ -31,7 +31,6 @@ from hvd_train.runtime import binding
 binding.require_keras3("hvd_train.horovod")
 
 import horovod.tensorflow as _hvd  # noqa: E402
-import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from horovod.tensorflow import (  # noqa: E402
     Average,
@@ -58,7 +57,7 @@ from horovod.tensorflow.mpi_ops import global_process_set  # noqa: E402
 
 from hvd_train.runtime import distributed  # noqa: E402
 from hvd_train.runtime import keras3 as _core  # noqa: E402
-from hvd_train.runtime.keras3 import SyncBatchNormalization  # noqa: E402
+from hvd_train.runtime.keras3 import SyncBatchNormalization, keras  # noqa: E402
 
 __all__ = [
     "init", "shutdown", "is_initialized", "size", "rank", "local_rank", "local_size",

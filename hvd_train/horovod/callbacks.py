@@ -6,11 +6,11 @@ from collections.abc import Callable
 from typing import Any
 
 import horovod.tensorflow as _hvd
-import keras
 import tensorflow as tf
 
 from hvd_train.runtime import keras3 as _core
 from hvd_train.runtime import replicas
+from hvd_train.runtime.keras3 import keras  # the binding's Keras 3
 
 
 class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):

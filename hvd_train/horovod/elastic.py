@@ -18,13 +18,13 @@ from __future__ import annotations
 from typing import Any
 
 import horovod.tensorflow as _hvd
-import keras
 import tensorflow as tf
 from horovod.common.elastic import ObjectState
 from horovod.tensorflow.elastic import run
 
 from hvd_train.runtime import keras3 as _core
 from hvd_train.runtime import replicas
+from hvd_train.runtime.keras3 import keras  # the binding's Keras 3
 
 __all__ = [
     "KerasState", "CommitStateCallback", "UpdateBatchStateCallback", "UpdateEpochStateCallback",
