@@ -119,38 +119,38 @@ EXIT_WATCHDOG_S = 60.0
 def run(prog: str = "hvd-train") -> None:
     """The `hvd-train` and `python -m hvd_train` entry: main(), then its exit code."""
     code = main(prog=prog)
-    if code == 0:
-        exit_without_teardown()
-    watch_the_exit()
-    sys.exit(code)
+    if code != 0:
+        watch_the_exit()
+    exit_without_teardown(code)
 
 
 def watch_the_exit() -> None:
-    """A failure exits the usual way, through atexit's handlers (Horovod's shutdown) and the
-    interpreter's teardown. Should that hang (once, in a 2-worker job whose input file was cut
-    short under it, both ranks printed their failure and never ended; the cause was not
-    found), every thread's traceback goes to stderr after EXIT_WATCHDOG_S and the process
-    ends with exit code 1: the record already says `failed`, and no job is held forever by a
-    worker that has nothing left to do. faulthandler's watchdog is a thread of C that needs
-    no interpreter lock, so it fires whatever holds it."""
+    """A failure exits through atexit's handlers (Horovod's shutdown). Should one hang, every
+    thread's traceback goes to stderr after EXIT_WATCHDOG_S and the process ends with exit
+    code 1: the record already says `failed`, and no job is held forever by a worker that has
+    nothing left to do. faulthandler's watchdog is a thread of C that needs no interpreter
+    lock, so it fires whatever holds it."""
     import faulthandler
 
     faulthandler.dump_traceback_later(EXIT_WATCHDOG_S, exit=True)
 
 
-def exit_without_teardown() -> NoReturn:
-    """Exit code 0 after what an exit must do (atexit's handlers: Horovod's shutdown, which
-    also finalizes MPI, and logging's; stdout and stderr flushed), without the interpreter's
-    teardown: freeing a trained TensorFlow process's modules and objects one by one cost every
-    worker 0.7 s of CPU at its end (a 1-step quickstart run alone: 5.8 s, now 5.0 s). Only
-    after success, where the run has closed what it wrote; a failure exits the usual way."""
+def exit_without_teardown(code: int = 0) -> NoReturn:
+    """Exit with `code` after what an exit must do (atexit's handlers: Horovod's shutdown,
+    which also finalizes MPI, and logging's; stdout and stderr flushed), without the
+    interpreter's teardown. Freeing a trained TensorFlow process's modules and objects one by
+    one cost every worker 0.7 s of CPU at its end (a 1-step quickstart run alone: 5.8 s, now
+    5.0 s); and after a failure it hung, past atexit's handlers, with no Python frame left (a
+    2-worker job whose input file was cut short under it: rank 1 printed its data error, then
+    the watchdog ended it after 60 s with exit code 1 in place of the error's 2). The run has
+    closed what it wrote, successful or not, before main() returns."""
     import atexit
 
     from hvd_train.base import logs
 
     atexit._run_exitfuncs()
     logs.flush_std()
-    os._exit(0)
+    os._exit(code)
 
 
 def _error(message: str, code: int) -> int:
