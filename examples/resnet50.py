@@ -1,5 +1,5 @@
-"""Models for the benchmarks, reachable from a config as `model.factory: "benchmarks.models:NAME"`
-(run from the repository root, where `benchmarks` is importable)."""
+"""Keras' ResNet-50, untrained, for configs/resnet50_synthetic.yaml
+(`model.factory: examples/resnet50.py:resnet50`)."""
 
 from __future__ import annotations
 
