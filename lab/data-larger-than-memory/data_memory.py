@@ -1,9 +1,9 @@
 """Benchmark: each worker's peak RSS and input rate at 1x and 4x the data.
 
 Trains 2 workers (horovodrun, Gloo, each worker pinned to a core of its own) for a bounded
-number of steps on image sets made by `benchmarks/make_image_sets.py` (224x224 JPEGs of about
+number of steps on image sets made by `lab/data-larger-than-memory/make_image_sets.py` (224x224 JPEGs of about
 25 KB; `img1x` is a quarter of `img4x`) and on their TFRecord conversions, and records each
-worker's peak RSS (`ru_maxrss`, written at exit by `benchmarks/rss_worker.py`) and the run's
+worker's peak RSS (`ru_maxrss`, written at exit by `lab/data-larger-than-memory/rss_worker.py`) and the run's
 `train_examples_per_sec`. Images are decoded to 32x32 (convnet7, batch 32 per worker).
 
 Variants (`--variants`, comma-separated; default all of this checkout's):
@@ -16,7 +16,7 @@ Variants (`--variants`, comma-separated; default all of this checkout's):
 Runs are interleaved over `--repeats`; results are appended as JSON lines to `--out`.
 `--data-bench N` runs `hvd-train data-bench --batches N` (the input pipeline alone) instead.
 
-    python benchmarks/data_memory.py --data /work/bench-data --repeats 2 --out results.jsonl
+    python lab/data-larger-than-memory/data_memory.py --data /work/bench-data --repeats 2 --out results.jsonl
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import sys
 import tempfile
 import time
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 BIN = pathlib.Path(sys.executable).parent
 COMMON = [
     "data.image_size=[32,32]", "data.channels=3", "train.batch_size=32",
@@ -67,8 +67,8 @@ def train_once(name, sets, code, work, epochs, steps) -> dict:
     overrides = [*COMMON, *sets, f"train.epochs={epochs}", f"train.steps_per_epoch={steps}",
                  f"run.dir={run_dir}"]  # fmt: skip
     cmd = [str(BIN / "horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo",
-           str(ROOT / "benchmarks" / "pin_to_core.sh"), sys.executable,
-           str(ROOT / "benchmarks" / "rss_worker.py"), "--config",
+           str(ROOT / "lab" / "pin_to_core.sh"), sys.executable,
+           str(pathlib.Path(__file__).resolve().parent / "rss_worker.py"), "--config",
            str(ROOT / "configs" / "quickstart.yaml"),
            *[a for s in overrides for a in ("--set", s)]]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(code), "TF_CPP_MIN_LOG_LEVEL": "2",
@@ -90,7 +90,7 @@ def data_bench_once(name, sets, code, batches: int) -> dict:
     """`hvd-train data-bench` on 2 pinned workers: the input pipeline alone, examples/s."""
     overrides = [*COMMON, *sets]
     cmd = [str(BIN / "horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo",
-           str(ROOT / "benchmarks" / "pin_to_core.sh"), sys.executable, "-m", "hvd_train",
+           str(ROOT / "lab" / "pin_to_core.sh"), sys.executable, "-m", "hvd_train",
            "data-bench", "--config", str(ROOT / "configs" / "quickstart.yaml"),
            "--batches", str(batches), *[a for s in overrides for a in ("--set", s)]]  # fmt: skip
     env = {

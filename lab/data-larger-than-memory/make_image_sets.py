@@ -4,7 +4,7 @@
 plus noise, about 30 KB each, like photos at quality 90), `--per-class` each; `--out/img1x`:
 hard links to the first quarter of each class (no extra disk). Files already there are reused.
 
-    python benchmarks/make_image_sets.py --out /work/bench-data --classes 10 --per-class 14000
+    python lab/data-larger-than-memory/make_image_sets.py --out /work/bench-data --classes 10 --per-class 14000
 """
 
 from __future__ import annotations

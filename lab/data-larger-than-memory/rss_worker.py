@@ -1,6 +1,6 @@
 """Runs `python -m hvd_train ARGS...` and, at exit, writes this process's peak RSS.
 
-For benchmarks/data_memory.py: `horovodrun ... python benchmarks/rss_worker.py --config ...`.
+For lab/data-larger-than-memory/data_memory.py: `horovodrun ... python lab/data-larger-than-memory/rss_worker.py --config ...`.
 Writes `$RSS_OUT/rss-rank{HOROVOD_RANK}.txt` with `ru_maxrss` (KiB on Linux: the high-water
 mark of the resident set, VmHWM in /proc/PID/status).
 """

@@ -1,7 +1,7 @@
 """The early-death matrix, soaked: rank 1 killed (SIGKILL) at each early moment of a 2-worker job,
 under every launcher, many times, beside busy loops; counts the records that tell the truth.
 
-    .venv/bin/python benchmarks/early_death_soak.py --runs 30 --load 2
+    .venv/bin/python lab/early-deaths/early_death_soak.py --runs 30 --load 2
 
 A rank that dies for any reason but a stop ends the run `failed`, with no `stopped_by`, whatever
 the timing (tests/test_stops.py holds one job of each kind; this repeats them until a rare
@@ -43,7 +43,7 @@ import time
 
 from hvd_train.launcher.supervise import local_ranks
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 PYTHON = sys.executable
 BIN = pathlib.Path(PYTHON).parent
 CONFIG = ROOT / "configs" / "quickstart.yaml"

@@ -1,6 +1,6 @@
 """What hvd_train's callbacks cost a training step, and how often a step waits on the host.
 
-    .venv/bin/python benchmarks/hook_cost.py --epochs 4 [--keras 2] [--set KEY=VALUE ...]
+    .venv/bin/python lab/hook-cost/hook_cost.py --epochs 4 [--keras 2] [--set KEY=VALUE ...]
 
 One worker trains the quickstart (synthetic data, the default callbacks) in this process. Every
 call of the model's train function is timed; the time between one call's return and the next
@@ -27,7 +27,7 @@ import tempfile
 import threading
 import time
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 SETS = ("data.source=synthetic", "data.train_examples=4096", "data.val_examples=256",
         "train.verbose=false", "model.dropout=0")  # fmt: skip
 

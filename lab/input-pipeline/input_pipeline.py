@@ -9,7 +9,7 @@ change in the machine's load hits all variants alike; the median of each variant
 `train_examples_per_sec` (all workers, first epoch left out) is reported, and its ratio to
 synthetic (target >= 0.95).
 
-    .venv/bin/python benchmarks/input_pipeline.py [--repeats 3] [--epochs 3] [--steps 40]
+    .venv/bin/python lab/input-pipeline/input_pipeline.py [--repeats 3] [--epochs 3] [--steps 40]
         [--workdir DIR]
 """
 
@@ -28,8 +28,8 @@ import time
 import numpy as np
 from PIL import Image
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-PIN = ROOT / "benchmarks" / "pin_to_core.sh"
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+PIN = ROOT / "lab" / "pin_to_core.sh"
 BIN = pathlib.Path(sys.executable).parent
 
 COMMON = [

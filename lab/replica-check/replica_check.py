@@ -1,6 +1,6 @@
 """What the replica check (`runtime.check_replicas`) costs, against an epoch of the quickstart.
 
-    .venv/bin/horovodrun -np 2 -H localhost:2 --gloo .venv/bin/python benchmarks/replica_check.py
+    .venv/bin/horovodrun -np 2 -H localhost:2 --gloo .venv/bin/python lab/replica-check/replica_check.py
 
 Every rank trains the shipped quickstart for 4 epochs with the check off (a scratch run.dir),
 then times, on the trained model, what an epoch's end does with and without the check, each
@@ -29,7 +29,7 @@ import time
 from hvd_train.config import load_config
 from hvd_train.runtime import binding
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def main() -> None:

@@ -3,8 +3,8 @@ then beside the same loop on another core, for a loop that touches no memory and
 sets from a core's own caches to main memory. Prints, per loop, the median over repeats of
 (the pair's mean rate / the rate alone), and each repeat's.
 
-    .venv/bin/python benchmarks/shared_cache.py
-    .venv/bin/python benchmarks/shared_cache.py --repeats 7 --seconds 2 --out /tmp/cache.json
+    .venv/bin/python lab/second-busy-core/shared_cache.py
+    .venv/bin/python lab/second-busy-core/shared_cache.py --repeats 7 --seconds 2 --out /tmp/cache.json
 
 This is the part of two workers' shortfall against twice one worker that neither Horovod nor
 hvd_train takes (compare_peers.py's launch@1-independent measures it with the real worker):

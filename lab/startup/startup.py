@@ -1,9 +1,9 @@
 """The quickstart's time from `hvd-train launch` to its first training step, split into phases.
 
-    .venv/bin/python benchmarks/startup.py --repeats 5
-    .venv/bin/python benchmarks/startup.py --repeats 5 --compare-check   # with and without the
+    .venv/bin/python lab/startup/startup.py --repeats 5
+    .venv/bin/python lab/startup/startup.py --repeats 5 --compare-check   # with and without the
                                                                            # kept build check
-    .venv/bin/python benchmarks/startup.py --repeats 5 --before /tmp/old /tmp/old-venv/bin/python
+    .venv/bin/python lab/startup/startup.py --repeats 5 --before /tmp/old /tmp/old-venv/bin/python
 
 Each repeat runs the shipped quickstart for one step (`train.epochs=1`, `train.steps_per_epoch=1`)
 with `hvd-train launch --np 2 --gloo` in a fresh run.dir, and reads rank 0's `startup_s` from
@@ -37,7 +37,7 @@ import sys
 import tempfile
 import time
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 QUICKSTART = ROOT / "configs" / "quickstart.yaml"
 PHASES = ["process", "config", "imports", "horovod_init", "data", "run_dir", "model", "first_step"]
 

@@ -1,7 +1,7 @@
 """compare_peers.py's configurations on two TensorFlow stacks, interleaved run by run.
 
-    .venv/bin/python benchmarks/compare_stacks.py     # 2.15 (.venv-tf2.15) against 2.21 (.venv)
-    .venv/bin/python benchmarks/compare_stacks.py --stack 2.15=.venv-tf2.15/bin/python \\
+    .venv/bin/python lab/tensorflow-stacks/compare_stacks.py     # 2.15 (.venv-tf2.15) against 2.21 (.venv)
+    .venv/bin/python lab/tensorflow-stacks/compare_stacks.py --stack 2.15=.venv-tf2.15/bin/python \\
         --stack 2.18=.venv-tf2.18/bin/python --workloads light --repeats 5
 
 Each stack is a virtualenv made by `HVD_TRAIN_TF=<stack> make install`. For every repeat,
@@ -21,10 +21,30 @@ import subprocess
 import sys
 import tempfile
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, HERE)
-from compare_peers import TF_KERAS, is_failure, job_rate, save  # noqa: E402
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PEERS = os.path.join(ROOT, "lab", "two-workers-on-two-cores", "compare_peers.py")
+TF_KERAS = "/tf_keras"  # compare_peers.py's suffix: the same configuration on tf_keras
+
+
+def is_failure(rows: list[dict]) -> bool:
+    """compare_peers.py's rows of a failed job: one row, with its error."""
+    return len(rows) == 1 and "error" in rows[0]
+
+
+def job_rate(rows: list[dict]) -> float:
+    """Examples/s of a job, as compare_peers.py counts it: rank 0's figure (it counts all
+    workers), or the sum of independent processes' rates."""
+    if len(rows) > 1 and all(r["world"] == 1 for r in rows):
+        return sum(r["examples_per_sec"] for r in rows)
+    return next(r for r in rows if r.get("rank", 0) == 0)["examples_per_sec"]
+
+
+def save(results: list[dict], out: str) -> None:
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "results.json.tmp"), "w") as f:
+        json.dump(results, f, indent=1)
+    os.replace(os.path.join(out, "results.json.tmp"), os.path.join(out, "results.json"))
+
 
 # On tf_keras: the one Keras every stack has (TensorFlow 2.15 has no Keras 3).
 DEFAULT_CONFIGS = ",".join(
@@ -81,7 +101,7 @@ def parse() -> argparse.Namespace:
 def run_once(python: str, config: str, workload: str, args: argparse.Namespace) -> list[dict]:
     """One compare_peers.py run of one configuration on one stack: its workers' rows."""
     with tempfile.TemporaryDirectory(prefix="compare-stacks-") as out:
-        cmd = [os.path.join(ROOT, python), os.path.join(HERE, "compare_peers.py"),
+        cmd = [os.path.join(ROOT, python), PEERS,
                "--configs", config, "--workloads", workload, "--repeats", "1",
                "--steps", str(args.steps), "--out", out]  # fmt: skip
         done = subprocess.run(cmd, cwd=ROOT, text=True, capture_output=True)

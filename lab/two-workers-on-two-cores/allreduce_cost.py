@@ -1,9 +1,9 @@
 """The CPU one gradient all-reduce costs, and what Horovod's background thread costs when idle.
 
-    horovodrun -np 2 -H localhost:2 --gloo benchmarks/pin_to_core.sh \
-        .venv/bin/python benchmarks/allreduce_cost.py [--floats 1100000]
-    horovodrun -np 2 -H localhost:2 --mpi benchmarks/pin_to_core.sh \
-        .venv/bin/python benchmarks/allreduce_cost.py [--model light|heavy]
+    horovodrun -np 2 -H localhost:2 --gloo lab/pin_to_core.sh \
+        .venv/bin/python lab/two-workers-on-two-cores/allreduce_cost.py [--floats 1100000]
+    horovodrun -np 2 -H localhost:2 --mpi lab/pin_to_core.sh \
+        .venv/bin/python lab/two-workers-on-two-cores/allreduce_cost.py [--model light|heavy]
 
 Each worker (bound to a core of its own by pin_to_core.sh) all-reduces, --iters times, either
 one float32 tensor of --floats elements (1.1 M: the light benchmark model's 4.4 MB of

@@ -1,9 +1,9 @@
 """Side-by-side throughput: plain Keras, hvd_train, Horovod's Keras example and
 MultiWorkerMirroredStrategy on one host, each on Keras 3 and on tf_keras (Keras 2).
 
-    .venv/bin/python benchmarks/compare_peers.py            # 3 repeats, both workloads
-    .venv/bin/python benchmarks/compare_peers.py --quick    # 1 repeat, few steps: a smoke run
-    .venv/bin/python benchmarks/compare_peers.py --launch   # `hvd-train launch --np N` itself
+    .venv/bin/python lab/two-workers-on-two-cores/compare_peers.py            # 3 repeats, both workloads
+    .venv/bin/python lab/two-workers-on-two-cores/compare_peers.py --quick    # 1 repeat, few steps: a smoke run
+    .venv/bin/python lab/two-workers-on-two-cores/compare_peers.py --launch   # `hvd-train launch --np N` itself
 
 The launch mode (--launch) runs the default launch as a user runs it, `hvd-train launch --np 2`
 (on a CPU host: Open MPI, each worker bound to its own core) and with --gloo, against one
@@ -48,11 +48,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-from peer_worker import WORKLOADS  # noqa: E402  (beside this file)
+from peer_worker import WORKLOADS  # beside this file: a script's folder is on sys.path
 
-ROOT = os.path.dirname(HERE)
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))  # the repository, two folders up
 WORKER = os.path.join(HERE, "peer_worker.py")
 PY = sys.executable
 BIN = os.path.dirname(PY)
@@ -90,50 +89,12 @@ CONFIGS = {
     "hvd_train@2-mpi-accumulate4": Setup(
         "hvd_train", 2, True, controller="mpi", sets=("train.gradient_accumulation_steps=4",)
     ),
-    "hvd_train@2-mpi-cycling": Setup(
-        "hvd_train", 2, True, controller="mpi", env=(("HOROVOD_IDLE_CYCLE_TIME", "0"),)
-    ),
-    "hvd_train@2-mpi-unpinned": Setup("hvd_train", 2, False, 0, "mpi"),
     # What `hvd-train launch --np 2` runs on a CPU host: Gloo, binding and threads left to the
     # config (runtime.bind_cores unset: bound when several workers share a host without GPUs).
     "hvd_train@2-default": Setup("hvd_train", 2, False, 0, defaults=True),
-    # For the 2-worker investigation (docs/benchmarks.md), not in the default set:
-    "horovod_example@1": Setup("horovod_example", 1, True, 0),
     "horovod_example@2": Setup("horovod_example", 2, True, 0),  # Horovod's example, pinned
-    "horovod_example@2-mpi": Setup("horovod_example", 2, True, 0, "mpi"),  # horovodrun's default
-    "horovod_example@2-mpi-yield": Setup(
-        "horovod_example", 2, True, 0, "mpi", env=(("OMPI_MCA_mpi_yield_when_idle", "1"),)
-    ),
-    "horovod_example@2-unpinned": Setup("horovod_example", 2, False, 0),
-    "hvd_train@2-timeline": Setup("hvd_train", 2, True, sets=("horovod.timeline=true",)),
-    "hvd_train@2-cycle2ms": Setup("hvd_train", 2, True, sets=("horovod.cycle_time_ms=2",)),
-    "hvd_train@2-cycle5ms": Setup("hvd_train", 2, True, sets=("horovod.cycle_time_ms=5",)),
-    "hvd_train@2-cycle10ms": Setup("hvd_train", 2, True, sets=("horovod.cycle_time_ms=10",)),
-    "hvd_train@2-fp16": Setup("hvd_train", 2, True, sets=("horovod.compression=fp16",)),
-    "hvd_train@2-mpi-fp16": Setup(
-        "hvd_train", 2, True, controller="mpi", sets=("horovod.compression=fp16",)
-    ),
-    "hvd_train@2-accumulate4": Setup(
-        "hvd_train", 2, True, sets=("train.gradient_accumulation_steps=4",)
-    ),
-    # Agreeing on stops at every step (the default before: now about once a second).
-    "hvd_train@2-check1": Setup("hvd_train", 2, True, sets=("checkpoint.check_every_steps=1",)),
-    "hvd_train@2-check10": Setup("hvd_train", 2, True, sets=("checkpoint.check_every_steps=10",)),
-    "hvd_train@2-mpi-check1": Setup(
-        "hvd_train", 2, True, controller="mpi", sets=("checkpoint.check_every_steps=1",)
-    ),
-    "hvd_train@2-mpi-cycle5ms": Setup(
-        "hvd_train", 2, True, controller="mpi", sets=("horovod.cycle_time_ms=5",)
-    ),
-    # Tensor fusion off: each gradient all-reduced in place, no copy into and out of the buffer.
-    "hvd_train@2-mpi-nofusion": Setup(
-        "hvd_train", 2, True, controller="mpi", sets=("horovod.fusion_threshold_mb=0",)
-    ),
     # Open MPI's own all-reduce choice, not the ring hvd_train sets for a job on one CPU host.
     "hvd_train@2-mpi-ompi-choice": Setup("hvd_train", 2, True, controller="mpi", env=OMPI_CHOICE),
-    "hvd_train@2-mpi-cycle10ms": Setup(
-        "hvd_train", 2, True, controller="mpi", sets=("horovod.cycle_time_ms=10",)
-    ),
     # `hvd-train launch --np N`, as a user runs it (the launch mode, --launch): the controller
     # and the binding are the launcher's defaults (on this CPU host: Open MPI, each worker bound
     # to a core of its own). One worker is started under `taskset` on one core, the baseline
@@ -144,13 +105,9 @@ CONFIGS = {
     # the project's own ceiling for 2 workers (what the second core costs its one worker).
     "launch@1-independent": Setup("launch", 2, True, 0, ""),
     "launch@2-gloo": Setup("launch", 2, False, 0, "gloo"),
-    # Horovod's background thread waking every cycle, as upstream Horovod's does, instead of
-    # sleeping until a tensor is queued (patches/horovod-0.28.1, 0012).
-    "launch@2-cycling": Setup("launch", 2, False, 0, "", env=(("HOROVOD_IDLE_CYCLE_TIME", "0"),)),
-    # The all-reduce on the controller's own transport (Open MPI's or Gloo's), as upstream
-    # Horovod does it, instead of in shared memory (patches/horovod-0.28.1, 0013).
-    "launch@2-no-shm": Setup("launch", 2, False, 0, "", env=(("HOROVOD_SHM_ALLREDUCE", "0"),)),
-    # Both, as upstream Horovod 0.28.1 runs (the default launch before 2026-11-27).
+    # Horovod as upstream 0.28.1 runs it: its background thread waking every cycle (not asleep
+    # until a tensor is queued, patches/horovod-0.28.1 0012) and the all-reduce on the
+    # controller's own transport (not in shared memory, 0013).
     "launch@2-as-upstream": Setup(
         "launch",
         2,

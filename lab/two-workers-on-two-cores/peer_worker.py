@@ -25,13 +25,11 @@ import json
 import os
 import resource
 import statistics
-import sys
 import tempfile
 import time
 import traceback
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import threadstat  # noqa: E402
+import threadstat  # beside this file: a script's folder is on sys.path
 
 KERASES = ("keras", "tf_keras")  # runtime.keras's names: Keras 3, Keras 2
 WORKLOADS = {"light": (256,), "heavy": (2816, 256)}  # convnet dense layers: ~1.1 M / ~12.4 M

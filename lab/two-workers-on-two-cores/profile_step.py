@@ -1,7 +1,7 @@
 """Where a training step's CPU goes: one worker, two independent processes, two workers.
 
-    .venv/bin/python benchmarks/profile_step.py --workload heavy
-    .venv/bin/python benchmarks/profile_step.py --workload light \
+    .venv/bin/python lab/two-workers-on-two-cores/profile_step.py --workload heavy
+    .venv/bin/python lab/two-workers-on-two-cores/profile_step.py --workload light \
         --configs keras@1,keras@2-independent,launch@1,launch@2
 
 Each configuration (compare_peers.py's, run by it: its one worker, the machine's ceiling, the

@@ -3,10 +3,10 @@ one core and of B on the other, at the same time, then swapped, so that both see
 moment of a shared machine and each core once. Prints B's rate over A's for each run and, per
 swapped pair, their geometric mean (the two cores' difference cancels).
 
-    .venv/bin/python benchmarks/side_by_side.py --b runtime.inter_op_threads=2
-    .venv/bin/python benchmarks/side_by_side.py --a runtime.inter_op_threads=2 \
+    .venv/bin/python lab/two-workers-on-two-cores/side_by_side.py --b runtime.inter_op_threads=2
+    .venv/bin/python lab/two-workers-on-two-cores/side_by_side.py --a runtime.inter_op_threads=2 \
         --b runtime.inter_op_threads=1 --workloads light,heavy --pairs 3
-    .venv/bin/python benchmarks/side_by_side.py --plain a    # one worker / a plain Keras 3 fit
+    .venv/bin/python lab/two-workers-on-two-cores/side_by_side.py --plain a    # one worker / a plain Keras 3 fit
 
 The workloads are compare_peers.py's (convnet on synthetic 32x32x3 images, batch 64, SGD); a
 run's rate is its summary.json's `train_examples_per_sec` (the first epoch left out). With
@@ -29,9 +29,7 @@ import sys
 import tempfile
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-from compare_peers import (  # noqa: E402  (beside this file)
+from compare_peers import (  # beside this file: a script's folder is on sys.path
     launch_command,
     launch_sets,
     worker_command,
