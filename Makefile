@@ -78,12 +78,12 @@ gpu-build-check:
 	HVD_TRAIN_TF=$(if $(filter file,$(origin HVD_TRAIN_TF)),,$(HVD_TRAIN_TF)) $${PYTHON:-python3} scripts/gpu_build_check.py
 
 lint: install
-	$(VENV)/bin/ruff check hvd_train tests benchmarks
-	$(VENV)/bin/ruff format --check hvd_train tests benchmarks
+	$(VENV)/bin/ruff check hvd_train tests lab examples
+	$(VENV)/bin/ruff format --check hvd_train tests lab examples
 
 format: install
-	$(VENV)/bin/ruff format hvd_train tests benchmarks
-	$(VENV)/bin/ruff check --fix hvd_train tests benchmarks
+	$(VENV)/bin/ruff format hvd_train tests lab examples
+	$(VENV)/bin/ruff check --fix hvd_train tests lab examples
 
 clean:
 	rm -rf runs .pytest_cache

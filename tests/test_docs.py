@@ -22,7 +22,7 @@ PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
 # Where measurements and records of runs live, with their dates and commits: nowhere else.
 RECORDS = {"benchmarks.md", "validation.md"}
 FENCE = re.compile(r"^[ \t]*```(\w*)[^\n]*\n(.*?)^[ \t]*```[ \t]*$", re.M | re.S)
-REPO_PATH = re.compile(r"(?:configs|examples|launch|scripts|benchmarks|docs|tests)/[\w./-]+")
+REPO_PATH = re.compile(r"(?:configs|examples|launch|scripts|lab|docs|tests)/[\w./-]+")
 
 
 def fenced(lang: str) -> Iterator[tuple[str, str]]:

@@ -7,7 +7,7 @@ import re
 import pytest
 from harness import ROOT
 
-USER_FACING = ["README.md", "Dockerfile", "docs", "configs", "launch", "examples", "benchmarks"]
+USER_FACING = ["README.md", "Dockerfile", "docs", "configs", "launch", "examples", "lab"]
 INTERNAL = re.compile(
     r"\bissue\s*#?\d+|\bthe issue\b|\bbeing added\b|\bseed (notes|experiments)\b|\bseed's\b"
     r"|\bengineers?'?\b|\bfounding notes\b|\bthe lead\b|\bTODO\b|\bFIXME\b",
