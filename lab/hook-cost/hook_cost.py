@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     import tensorflow as tf  # noqa: PLC0415 - after the environment
     from tensorflow.python.framework import tensor as tensor_lib  # noqa: PLC0415
 
-    from hvd_train.config.loading import load_config  # noqa: PLC0415
+    from hvd_train.config import load_config  # noqa: PLC0415
     from hvd_train.train import trainer  # noqa: PLC0415
 
     main_thread = threading.main_thread()
