@@ -254,12 +254,15 @@ def thread_states(pid: int) -> str:
 
 def spinning(pid: int, looks: int = 40) -> bool:
     """Whether a thread of `pid` is runnable at nearly every look over 0.4 s: a rank waiting at
-    a shared-memory barrier yields in a loop, one waiting in Gloo's transport sleeps."""
-    runnable = 0
+    a shared-memory barrier yields in a loop, one waiting in Gloo's transport sleeps. The looks
+    end at the third that finds no thread runnable: the answer is no by then."""
+    idle = 0
     for _ in range(looks):
-        runnable += "R" in thread_states(pid)
+        idle += "R" not in thread_states(pid)
+        if idle > 2:
+            return False
         time.sleep(0.01)
-    return runnable >= looks - 2
+    return True
 
 
 def kill_inside_a_shared_memory_all_reduce(pid0: int, pid1: int, attempts: int = 200) -> bool:
