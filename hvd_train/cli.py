@@ -64,7 +64,7 @@ DOCS = {
     "docs/tracking.md": "runs in MLflow: what is logged, one MLflow run per run",
     "docs/performance.md": "what a run measures, the speed knobs, settings, `plan`",
     "docs/security.md": "what a config may run, what listens on the network",
-    "docs/benchmarks.md": "measurements, with their commands and dates",
+    "docs/benchmarks.md": "each measured claim; its runs, dates and commands in lab/",
     "docs/validation.md": "what was run where: Docker, several hosts, stacks",
     "docs/development.md": "the code's layout and the test suite",
 }

@@ -163,7 +163,7 @@ def pytest_terminal_summary(terminalreporter) -> None:
     w.section("the 15 tests that used the most CPU (setup and teardown included)")
     for nodeid, seconds in _test_cpu.most_common(15):
         w.write_line(f"{seconds:8.1f} s  {nodeid}")
-    # Every test's CPU seconds, as JSON, for docs/benchmarks.md (the test suite).
+    # Every test's CPU seconds, as JSON, for the suite's record (lab/test-suite-time).
     if os.environ.get("HVD_TRAIN_TEST_CPU_FILE"):
         with open(os.environ["HVD_TRAIN_TEST_CPU_FILE"], "w") as f:
             json.dump(dict(_test_cpu.most_common()), f, indent=1)

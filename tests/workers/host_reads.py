@@ -7,7 +7,7 @@ Python: `EagerTensor._numpy` (`.numpy()`, `float()`) or Keras 3's conversion of 
 (`convert_to_numpy`, which reads the buffer directly), in the main thread. Each call of the
 model's train function is one execution; the reads between one execution's return and the
 next execution's call are the step's. Prints one JSON line: {"executions": N, "reads": [the
-reads after each execution but the last]} (benchmarks/hook_cost.py counts the same way, and
+reads after each execution but the last]} (lab/hook-cost/hook_cost.py counts the same way, and
 times the gaps).
 """
 
