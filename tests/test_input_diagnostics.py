@@ -175,7 +175,7 @@ def test_prefetch_to_device_is_the_last_stage_fit_gets(monkeypatch, gpu: bool) -
     resumed epoch's skip and the input-wait stamp, as TensorFlow requires; without a GPU it
     ends with the stamp."""
     from hvd_train.config import derive, load_config
-    from hvd_train.data.pipeline import load_source
+    from hvd_train.data.sources import load_source
     from hvd_train.train.fitting import fit_dataset
 
     cfg = load_config(None, ["data.source=digits", "data.prefetch_to_device=true"])

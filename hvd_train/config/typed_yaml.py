@@ -12,8 +12,8 @@ leaf keeps the file or override it came from, so an error names it with the dott
 allowed values and the comment the source puts beside its field (the comment lines right above
 it and the one at the end of its line), so the reference is the code's own words.
 
-The schema (which sections and keys, their defaults) and the rules that span keys are in
-config.py.
+The schema (which sections and keys, their defaults) is in schema.py, the rules that span keys
+in rules.py.
 """
 
 from __future__ import annotations

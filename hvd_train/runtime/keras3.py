@@ -467,7 +467,7 @@ def metric_average_callback() -> Any:
 
 class CallbackList(keras.callbacks.CallbackList):
     """Keras 3's CallbackList, but the callbacks that take tensor logs (`_supports_tf_logs`,
-    Keras 2's flag: hvd_train's own, train/hooks.py) get each step's logs as they are.
+    Keras 2's flag: hvd_train's own, train/callback_base.py) get each step's logs as they are.
 
     Keras 3 turns every step's logs into Python numbers for its callbacks, which waits for the
     step to finish: on a GPU, a host round-trip a step. (It would call `async_safe` callbacks'

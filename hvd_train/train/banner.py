@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from hvd_train.config import Config, Derived
-from hvd_train.data.pipeline import Source
+from hvd_train.data.sources import Source
 from hvd_train.runtime import device as devices
 from hvd_train.runtime import distributed
 

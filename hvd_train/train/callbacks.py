@@ -19,7 +19,7 @@ import tensorflow as tf
 from hvd_train.base.errors import ReplicaMismatch, UserError
 from hvd_train.config import CheckpointConfig, Config, Derived, LoggingConfig
 from hvd_train.data.diagnostics import advice_for
-from hvd_train.data.pipeline import Source
+from hvd_train.data.sources import Source
 from hvd_train.record.layout import RunDir, saved_model_folder, weights_file
 from hvd_train.record.mlflow_run import Sender
 from hvd_train.record.run_record import RunRecord
@@ -27,6 +27,7 @@ from hvd_train.record.stops import StopSignals
 from hvd_train.runtime import binding, distributed, replicas
 from hvd_train.runtime.schedules import lr_multiplier
 from hvd_train.train import perf
+from hvd_train.train.callback_base import Callback
 from hvd_train.train.checkpoint import (
     CheckpointStore,
     export_plain_model,
@@ -36,7 +37,6 @@ from hvd_train.train.checkpoint import (
 )
 from hvd_train.train.control import RunControl
 from hvd_train.train.evaluation import Evaluator
-from hvd_train.train.hooks import Callback
 from hvd_train.train.input_wait import InputWait
 from hvd_train.train.random_states import RandomStates
 from hvd_train.train.user_callbacks import AgreedStop, build_user_callbacks

@@ -19,7 +19,7 @@ import tensorflow as tf
 from hvd_train.base.errors import TrainingError
 from hvd_train.record.stops import StopSignals
 from hvd_train.runtime import distributed
-from hvd_train.train.hooks import Callback, passes
+from hvd_train.train.callback_base import Callback, passes
 
 AUTO_EVERY_S = 1.0  # with `every` 0: agree about once a second
 AUTO_MAX_STEPS = 1000

@@ -9,10 +9,11 @@ from dataclasses import replace
 import tensorflow as tf
 
 from hvd_train.config import Config, Derived, derive
-from hvd_train.data.pipeline import Source, load_source, to_device, train_dataset
+from hvd_train.data.pipeline import to_device, train_dataset
+from hvd_train.data.sources import Source, load_source
 from hvd_train.record.layout import RunDir
 from hvd_train.runtime import distributed, worker
-from hvd_train.train.hooks import Callback
+from hvd_train.train.callback_base import Callback
 from hvd_train.train.step import build_compiled_model
 
 

@@ -16,12 +16,12 @@ from collections.abc import Callable
 from typing import Any
 
 from hvd_train.config import Config, Derived, derive
-from hvd_train.data.pipeline import Source
+from hvd_train.data.sources import Source
 from hvd_train.runtime import binding, distributed, replicas
 from hvd_train.runtime.schedules import continue_at, learning_rate_schedule, lr_multiplier
+from hvd_train.train.callback_base import Callback, passes
 from hvd_train.train.callbacks import RunCallbacks
 from hvd_train.train.fitting import fit_from
-from hvd_train.train.hooks import Callback, passes
 
 
 class TrackPosition(Callback):

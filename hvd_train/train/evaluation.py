@@ -15,7 +15,8 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from hvd_train.data.pipeline import Source, batch_shard, val_shard
+from hvd_train.data.pipeline import batch_shard, val_shard
+from hvd_train.data.sources import Source
 from hvd_train.runtime import binding, distributed
 
 

@@ -14,7 +14,8 @@ from typing import Any
 import tensorflow as tf
 
 from hvd_train.config import Config, Derived
-from hvd_train.data.pipeline import Source, to_device, train_dataset
+from hvd_train.data.pipeline import to_device, train_dataset
+from hvd_train.data.sources import Source
 from hvd_train.runtime import binding, distributed
 from hvd_train.train.callbacks import RunCallbacks, wants_progress_bar
 from hvd_train.train.input_wait import InputWait

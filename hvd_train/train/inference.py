@@ -75,7 +75,7 @@ def evaluate(cfg: Config, model_path: str, data_path: str, out: str, batch: int)
 
 def _validation_source(cfg: Config):
     """The config's validation split, as training holds it out (not decoded ahead)."""
-    from hvd_train.data.pipeline import load_source
+    from hvd_train.data.sources import load_source
 
     source = load_source(replace(cfg, data=replace(cfg.data, cache="none")))
     if not len(source.x_val):
@@ -88,7 +88,7 @@ def _validation_source(cfg: Config):
 
 def _folder_source(on_corrupt: str, path: str, classes: tuple[str, ...], shape: tuple):
     """Every example of an image folder or a TFRecord folder, labelled by training's classes."""
-    from hvd_train.data.pipeline import Source
+    from hvd_train.data.sources import Source
 
     size, channels = _image_size(shape)
     read = _record_examples if _is_record_folder(path) else _folder_examples
@@ -178,7 +178,8 @@ def _checked(per_class: list, classes: tuple[str, ...], check, on_corrupt: str) 
 
 def predict(cfg: Config, model_path: str, folder: str, out: str, batch: int) -> int:
     """Writes `out` (rank 0): one row per readable image under `folder`; returns the row count."""
-    from hvd_train.data.pipeline import Source, batch_shard
+    from hvd_train.data.pipeline import batch_shard
+    from hvd_train.data.sources import Source
     from hvd_train.runtime import distributed
 
     model, model_path, classes = _start(cfg, model_path, batch)

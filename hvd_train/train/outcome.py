@@ -14,7 +14,7 @@ from hvd_train.base import startup
 from hvd_train.base.errors import Interrupted
 from hvd_train.config import Config, Derived, HorovodConfig, TrainConfig
 from hvd_train.data.diagnostics import data_summary
-from hvd_train.data.pipeline import Source
+from hvd_train.data.sources import Source
 from hvd_train.record.layout import RunDir
 from hvd_train.runtime import distributed
 from hvd_train.train import perf

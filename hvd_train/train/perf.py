@@ -18,7 +18,7 @@ from hvd_train.base import startup
 from hvd_train.config import Config, Derived
 from hvd_train.record.layout import RunDir
 from hvd_train.runtime import distributed
-from hvd_train.train.hooks import Callback
+from hvd_train.train.callback_base import Callback
 
 WARMUP_STEPS = 5  # left out of a one-epoch run's figures
 

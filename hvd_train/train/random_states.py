@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 
 from hvd_train.runtime import binding, distributed
+from hvd_train.train.callback_base import Callback
 from hvd_train.train.control import RunControl
-from hvd_train.train.hooks import Callback
 
 State = list[list[int]]  # one rank's: each generator's state, as JSON keeps it
 

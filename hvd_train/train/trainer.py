@@ -14,7 +14,7 @@ from typing import Any
 from hvd_train.base import logs, startup
 from hvd_train.base.errors import DeviceError
 from hvd_train.config import Config, Derived, derive, dump_yaml
-from hvd_train.data.pipeline import Source, load_source
+from hvd_train.data.sources import Source, load_source
 from hvd_train.record import rundir
 from hvd_train.record.layout import RunDir
 from hvd_train.record.run_record import RunRecord, end_before_start

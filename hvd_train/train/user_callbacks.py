@@ -20,8 +20,8 @@ from hvd_train.base.errors import ConfigError
 from hvd_train.config import REFUSED_CALLBACKS, CallbackConfig
 from hvd_train.runtime import binding, distributed
 from hvd_train.runtime.schedules import lr_multiplier
+from hvd_train.train.callback_base import Callback
 from hvd_train.train.control import RunControl
-from hvd_train.train.hooks import Callback
 from hvd_train.train.models import import_user_module
 
 # Keras callbacks that write files: rank 0 only unless `ranks: all` says otherwise.

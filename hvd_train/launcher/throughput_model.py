@@ -1,4 +1,4 @@
-"""The scaling planner (`hvd-train plan`): predicted throughput, efficiency and time per epoch
+"""The throughput model behind `hvd-train plan`: predicted throughput, efficiency and time per epoch
 at 1, 2, 4, ... N workers, from one worker's speed, the gradient bytes and the network.
 
 The model (docs/performance.md, "Plan before you pay"), per training step at N workers:
