@@ -57,10 +57,10 @@ class Problem:
 def gather(remembered: bool = False) -> dict[str, Any]:
     """Everything the diagnosis needs, as plain data (what `--json` prints under `facts`).
 
-    `remembered`: TensorFlow's and Horovod's facts (the import of both, 3 CPU s) are taken from
-    the last check of this interpreter when its install has not changed since (`install_key`);
-    the pre-flight of a multi-node launch asks every host at every launch. Each check that finds
-    both importing is kept for the next.
+    `remembered`: TensorFlow's and Horovod's facts (the import of both, seconds of CPU) are
+    taken from the last check of this interpreter when its install has not changed since
+    (`install_key`); the pre-flight of a multi-node launch asks every host at every launch. Each
+    check that finds both importing is kept for the next.
     """
     facts: dict[str, Any] = {
         "python": sys.version.split()[0],

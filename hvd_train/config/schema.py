@@ -244,8 +244,8 @@ class HorovodConfig:
 
     # What the launchers start (launch/*.sh, hvd-train launch, hvd-train sweep): auto, gloo or
     # mpi. auto: Open MPI for a job on this host alone without a GPU, where mpirun is found
-    # (there its all-reduce costs half Gloo's CPU: docs/performance.md), else Gloo. Horovod
-    # Elastic always uses Gloo.
+    # (there its all-reduce costs less CPU than Gloo's: docs/performance.md, "One CPU host"),
+    # else Gloo. Horovod Elastic always uses Gloo.
     controller: Literal["auto", "gloo", "mpi"] = "auto"
     # Tensor fusion buffer in MB (Horovod's default: 128); horovodrun --fusion-threshold-mb.
     fusion_threshold_mb: int | None = field(default=None, metadata={"min": 0})
@@ -289,7 +289,7 @@ class CheckpointConfig:
     # How often (in steps) the workers agree on stopping (SIGTERM/SIGINT, a non-finite loss):
     # one tiny synchronous all-reduce each time, and before every checkpoint. 0: about once a
     # second (the interval agreed from the workers' step times) and at each epoch's first step.
-    # Agreeing at every step cost 5-15% of 2 CPU workers' throughput (docs/benchmarks.md).
+    # Agreeing at every step costs throughput (docs/benchmarks.md, "Findings").
     check_every_steps: int = field(default=0, metadata={"min": 0})
 
 

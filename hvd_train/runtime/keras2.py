@@ -171,8 +171,8 @@ def build_for_training(model: Any, input_shape: tuple[int, ...], num_classes: in
 
     Keras would create them inside the first traced step, and a tf.function that creates
     variables is traced twice (once to create them, once more without): with Horovod's
-    all-reduce in it, each trace costs seconds of every job's start-up (2.4 s of the
-    quickstart's first step here). Built from the shapes `compile` was given for: one output
+    all-reduce in it, each trace costs seconds of every job's start-up (docs/benchmarks.md,
+    "Start-up"). Built from the shapes `compile` was given for: one output
     of `num_classes` scores and sparse integer labels, as `fit` then sees them. The optimizer's
     slots must also exist on every rank before a resume restores or broadcasts them.
 

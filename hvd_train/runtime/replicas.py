@@ -110,7 +110,7 @@ def fingerprint(variable: tf.Variable) -> tuple[int, int]:
 
 
 # A longer variable is summed CHUNK words at a time, so the position weights `_sums` keeps
-# (made at the first check, not at import: 8 MB) do not grow with the model.
+# (made at the first check, not at import: CHUNK words) do not grow with the model.
 CHUNK = 1 << 20
 
 
@@ -124,7 +124,7 @@ def _sums(words: np.ndarray) -> tuple[int, int]:
     (a change of any one word, a single flipped bit say, always changes it) and their sum
     weighted by position, 1, 2, 3, ... (words swapped change it). Exact integer sums, so
     every rank that holds the same bytes gets the same two numbers, in any summation order.
-    A fingerprint, not a cryptographic hash: about twice as fast as CRC-32 with Adler-32
+    A fingerprint, not a cryptographic hash: faster than CRC-32 with Adler-32
     (docs/benchmarks.md#the-replica-check), both sums one pass over memory."""
     plain = weighted = np.uint64(0)
     with np.errstate(over="ignore"):  # modulo 2^64 is the point

@@ -21,11 +21,12 @@ from hvd_train.train.callbacks import RunCallbacks, wants_progress_bar
 from hvd_train.train.input_wait import InputWait
 
 # Keras times the callbacks' batch hooks over a fit's first batches, the first included, and
-# warns when they take longer than the steps. Measured on the quickstart (2 workers, 28 ms
-# steps): the first batch's on_train_batch_end takes ~0.9 s, nearly all of it Horovod's
-# BroadcastGlobalVariablesCallback tracing and running its broadcast, once; from the third
-# batch on, all the hooks together take under 2 ms. The warning so reports a one-off start-up
-# cost as a per-step one, and the user can do nothing about it.
+# warns when they take longer than the steps. The first batch's on_train_batch_end is slow,
+# nearly all of it Horovod's BroadcastGlobalVariablesCallback tracing and running its
+# broadcast, once; from the third batch on, the hooks are a small part of a step
+# (docs/benchmarks.md, "The callbacks' cost a step, and the host reads between steps"). The
+# warning so reports a one-off start-up cost as a per-step one, and the user can do nothing
+# about it.
 SLOW_FIRST_BATCH = "Callback method `on_train_batch_end` is slow compared to the batch time"
 
 
