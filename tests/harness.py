@@ -18,7 +18,7 @@ from typing import NamedTuple
 
 import pytest
 
-from hvd_train.runtime.binding import has_keras3, of_saved
+from hvd_train.runtime.keras.binding import has_keras3, of_saved
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 BIN = pathlib.Path(sys.executable).parent

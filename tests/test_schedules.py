@@ -18,7 +18,8 @@ from harness import PYTHON, QUICKSTART, check, run, start_up_lines
 from hvd_train.base.errors import ConfigError
 from hvd_train.config import check as check_config
 from hvd_train.config import derive, load_config
-from hvd_train.runtime import binding, distributed
+from hvd_train.runtime import distributed
+from hvd_train.runtime.keras import binding
 from hvd_train.runtime.schedules import WarmupScaledMath, learning_rate_schedule, rates
 from hvd_train.train import resume as resuming
 from hvd_train.train.checkpoint import CheckpointStore

@@ -15,7 +15,7 @@ from harness import PYTHON, QUICKSTART, WORKERS, check, horovodrun, run
 from hvd_train import config as config_module
 from hvd_train.base.errors import ConfigError
 from hvd_train.config import CallbackConfig, dump_yaml, load_config
-from hvd_train.runtime import binding
+from hvd_train.runtime.keras import binding
 from hvd_train.runtime.schedules import rates, warmup_scaled
 from hvd_train.train.checkpoint import read_state
 from hvd_train.train.outcome import results

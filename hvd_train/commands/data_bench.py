@@ -6,7 +6,8 @@ from hvd_train.base import logs
 from hvd_train.commands.train import before_tensorflow, parser
 from hvd_train.config import load_config
 from hvd_train.record.layout import RunDir
-from hvd_train.runtime import binding, xla
+from hvd_train.runtime import xla
+from hvd_train.runtime.keras import binding
 
 
 def main(argv: list[str], prog: str) -> int:

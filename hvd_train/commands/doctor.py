@@ -29,7 +29,7 @@ from hvd_train.base import logs
 from hvd_train.base.files import atomic_write, cache_file
 from hvd_train.launcher.horovodrun import count_gpus
 from hvd_train.record import layout
-from hvd_train.runtime.binding import version_tuple
+from hvd_train.runtime.keras.binding import version_tuple
 
 # The stacks scripts/install.sh installs (scripts/stack.sh, HVD_TRAIN_TF).
 SUPPORTED_TENSORFLOW = ("2.15.1", "2.18.1", "2.19.1", "2.20.0", "2.21.0")

@@ -7,7 +7,7 @@ import argparse
 from hvd_train.base import logs
 from hvd_train.config import add_config_arguments, load_config
 from hvd_train.record.layout import RunDir
-from hvd_train.runtime import binding
+from hvd_train.runtime.keras import binding
 
 # No TensorFlow at its top: it loads once a command runs.
 from hvd_train.train.inference import MODEL_HINT

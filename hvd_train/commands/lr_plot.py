@@ -6,7 +6,7 @@ from hvd_train.base import logs
 from hvd_train.base.errors import UserError
 from hvd_train.commands.train import parser
 from hvd_train.config import Config
-from hvd_train.runtime import binding
+from hvd_train.runtime.keras import binding
 
 
 def main(argv: list[str], prog: str) -> int:

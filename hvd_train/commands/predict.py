@@ -6,7 +6,7 @@ from hvd_train.base import logs
 from hvd_train.commands.evaluate import parser
 from hvd_train.config import load_config
 from hvd_train.record.layout import RunDir
-from hvd_train.runtime import binding
+from hvd_train.runtime.keras import binding
 
 
 def main(argv: list[str], prog: str) -> int:

@@ -29,7 +29,8 @@ def main(argv: list[str], prog: str) -> int:
     cfg = load_config(args.config, args.overrides)  # before TensorFlow loads: fast to fail
     from hvd_train.base import logs, startup
     from hvd_train.record import stops
-    from hvd_train.runtime import binding, xla
+    from hvd_train.runtime import xla
+    from hvd_train.runtime.keras import binding
 
     binding.prepare(cfg.runtime.keras)  # before TensorFlow loads: what tf.keras means
     before_tensorflow(cfg.runtime)

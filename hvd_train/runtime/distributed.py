@@ -21,7 +21,7 @@ from hvd_train.base import gpus as host_gpus
 from hvd_train.base import logs
 from hvd_train.base.errors import UserError
 from hvd_train.config import HorovodConfig
-from hvd_train.runtime import binding
+from hvd_train.runtime.keras import binding
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -34,7 +34,7 @@ import numpy as np
 import tensorflow as tf
 from horovod.common.elastic import ObjectState
 
-from hvd_train.runtime import binding
+from hvd_train.runtime.keras import binding
 
 Model = Any  # a Keras model of the active Keras
 

@@ -38,7 +38,7 @@ import tensorflow as tf
 
 from hvd_train.config import Config, Derived, OptimizerConfig
 from hvd_train.config.typed_yaml import choices
-from hvd_train.runtime import binding
+from hvd_train.runtime.keras import binding
 
 DECAYS = choices(OptimizerConfig, "schedule")  # constant, step, cosine, ...
 
@@ -162,7 +162,7 @@ class WarmupScaledMath:
 @functools.cache
 def schedule_class(keras: ModuleType) -> type:
     """WarmupScaled as `keras`'s LearningRateSchedule, registered for (de)serialization: a
-    saved optimizer that holds one loads once this has run (runtime/keras3.py runs it at
+    saved optimizer that holds one loads once this has run (runtime/keras/v3.py runs it at
     import)."""
     cls = type(
         "WarmupScaled",

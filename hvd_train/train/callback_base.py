@@ -3,14 +3,14 @@
 Keras 3's and Keras 2's `fit` call their callbacks through a CallbackList that needs, of each
 callback, the same few methods: `set_model`, `set_params` and the `on_*` hooks, and on Keras 2
 also whether the batch hooks are implemented (so it can skip them). A class that has those is
-a callback to both, so one class serves either binding (runtime/binding.py), and the binding
+a callback to both, so one class serves either binding (runtime/keras/binding.py), and the binding
 can be chosen after the model is built.
 
 Each step's logs reach these hooks as tensors (`_supports_tf_logs`): reading one brings it to
 the host, which on a GPU waits for the step to finish, so a hook reads the logs only where it
 acts on them (an agreement, a progress line), never at every step. Keras 2 honours the flag
 itself; Keras 3 converts every step's logs for every callback, so the Keras 3 binding gives
-`fit` a callback list of its own that honours it too (runtime/keras3.py `CallbackList`).
+`fit` a callback list of its own that honours it too (runtime/keras/v3.py `CallbackList`).
 
 Not for the callbacks that extend Keras' own classes (the progress bar, TensorBoard,
 ReduceLROnPlateau): those are made from the active Keras' class (see their modules).

@@ -24,7 +24,8 @@ from hvd_train.record.layout import RunDir, saved_model_folder, weights_file
 from hvd_train.record.mlflow_run import Sender
 from hvd_train.record.run_record import RunRecord
 from hvd_train.record.stops import StopSignals
-from hvd_train.runtime import binding, distributed, replicas
+from hvd_train.runtime import distributed, replicas
+from hvd_train.runtime.keras import binding
 from hvd_train.runtime.schedules import lr_multiplier
 from hvd_train.train import perf
 from hvd_train.train.callback_base import Callback

@@ -17,7 +17,8 @@ from typing import Any
 
 from hvd_train.config import Config, Derived, derive
 from hvd_train.data.sources import Source
-from hvd_train.runtime import binding, distributed, replicas
+from hvd_train.runtime import distributed, replicas
+from hvd_train.runtime.keras import binding
 from hvd_train.runtime.schedules import continue_at, learning_rate_schedule, lr_multiplier
 from hvd_train.train.callback_base import Callback, passes
 from hvd_train.train.callbacks import RunCallbacks

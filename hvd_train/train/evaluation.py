@@ -17,7 +17,8 @@ import tensorflow as tf
 
 from hvd_train.data.pipeline import batch_shard, val_shard
 from hvd_train.data.sources import Source
-from hvd_train.runtime import binding, distributed
+from hvd_train.runtime import distributed
+from hvd_train.runtime.keras import binding
 
 
 class Evaluator:

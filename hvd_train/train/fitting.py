@@ -16,7 +16,8 @@ import tensorflow as tf
 from hvd_train.config import Config, Derived
 from hvd_train.data.pipeline import to_device, train_dataset
 from hvd_train.data.sources import Source
-from hvd_train.runtime import binding, distributed
+from hvd_train.runtime import distributed
+from hvd_train.runtime.keras import binding
 from hvd_train.train.callbacks import RunCallbacks, wants_progress_bar
 from hvd_train.train.input_wait import InputWait
 

@@ -300,7 +300,7 @@ def load_model(cfg: Config, path: str, num_classes: int):
     Raises:
         UserError: no such file, or it cannot be loaded as a model of this config.
     """
-    from hvd_train.runtime import binding  # here: the CLI imports this module without TensorFlow
+    from hvd_train.runtime.keras import binding  # here: the CLI imports this module light
     from hvd_train.train.checkpoint import PREFIX
 
     if not os.path.exists(path):
@@ -372,7 +372,7 @@ def _from_checkpoint(cfg: Config, path: str, num_classes: int):
     """The config's model with a training checkpoint's weights (its optimizer state unread)."""
     import tensorflow as tf
 
-    from hvd_train.runtime import binding
+    from hvd_train.runtime.keras import binding
     from hvd_train.train.checkpoint import PREFIX, STATE_FILE, read_state, written_by
     from hvd_train.train.models import build_model
 

@@ -19,7 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from hvd_train.runtime import binding, distributed
+from hvd_train.runtime import distributed
+from hvd_train.runtime.keras import binding
 from hvd_train.train.callback_base import Callback
 from hvd_train.train.control import RunControl
 

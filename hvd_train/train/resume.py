@@ -10,7 +10,8 @@ from typing import Any
 from hvd_train.base.errors import CheckpointError, DataError, UserError
 from hvd_train.config import Config, Derived
 from hvd_train.record.layout import RunDir
-from hvd_train.runtime import binding, distributed
+from hvd_train.runtime import distributed
+from hvd_train.runtime.keras import binding
 from hvd_train.runtime.schedules import continue_at, lr_multiplier
 from hvd_train.train import random_states
 from hvd_train.train.checkpoint import (

@@ -18,7 +18,8 @@ from typing import Any
 
 from hvd_train.base.errors import ConfigError
 from hvd_train.config import REFUSED_CALLBACKS, CallbackConfig
-from hvd_train.runtime import binding, distributed
+from hvd_train.runtime import distributed
+from hvd_train.runtime.keras import binding
 from hvd_train.runtime.schedules import lr_multiplier
 from hvd_train.train.callback_base import Callback
 from hvd_train.train.control import RunControl

@@ -9,7 +9,7 @@ import os
 import sys
 
 from hvd_train.config import load_config
-from hvd_train.runtime import binding
+from hvd_train.runtime.keras import binding
 
 cfg = load_config(sys.argv[1], sys.argv[2:])
 binding.prepare(cfg.runtime.keras)  # before TensorFlow is imported, as `hvd-train train` does

@@ -17,7 +17,7 @@ import sys
 import numpy as np
 
 from hvd_train.config import load_config
-from hvd_train.runtime import binding
+from hvd_train.runtime.keras import binding
 
 binding.import_tensorflow()  # as `hvd-train train` does
 from hvd_train.runtime import distributed  # noqa: E402

@@ -1,6 +1,7 @@
-"""The contract of a Keras binding: what the rest of hvd_train asks `binding.active()` for.
+"""The contract of a Keras binding: what the rest of hvd_train asks `binding.active()` for,
+and the type `active()` returns.
 
-Both bindings (keras3.py for Keras 3, keras2.py for tf_keras and TensorFlow 2.15's tf.keras)
+Both bindings (v3.py for Keras 3, v2.py for tf_keras and TensorFlow 2.15's tf.keras)
 are modules that satisfy `KerasBinding`; tests/test_replicas.py checks each against it, as
 Keras checks every backend against one op list. A function added to one binding and used
 through `active()` belongs here, or the other binding may lack it.

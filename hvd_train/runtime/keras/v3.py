@@ -36,7 +36,8 @@ import numpy as np
 import tensorflow as tf
 from keras.src.utils import python_utils  # Keras' own test and conversion of a step's logs
 
-from hvd_train.runtime import binding, distributed, replicas, xla
+from hvd_train.runtime import distributed, replicas, xla
+from hvd_train.runtime.keras import binding
 from hvd_train.runtime.schedules import schedule_class, warmup_scaled
 
 NAME = binding.KERAS3

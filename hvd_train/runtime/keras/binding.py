@@ -1,9 +1,9 @@
 """Which Keras trains, and its binding: everything that depends on the Keras sits behind one
 module per Keras, as Keras puts one `backend/<name>/` per backend.
 
-- `keras3.py`: Keras 3 (`import keras`, TensorFlow 2.16+), on Horovod's TensorFlow ops (its
+- `v3.py`: Keras 3 (`import keras`, TensorFlow 2.16+), on Horovod's TensorFlow ops (its
   Keras API cannot work with Keras 3 variables).
-- `keras2.py`: Keras 2: `tf.keras` on TensorFlow 2.15, the `tf_keras` package on 2.16+, with
+- `v2.py`: Keras 2: `tf.keras` on TensorFlow 2.15, the `tf_keras` package on 2.16+, with
   Horovod's Keras API.
 
 Both have the same functions (the distributed optimizer, the first broadcast, metric averaging,
@@ -33,9 +33,11 @@ import zipfile
 from collections.abc import Iterator
 from importlib import metadata
 from types import ModuleType
+from typing import cast
 
 from hvd_train.base import deferred
 from hvd_train.base.errors import ConfigError
+from hvd_train.runtime.keras.contract import KerasBinding
 
 KERAS3 = "keras"  # the `runtime.keras` value and `versions.keras`'s package name
 KERAS2 = "tf_keras"
@@ -43,9 +45,9 @@ CHOICES = ("auto", KERAS3, KERAS2)
 # The TensorFlow wheels' distribution names (tensorflow-cpu: CPU-only Linux wheel).
 _TENSORFLOW_DISTRIBUTIONS = ("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tensorflow-macos")
 _KERAS3_FROM = (2, 16)  # the first TensorFlow whose `keras` is Keras 3
-_MODULES = {KERAS3: "hvd_train.runtime.keras3", KERAS2: "hvd_train.runtime.keras2"}
+_MODULES = {KERAS3: "hvd_train.runtime.keras.v3", KERAS2: "hvd_train.runtime.keras.v2"}
 
-_active: ModuleType | None = None
+_active: KerasBinding | None = None
 
 
 class KerasChoiceError(ConfigError):
@@ -129,25 +131,30 @@ def import_tensorflow() -> None:
     deferred.import_tensorflow()
 
 
-def activate(name: str) -> ModuleType:
+def load(name: str) -> KerasBinding:
+    """`name`'s binding module (imports its Keras), as the contract types it."""
+    return cast(KerasBinding, importlib.import_module(_MODULES[name]))
+
+
+def activate(name: str) -> KerasBinding:
     """Makes `name`'s binding the one this process trains with; returns it."""
     global _active
-    _active = importlib.import_module(_MODULES[name])
+    _active = load(name)
     return _active
 
 
-def chosen() -> ModuleType | None:
+def chosen() -> KerasBinding | None:
     """The binding `activate` made active, or None while none has been."""
     return _active
 
 
-def active() -> ModuleType:
+def active() -> KerasBinding:
     """The binding this process trains with (the default one until `activate` chose)."""
     return _active or activate(default())
 
 
 @contextlib.contextmanager
-def activated(name: str) -> Iterator[ModuleType]:
+def activated(name: str) -> Iterator[KerasBinding]:
     """`name`'s binding active inside the block, the one active before it after (tests)."""
     global _active
     before = _active
@@ -157,12 +164,12 @@ def activated(name: str) -> Iterator[ModuleType]:
         _active = before
 
 
-def of(model: object) -> ModuleType:
+def of(model: object) -> KerasBinding:
     """The binding of `model`'s Keras, without making it the active one (a user's own
     `model.fit` script chooses no binding for the rest of hvd_train); the active one for an
     object of neither Keras."""
     name = of_model(model)
-    return importlib.import_module(_MODULES[name]) if name else active()
+    return load(name) if name else active()
 
 
 def keras() -> ModuleType:

@@ -8,7 +8,7 @@ tf_keras model under `runtime.keras: auto`) did not do. So Horovod's Keras API i
 `keras` and `tensorflow.keras` bound to tf_keras for the time of its import, then unbound: a
 user's own `import keras` still means what it means.
 
-Every function here has its twin in keras3.py (runtime/binding.py says which runs).
+Every function here has its twin in v3.py (binding.py says which runs).
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ from typing import Any
 import horovod.tensorflow as hvd_tf
 import tensorflow as tf
 
-from hvd_train.runtime import binding, replicas
+from hvd_train.runtime import replicas
+from hvd_train.runtime.keras import binding
 
 NAME = binding.KERAS2
 
