@@ -15,7 +15,7 @@ import pytest
 import tensorflow as tf
 from harness import BINDING_RUNS, PYTHON, WORKERS, check, has_keras3, run
 
-from hvd_train.train.callback_base import Callback
+from hvd_train.train.callbacks.base import Callback
 
 STEPS_PER_EPOCH, EPOCHS, EVERY = 16, 3, 4
 SETS = ["data.source=synthetic", f"data.train_examples={32 * STEPS_PER_EPOCH}",

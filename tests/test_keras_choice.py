@@ -141,7 +141,7 @@ def test_tensorboard_missing_is_one_line_before_training(monkeypatch) -> None:
 
     from hvd_train.base.errors import UserError
     from hvd_train.config import load_config
-    from hvd_train.train.callbacks import require_tensorboard
+    from hvd_train.train.callbacks.tensorboard import require_tensorboard
 
     require_tensorboard(load_config(QUICKSTART).logging)  # installed on every stack by install.sh
     found = importlib.util.find_spec

@@ -18,7 +18,7 @@ from harness import KERASES, PYTHON, QUICKSTART, ROOT, WORKERS, check, horovodru
 
 from hvd_train.config import load_config
 from hvd_train.runtime.keras.binding import has_keras3
-from hvd_train.train import perf
+from hvd_train.train.callbacks import perf
 
 # --------------------------------------------------------------------------- timeline arithmetic
 

@@ -262,7 +262,7 @@ def test_the_trainer_records_the_trainable_parameters_and_their_bytes(
     is not all-reduced), and 2 bytes each with fp16 compression."""
     import types
 
-    from hvd_train.train.outcome import gradient_size
+    from hvd_train.train.run.outcome import gradient_size
 
     keras = each_keras.keras
 

@@ -25,14 +25,12 @@ def main(argv: list[str], prog: str) -> int:
         help="CSV to write; an existing file is written over only if predict wrote it",
     )  # fmt: skip
     args = p.parse_args(argv)
-    from hvd_train.train import inference
+    from hvd_train.train.inference import predict
 
     cfg = load_config(args.config, args.overrides)
     binding.prepare(cfg.runtime.keras)  # before TensorFlow loads: what tf.keras means
-    inference.refuse_foreign_csv(args.out)
+    predict.refuse_foreign_csv(args.out)
     logs.quiet_tensorflow(RunDir(cfg.run.dir).started_run_logs(), "hvd-train predict")
     binding.import_tensorflow()  # matplotlib deferred, the collector paused
-    inference.predict(
-        cfg, args.model, args.images, args.out, args.batch_size or cfg.train.batch_size
-    )
+    predict.predict(cfg, args.model, args.images, args.out, args.batch_size or cfg.train.batch_size)
     return 0

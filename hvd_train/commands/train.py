@@ -46,7 +46,7 @@ def main(argv: list[str], prog: str) -> int:
     binding.import_tensorflow()  # matplotlib deferred, the collector paused
     # Before Horovod's library loads: its XLA all-reduce is registered then or never.
     xla.prepare(cfg.runtime.jit_compile)
-    from hvd_train.train.trainer import train
+    from hvd_train.train.run.trainer import train
 
     startup.mark("imports")  # TensorFlow, Horovod and the trainer
     train(cfg, config_path=args.config, signals=signals)

@@ -363,7 +363,7 @@ class CallbackConfig:
 
     `cls` is the YAML key `class`: "module:Name", or a bare name from tf.keras.callbacks.
     `args` are its constructor's keyword arguments (kept as pairs: the tree is frozen).
-    `ranks`: all or chief; None picks by class (see user_callbacks.py).
+    `ranks`: all or chief; None picks by class (see train/callbacks/user_callbacks.py).
     """
 
     # "module:Name" or "path/to/file.py:Name", or a bare tf.keras.callbacks name such as
@@ -407,7 +407,8 @@ class Config:
 
 _CALLBACK_KEYS = ("class", "args", "ranks")
 # Keras callbacks that cannot work here, and what to use instead (refused at load and, for
-# subclasses, when built). ReduceLROnPlateau is replaced, not refused: see user_callbacks.py.
+# subclasses, when built). ReduceLROnPlateau is replaced, not refused: see
+# train/callbacks/user_callbacks.py.
 REFUSED_CALLBACKS = {
     "BackupAndRestore": (
         "hvd_train already checkpoints and resumes exactly (checkpoint.*, train.resume); "

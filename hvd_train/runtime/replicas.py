@@ -10,9 +10,10 @@ a Keras, an optimizer or a loss scaler adds to the checkpoint (a step counter, a
 counter, a dynamic loss scale) is broadcast and checked with the weights.
 
 Each rank's own, and not in that list:
-- its random states (each rank draws its own dropout masks; train/random_states.py);
+- its random states (each rank draws its own dropout masks; train/callbacks/random_states.py);
 - the running sums of a gradient-accumulation window (each rank sums its own batches' gradients
-  until the window's all-reduce; kept per rank in a checkpoint: train/random_states.py);
+  until the window's all-reduce; kept per rank in a checkpoint:
+  train/callbacks/random_states.py);
 - the moving statistics of BatchNormalization without sync (each rank's from its own batches):
   `average_moving_statistics` averages them over the ranks before each validation, each check
   and each checkpoint, as timm's `distribute_bn` does, so that the model validated is the

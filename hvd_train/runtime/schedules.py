@@ -91,8 +91,9 @@ class WarmupScaledMath:
         self.min_fraction = float(min_fraction)
         self.steps_per_epoch = int(steps_per_epoch)
         # Scales the whole schedule (warm-up and decay alike): ReduceLROnPlateau's lever (see
-        # user_callbacks.py), kept in each checkpoint's state.json. Not in get_config: a fresh
-        # schedule starts at 1, and x 1.0 leaves every rate bit for bit as it was.
+        # train/callbacks/user_callbacks.py), kept in each checkpoint's state.json. Not in
+        # get_config: a fresh schedule starts at 1, and x 1.0 leaves every rate bit for bit as
+        # it was.
         self.multiplier = tf.Variable(1.0, trainable=False, dtype=tf.float32, name="lr_multiplier")
         # The origin: the step counter `origin_step` is at `origin_epoch` of the run (see
         # `continue_at`). Not in get_config either: a fresh schedule starts at 0, 0, where the

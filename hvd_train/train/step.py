@@ -50,7 +50,7 @@ def build_compiled_model(
         # Always explicit: Keras 3's "auto" is XLA on a GPU, all-reduce included, which XLA
         # cannot compile here (tuning.jit_compile says when it can).
         jit_compile=tuning.jit_compile(cfg.runtime, device),
-        # Steps per call into TensorFlow; the callbacks run between calls (train/control.py
+        # Steps per call into TensorFlow; the callbacks run between calls (train/callbacks/stop.py
         # counts the steps from the batch index Keras gives them).
         steps_per_execution=cfg.train.steps_per_execution,
     )

@@ -20,7 +20,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from hvd_train.runtime import distributed  # noqa: E402
-from hvd_train.train.trainer import train  # noqa: E402
+from hvd_train.train.run.trainer import train  # noqa: E402
 
 
 def thread_affinities() -> list[list[int]]:

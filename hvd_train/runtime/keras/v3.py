@@ -91,9 +91,9 @@ class Averaging:
     The window's position (`_hvd_count`, batches seen) is in the checkpoint, and so replicated
     state (runtime/replicas.py): every rank holds rank 0's after a resume, and all-reduce at
     the same batch. The running sums (`accumulation_sums`) are each rank's own: a checkpoint
-    taken mid-window keeps every rank's (train/random_states.py). A gradient that is None in
-    the step stays None in the update: a weight that got no gradient is not updated, nor
-    decayed.
+    taken mid-window keeps every rank's (train/callbacks/random_states.py). A gradient that is
+    None in the step stays None in the update: a weight that got no gradient is not updated,
+    nor decayed.
     """
 
     _hvd_fp16 = False
@@ -468,7 +468,7 @@ def metric_average_callback() -> Any:
 
 class CallbackList(keras.callbacks.CallbackList):
     """Keras 3's CallbackList, but the callbacks that take tensor logs (`_supports_tf_logs`,
-    Keras 2's flag: hvd_train's own, train/callback_base.py) get each step's logs as they are.
+    Keras 2's flag: hvd_train's own, train/callbacks/base.py) get each step's logs as they are.
 
     Keras 3 turns every step's logs into Python numbers for its callbacks, which waits for the
     step to finish: on a GPU, a host round-trip a step. (It would call `async_safe` callbacks'

@@ -1,4 +1,5 @@
-"""Stopping together: signals and non-finite values, agreed by all workers at step boundaries.
+"""Stopping together: signals and non-finite values, agreed by all workers at step boundaries
+(`RunControl`), and the users' callbacks' stops, agreed at each epoch's end (`AgreedStop`).
 
 A worker that stops alone leaves the others waiting forever in the next all-reduce. So each
 worker only records what it saw (a SIGTERM or SIGINT, a NaN or infinite loss, non-finite
@@ -12,6 +13,7 @@ import math
 import signal
 import time
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import tensorflow as tf
@@ -19,7 +21,7 @@ import tensorflow as tf
 from hvd_train.base.errors import TrainingError
 from hvd_train.record.stops import StopSignals
 from hvd_train.runtime import distributed
-from hvd_train.train.callback_base import Callback, passes
+from hvd_train.train.callbacks.base import Callback, passes
 
 AUTO_EVERY_S = 1.0  # with `every` 0: agree about once a second
 AUTO_MAX_STEPS = 1000
@@ -197,3 +199,42 @@ def _all_finite(variables: list[tf.Variable]) -> bool:
     return all(
         bool(np.isfinite(v.numpy()).all()) for v in variables if tf.as_dtype(v.dtype).is_floating
     )
+
+
+class AgreedStop(Callback):
+    """Makes the users' stop requests one decision of all workers, at each epoch's end.
+
+    Within an epoch, a user's stop is held (`model.stop_training` put back to False): Keras
+    would leave the epoch at once on this rank alone. At the epoch's end every rank sends which
+    of the user callbacks asked to stop; if any did on any rank, every rank stops there.
+
+    Args:
+        names: the class name of each `callbacks:` item, in config order (the same on every
+            rank, whichever of them run here).
+        control: RunControl, whose stops (signals) are left alone.
+    """
+
+    def __init__(self, names: list[str], control: RunControl):
+        super().__init__()
+        self.names, self.control = names, control
+        self.asked: set[int] = set()  # indices of the user callbacks that asked to stop
+        self.stopped_early: dict[str, Any] | None = None  # {epoch: 1-based, by: class name}
+
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        if self.asked and not self.control.stopping:
+            self.model.stop_training = False  # held until the epoch's end, on every rank
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        local = [1.0 if i in self.asked else 0.0 for i in range(len(self.names))]
+        # Horovod: one small all-reduce on every rank at every epoch's end, asked or not.
+        agreed = (
+            distributed.allreduce_sum(local, name="user_stop") if distributed.size() > 1 else local
+        )
+        self.asked.clear()
+        if not any(agreed):
+            return
+        self.model.stop_training = True
+        if self.stopped_early is None and not self.control.stopping:
+            by = self.names[next(i for i, n in enumerate(agreed) if n)]
+            self.stopped_early = {"epoch": epoch + 1, "by": by}
+            distributed.log(f"{by} stopped the run after epoch {epoch + 1}")

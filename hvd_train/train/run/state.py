@@ -12,8 +12,9 @@ from typing import Any
 from hvd_train.record import rundir
 from hvd_train.record.run_record import RunRecord
 from hvd_train.record.stops import StopSignals
-from hvd_train.train.callbacks import Checkpointer, RunCallbacks
-from hvd_train.train.tracking import Tracking
+from hvd_train.train.callbacks.callback_list import RunCallbacks
+from hvd_train.train.callbacks.checkpointer import Checkpointer
+from hvd_train.train.run.tracking import Tracking
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@
   the worker count, the batches, the learning rates, the versions) and tags (controller,
   device, run.dir).
 - Every epoch: a point (step = the epoch) of each value the console line and metrics.csv hold
-  (callbacks.py `MlflowEpochs`), sent by a thread.
+  (callbacks/mlflow_epochs.py `MlflowEpochs`), sent by a thread.
 - At the end (`Tracking`): the final metrics and the job's figures, config.yaml, the model of a
   completed run; then, once summary.json holds the ending, summary.json and the MLflow run's
   status.
@@ -30,7 +30,7 @@ from hvd_train.record.layout import RunDir
 from hvd_train.record.run_record import RunRecord
 from hvd_train.record.summary import Mlflow
 from hvd_train.runtime import distributed
-from hvd_train.train.callbacks import BOOKKEEPING
+from hvd_train.train.callbacks.bookkeeping import BOOKKEEPING
 
 # How long a completed run's end waits for its last epoch points; a stop or a failure, which a
 # launcher may kill seconds later (its keeper then ends the MLflow run), waits less.

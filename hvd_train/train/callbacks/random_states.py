@@ -21,8 +21,7 @@ import numpy as np
 
 from hvd_train.runtime import distributed
 from hvd_train.runtime.keras import binding
-from hvd_train.train.callback_base import Callback
-from hvd_train.train.control import RunControl
+from hvd_train.train.callbacks.base import Callback
 
 State = list[list[int]]  # one rank's: each generator's state, as JSON keeps it
 
@@ -84,18 +83,20 @@ class RandomStates(Callback):
     rank; `sums` the ranks' running gradient sums when an accumulation window is part-way,
     else None."""
 
-    def __init__(self, control: RunControl, every_steps: int | None):
+    def __init__(self, due: Callable[[], bool]):
+        """`due`: whether a checkpoint may be written after this call into TensorFlow (the run's
+        `RunControl.passed(checkpoint.every_steps)`)."""
         super().__init__()
-        self.control, self.every_steps = control, every_steps
+        self.due = due
         self.gathered: list[State] | None = None
         self.sums: list[list[np.ndarray]] | None = None
         # What else each rank sends in the same all-gather (the replica check's fingerprints,
-        # set by callbacks.CheckReplicas), and every rank's of it, gathered at the last point.
+        # set by sync_points.CheckReplicas), and every rank's of it, gathered at the last point.
         self.also: Callable[[], Any] | None = None
         self.also_gathered: list[Any] | None = None
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
-        if self.control.passed(self.every_steps):
+        if self.due():
             self._gather()
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:

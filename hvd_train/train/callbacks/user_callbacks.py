@@ -21,8 +21,8 @@ from hvd_train.config import REFUSED_CALLBACKS, CallbackConfig
 from hvd_train.runtime import distributed
 from hvd_train.runtime.keras import binding
 from hvd_train.runtime.schedules import lr_multiplier
-from hvd_train.train.callback_base import Callback
-from hvd_train.train.control import RunControl
+from hvd_train.train.callbacks.base import Callback
+from hvd_train.train.callbacks.stop import AgreedStop, RunControl
 from hvd_train.train.models import import_user_module
 
 # Keras callbacks that write files: rank 0 only unless `ranks: all` says otherwise.
@@ -138,45 +138,6 @@ class _Watch(Callback):
         # RunControl's own stops (signals) set stop_training too; those are not the user's.
         if self.model.stop_training and not self.control.stopping:
             self.stop.asked.add(self.index)  # (or an earlier callback did: the lowest wins)
-
-
-class AgreedStop(Callback):
-    """Makes the users' stop requests one decision of all workers, at each epoch's end.
-
-    Within an epoch, a user's stop is held (`model.stop_training` put back to False): Keras
-    would leave the epoch at once on this rank alone. At the epoch's end every rank sends which
-    of the user callbacks asked to stop; if any did on any rank, every rank stops there.
-
-    Args:
-        names: the class name of each `callbacks:` item, in config order (the same on every
-            rank, whichever of them run here).
-        control: RunControl, whose stops (signals) are left alone.
-    """
-
-    def __init__(self, names: list[str], control: RunControl):
-        super().__init__()
-        self.names, self.control = names, control
-        self.asked: set[int] = set()  # indices of the user callbacks that asked to stop
-        self.stopped_early: dict[str, Any] | None = None  # {epoch: 1-based, by: class name}
-
-    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
-        if self.asked and not self.control.stopping:
-            self.model.stop_training = False  # held until the epoch's end, on every rank
-
-    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
-        local = [1.0 if i in self.asked else 0.0 for i in range(len(self.names))]
-        # Horovod: one small all-reduce on every rank at every epoch's end, asked or not.
-        agreed = (
-            distributed.allreduce_sum(local, name="user_stop") if distributed.size() > 1 else local
-        )
-        self.asked.clear()
-        if not any(agreed):
-            return
-        self.model.stop_training = True
-        if self.stopped_early is None and not self.control.stopping:
-            by = self.names[next(i for i, n in enumerate(agreed) if n)]
-            self.stopped_early = {"epoch": epoch + 1, "by": by}
-            distributed.log(f"{by} stopped the run after epoch {epoch + 1}")
 
 
 def ReduceLROnPlateau(**kwargs: Any) -> Any:  # noqa: N802 - a callback class to its callers

@@ -13,7 +13,7 @@ from hvd_train.data.pipeline import to_device, train_dataset
 from hvd_train.data.sources import Source, load_source
 from hvd_train.record.layout import RunDir
 from hvd_train.runtime import distributed, worker
-from hvd_train.train.callback_base import Callback
+from hvd_train.train.callbacks.base import Callback
 from hvd_train.train.step import build_compiled_model
 
 

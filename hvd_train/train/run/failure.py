@@ -22,7 +22,8 @@ from hvd_train.base.errors import (
 from hvd_train.data import images
 from hvd_train.record.run_record import RecordError, RunRecord
 from hvd_train.record.stops import failed_first, first_failure_awaited
-from hvd_train.train.run_state import Run, Start
+from hvd_train.train.run.messages import one_line
+from hvd_train.train.run.state import Run, Start
 
 
 def fail(run: Run, e: BaseException) -> None:
@@ -73,18 +74,6 @@ def console_cause(e: BaseException) -> str:
     if seen is None:
         return text
     return f"{ANOTHER_FIRST}; this rank then saw {type(e).__name__}: {seen}"
-
-
-def one_line(e: BaseException) -> str:
-    """The exception's message on one line; for a TensorFlow op error its last real line
-    (its message also holds a Python traceback of where the op was defined)."""
-    text = str(e)
-    if isinstance(e, tf.errors.OpError):
-        lines = [ln.strip() for ln in e.message.splitlines() if ln.strip()]
-        lines = [ln for ln in lines if not ln.startswith("[[")] or lines
-        text = lines[-1] if lines else text
-    text = " ".join(text.split()) or type(e).__name__
-    return text if isinstance(e, UserError) else f"{type(e).__name__}: {text}"
 
 
 def abandon(

@@ -18,14 +18,14 @@ from hvd_train.base import startup
 from hvd_train.config import Config, Derived
 from hvd_train.record.layout import RunDir
 from hvd_train.runtime import distributed
-from hvd_train.train.callback_base import Callback
+from hvd_train.train.callbacks.base import Callback
 
 WARMUP_STEPS = 5  # left out of a one-epoch run's figures
 
 
 class StepTimer(Callback):
     """Times every training step; adds `step_time_ms` (the epoch's median) and
-    `examples_per_sec_per_worker` to the epoch's logs (callbacks.EpochLines prints them).
+    `examples_per_sec_per_worker` to the epoch's logs (epoch_lines.EpochLines prints them).
 
     A step is the time from one batch's end to the next (the first from the epoch's start), so
     it holds everything a step costs: input, compute, all-reduce, callbacks. With

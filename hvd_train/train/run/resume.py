@@ -13,7 +13,7 @@ from hvd_train.record.layout import RunDir
 from hvd_train.runtime import distributed
 from hvd_train.runtime.keras import binding
 from hvd_train.runtime.schedules import continue_at, lr_multiplier
-from hvd_train.train import random_states
+from hvd_train.train.callbacks import random_states
 from hvd_train.train.checkpoint import (
     PREFIX,
     STATE_FILE,
@@ -24,8 +24,8 @@ from hvd_train.train.checkpoint import (
     read_window,
     remove_strays,
 )
-from hvd_train.train.failure import one_line
-from hvd_train.train.run_state import Start
+from hvd_train.train.run.messages import one_line
+from hvd_train.train.run.state import Start
 
 Model = Any  # a Keras model of the active Keras
 

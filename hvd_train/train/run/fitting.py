@@ -18,8 +18,9 @@ from hvd_train.data.pipeline import to_device, train_dataset
 from hvd_train.data.sources import Source
 from hvd_train.runtime import distributed
 from hvd_train.runtime.keras import binding
-from hvd_train.train.callbacks import RunCallbacks, wants_progress_bar
-from hvd_train.train.input_wait import InputWait
+from hvd_train.train.callbacks.callback_list import RunCallbacks
+from hvd_train.train.callbacks.input_wait import InputWait
+from hvd_train.train.callbacks.progress_bar import wants_progress_bar
 
 # Keras times the callbacks' batch hooks over a fit's first batches, the first included, and
 # warns when they take longer than the steps. The first batch's on_train_batch_end is slow,
@@ -42,14 +43,14 @@ def fit_from(
     history: dict[str, list[float]] | None = None,
 ) -> dict[str, list[float]]:
     """Runs `model.fit` from (epoch, step) to `train.epochs` with `callbacks` (built by
-    callbacks.build_callbacks, whose InputWait time-stamps the data); returns the joined history.
+    callback_list.build_callbacks, whose InputWait time-stamps the data); returns the joined history.
 
     Each `fit`'s history is added to `history` as soon as it ends, so an elastic reset in a
     later `fit` keeps the earlier ones. Stops early when a callback sets `model.stop_training`
     (an agreed stop, a NaN).
     """
     history = {} if history is None else history
-    # Keras' bar (build_callbacks put a callbacks.ProgressBar in the list), else none.
+    # Keras' bar (build_callbacks put a progress_bar.ProgressBar in the list), else none.
     verbose = 1 if wants_progress_bar(cfg.train.verbose) else 0
     while epoch < cfg.train.epochs:
         data = fit_dataset(source, cfg, plan, epoch, step, callbacks.input_wait)

@@ -2,14 +2,14 @@
 record, the model, the resume, `fit` (under Horovod Elastic when enabled), and the ending.
 
 Each ending has its module: outcome.py (completed, or stopped by an agreed signal), failure.py
-(an error on this rank or another), resume.py (where training begins), run_state.py (what every
+(an error on this rank or another), resume.py (where training begins), state.py (what every
 ending needs), banner.py (the opening lines).
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, cast
 
 from hvd_train.base import logs, startup
 from hvd_train.base.errors import DeviceError
@@ -21,32 +21,43 @@ from hvd_train.record.run_record import RunRecord, end_before_start
 from hvd_train.record.stops import StopSignals, installed
 from hvd_train.record.summary import (
     ENDINGS,
+    Summary,
     earlier_job,
     nothing_to_train,
     read_summary,
     run_so_far,
 )
 from hvd_train.runtime import distributed, tuning, worker
-from hvd_train.train.banner import log_plan
-from hvd_train.train.callbacks import RunCallbacks, build_callbacks, require_tensorboard
+from hvd_train.train.callbacks.callback_list import RunCallbacks, build_callbacks
+from hvd_train.train.callbacks.tensorboard import require_tensorboard
 from hvd_train.train.checkpoint import plain_file_problem
-from hvd_train.train.elastic import fit_elastic
-from hvd_train.train.failure import abandon, fail, reading_cause, record_cause
-from hvd_train.train.fitting import fit_from
 from hvd_train.train.models import weights_note
-from hvd_train.train.outcome import batches, complete, gradient_size, stop, summarize, summary_base
-from hvd_train.train.resume import resume
-from hvd_train.train.run_state import Run, Start, running
+from hvd_train.train.run.banner import log_plan
+from hvd_train.train.run.elastic import fit_elastic
+from hvd_train.train.run.failure import abandon, fail, reading_cause, record_cause
+from hvd_train.train.run.fitting import fit_from
+from hvd_train.train.run.outcome import (
+    batches,
+    complete,
+    gradient_size,
+    say_done,
+    stop,
+    summarize,
+    summary_base,
+)
+from hvd_train.train.run.resume import resume
+from hvd_train.train.run.state import Run, Start, running
+from hvd_train.train.run.tracking import check_tracker, start_tracking
 from hvd_train.train.step import build_compiled_model
-from hvd_train.train.tracking import check_tracker, start_tracking
 
 Model = Any  # a Keras model of the active Keras
 
 
 def train(
     cfg: Config, config_path: str | None = None, signals: StopSignals | None = None
-) -> tuple[Model | None, dict[str, Any]]:
-    """Trains as one worker of the job horovodrun started (or alone); returns model and summary.
+) -> tuple[Model | None, Summary]:
+    """Trains as one worker of the job horovodrun started (or alone); returns model and summary
+    (summary.json's fields, `Summary`).
 
     A rerun of a run that has nothing left to train (see record/summary.py nothing_to_train)
     says so in one line and returns (None, the run's summary) with run.dir untouched.
@@ -69,7 +80,7 @@ def train(
         device = _start_worker(cfg, run, timeline=finished_here is None)
         startup.mark("horovod_init")
         if (finished := _nothing_to_train(finished_here)) is not None:
-            return None, finished
+            return None, cast(Summary, finished)
         check_tracker(
             cfg.logging
         )  # logging.mlflow: a server that does not answer, before any write
@@ -112,8 +123,13 @@ def train(
         summary = summarize(cfg, history, source, run.callbacks, start)
         if summary["status"] == "interrupted":
             stop(run, summary)  # raises Interrupted once rank 0 has recorded the stop
-        complete(cfg.run.dir, model, summary, run)
-        return model, run.record.summary if run.record else {**run.base, **summary}
+        try:
+            complete(cfg.run.dir, model, summary, run)
+        except BaseException as e:
+            fail(run, e)  # the export or the record failed: said and recorded like any failure
+            raise
+        say_done(cfg.run.dir, summary, run)
+        return model, cast(Summary, run.record.summary if run.record else {**run.base, **summary})
 
 
 def _start_worker(cfg: Config, run: Run, timeline: bool = True) -> str:

@@ -17,13 +17,12 @@ from hvd_train.data.diagnostics import data_summary
 from hvd_train.data.sources import Source
 from hvd_train.record.layout import RunDir
 from hvd_train.runtime import distributed
-from hvd_train.train import perf
-from hvd_train.train.callbacks import Checkpointer, RunCallbacks
+from hvd_train.train.callbacks import perf
+from hvd_train.train.callbacks.callback_list import RunCallbacks
+from hvd_train.train.callbacks.checkpointer import Checkpointer
+from hvd_train.train.callbacks.stop import AgreedStop, RunControl
 from hvd_train.train.checkpoint import export_plain_model, write_error
-from hvd_train.train.control import RunControl
-from hvd_train.train.failure import fail
-from hvd_train.train.run_state import Run, Start
-from hvd_train.train.user_callbacks import AgreedStop
+from hvd_train.train.run.state import Run, Start
 
 Model = Any  # a Keras model of the active Keras
 
@@ -128,13 +127,14 @@ def stop(run: Run, summary: dict[str, Any]) -> None:
 
 
 def complete(run_dir: str, model: Model, summary: dict[str, Any], run: Run) -> None:
-    """A completed run: rank 0 exports model.keras and records the end; one closing line."""
-    try:
-        export_model(RunDir(run_dir).model, model, summary, run.checkpointer)
-        run.end_record(**summary)
-    except BaseException as e:
-        fail(run, e)
-        raise
+    """A completed run: rank 0 exports model.keras and records the end. Where either raises,
+    the caller fails the run (`failure.fail`) before `say_done`."""
+    export_model(RunDir(run_dir).model, model, summary, run.checkpointer)
+    run.end_record(**summary)
+
+
+def say_done(run_dir: str, summary: dict[str, Any], run: Run) -> None:
+    """After `complete`: the stop watcher lets this process end itself; one closing line."""
     run.signals.done.set()
     distributed.log(
         f"done in {time.perf_counter() - run.started:.1f} s: {closing_figures(summary)}; "

@@ -20,9 +20,9 @@ from hvd_train.data.sources import Source
 from hvd_train.runtime import distributed, replicas
 from hvd_train.runtime.keras import binding
 from hvd_train.runtime.schedules import continue_at, learning_rate_schedule, lr_multiplier
-from hvd_train.train.callback_base import Callback, passes
-from hvd_train.train.callbacks import RunCallbacks
-from hvd_train.train.fitting import fit_from
+from hvd_train.train.callbacks.base import Callback, passes
+from hvd_train.train.callbacks.callback_list import RunCallbacks
+from hvd_train.train.run.fitting import fit_from
 
 
 class TrackPosition(Callback):

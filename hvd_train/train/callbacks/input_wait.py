@@ -28,7 +28,7 @@ import tensorflow as tf
 
 from hvd_train.data.diagnostics import DECODED_ADVICE
 from hvd_train.runtime import distributed
-from hvd_train.train.callback_base import Callback
+from hvd_train.train.callbacks.base import Callback
 
 
 class InputWait(Callback):
