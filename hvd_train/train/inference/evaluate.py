@@ -19,28 +19,28 @@ import os
 from dataclasses import replace
 
 import numpy as np
+import tensorflow as tf
 
-from hvd_train.base.errors import DataError, UserError
+from hvd_train.base.errors import DataError
 from hvd_train.config import Config
+from hvd_train.data import images, tfrecords
+from hvd_train.data.sources import Source, load_source
+from hvd_train.data.tfrecords import SUFFIX
+from hvd_train.runtime import distributed
+from hvd_train.train.evaluation import evaluate_in_order
+from hvd_train.train.inference.files import EVALUATION_KIND, write_atomic
 from hvd_train.train.inference.trained_model import (
     check_inputs,
     image_size,
     start_inference,
     takes,
-    write_atomic,
 )
-
-EVALUATION_KIND = "hvd-train evaluate"  # marks a file evaluate may write over
-
 
 # --------------------------------------------------------------------------- evaluate
 
 
 def evaluate(cfg: Config, model_path: str, data_path: str, out: str, batch: int) -> dict:
     """Evaluates the model on every worker; rank 0 prints and writes `out`; returns the record."""
-    from hvd_train.runtime import distributed
-    from hvd_train.train.evaluation import evaluate_in_order
-
     model, model_path, classes = start_inference(cfg, model_path, batch)
     if data_path:
         source = _folder_source(cfg.data.on_corrupt, data_path, classes, takes(model, cfg))
@@ -72,8 +72,6 @@ def evaluate(cfg: Config, model_path: str, data_path: str, out: str, batch: int)
 
 def _validation_source(cfg: Config):
     """The config's validation split, as training holds it out (not decoded ahead)."""
-    from hvd_train.data.sources import load_source
-
     source = load_source(replace(cfg, data=replace(cfg.data, cache="none")))
     if not len(source.x_val):
         raise DataError(
@@ -85,8 +83,6 @@ def _validation_source(cfg: Config):
 
 def _folder_source(on_corrupt: str, path: str, classes: tuple[str, ...], shape: tuple):
     """Every example of an image folder or a TFRecord folder, labelled by training's classes."""
-    from hvd_train.data.sources import Source
-
     size, channels = image_size(shape)
     read = _record_examples if _is_record_folder(path) else _folder_examples
     x, labels, skipped, decode, fetch = read(path, classes, on_corrupt, size, channels)
@@ -97,8 +93,6 @@ def _folder_source(on_corrupt: str, path: str, classes: tuple[str, ...], shape: 
 def _folder_examples(path: str, classes: tuple[str, ...], on_corrupt: str, size, channels):
     """(paths, labels, skipped paths, decode, fetch: None) of an image folder; listed and
     checked on rank 0."""
-    from hvd_train.data import images
-    from hvd_train.runtime import distributed
 
     def listing():
         folders = images.list_class_folders(path, "--data")
@@ -108,8 +102,6 @@ def _folder_examples(path: str, classes: tuple[str, ...], on_corrupt: str, size,
     files, labels, skipped = distributed.chief_computes(listing, "eval_folder")
 
     def decode(file):
-        import tensorflow as tf
-
         return images.decode_image(tf.io.read_file(file), size, channels)
 
     return np.array(files, dtype=str), labels, skipped, decode, None
@@ -118,9 +110,6 @@ def _folder_examples(path: str, classes: tuple[str, ...], on_corrupt: str, size,
 def _record_examples(path: str, classes: tuple[str, ...], on_corrupt: str, size, channels):
     """(record numbers, labels, skipped records, decode, fetch) of a TFRecord folder, indexed by
     every worker (as training does) and checked on rank 0."""
-    from hvd_train.data import images, tfrecords
-    from hvd_train.runtime import distributed
-
     records = tfrecords.read_folder(path, "--data")
     found = range(len(records.class_names))
     per_class = _by_name(
@@ -140,8 +129,6 @@ def _record_examples(path: str, classes: tuple[str, ...], on_corrupt: str, size,
 
 
 def _is_record_folder(path: str) -> bool:
-    from hvd_train.data.tfrecords import SUFFIX
-
     return os.path.isdir(path) and any(f.endswith(SUFFIX) for f in os.listdir(path))
 
 
@@ -159,8 +146,6 @@ def _by_name(per_class: list, names: tuple[str, ...], classes: tuple[str, ...], 
 
 def _checked(per_class: list, classes: tuple[str, ...], check, on_corrupt: str) -> tuple:
     """(items, labels, skipped items) of every readable example, class by class (rank 0)."""
-    from hvd_train.data import images
-
     chosen = images.choose_checked(per_class, None, check[0])
     if chosen.bad and on_corrupt == "error":  # all of them, in one error
         bad = [("--data", check[1](x), why) for x, why in chosen.bad]
@@ -168,22 +153,3 @@ def _checked(per_class: list, classes: tuple[str, ...], check, on_corrupt: str) 
     items = [x for c in chosen.per_class for x in sorted(c)]
     labels = [i for i, c in enumerate(chosen.per_class) for _ in c]
     return items, labels, [x for x, _ in chosen.bad]
-
-
-# --------------------------------------------------------------------------- files
-
-
-def refuse_foreign_json(path: str) -> None:
-    """Refuses an existing `path` that evaluate did not write (it would be written over)."""
-    if not os.path.exists(path):
-        return
-    try:
-        with open(path) as f:
-            ours = json.load(f).get("kind") == EVALUATION_KIND
-    except (OSError, ValueError, AttributeError):
-        ours = False
-    if not ours:
-        raise UserError(
-            f"--out: {path} exists and was not written by hvd-train evaluate; choose another "
-            "--out or move the file away"
-        )

@@ -10,23 +10,23 @@ import csv
 import os
 
 import numpy as np
+import tensorflow as tf
 
-from hvd_train.base.errors import DataError, UserError
+from hvd_train.base.errors import DataError
 from hvd_train.config import Config
-from hvd_train.train.inference.trained_model import image_size, start_inference, takes, write_atomic
-
-PREDICTION_COLUMNS = ["path", "class", "class_index", "probability"]
-
+from hvd_train.data import images
+from hvd_train.data.images import decode_image
+from hvd_train.data.pipeline import batch_shard
+from hvd_train.data.sources import Source
+from hvd_train.runtime import distributed
+from hvd_train.train.inference.files import PREDICTION_COLUMNS, write_atomic
+from hvd_train.train.inference.trained_model import image_size, start_inference, takes
 
 # --------------------------------------------------------------------------- predict
 
 
 def predict(cfg: Config, model_path: str, folder: str, out: str, batch: int) -> int:
     """Writes `out` (rank 0): one row per readable image under `folder`; returns the row count."""
-    from hvd_train.data.pipeline import batch_shard
-    from hvd_train.data.sources import Source
-    from hvd_train.runtime import distributed
-
     model, model_path, classes = start_inference(cfg, model_path, batch)
     files, skipped = distributed.chief_computes(
         lambda: _list_images(folder, cfg.data.on_corrupt), "predict_images"
@@ -34,10 +34,6 @@ def predict(cfg: Config, model_path: str, folder: str, out: str, batch: int) -> 
     size, channels = image_size(takes(model, cfg))
 
     def decode(file):
-        import tensorflow as tf
-
-        from hvd_train.data.images import decode_image
-
         return decode_image(tf.io.read_file(file), size, channels)
 
     # The labels carry each example's index in `files`, so rows can be put back in order.
@@ -61,7 +57,6 @@ def predict(cfg: Config, model_path: str, folder: str, out: str, batch: int) -> 
 
 def _predict_rows(model, data, from_logits: bool) -> list[tuple[int, int, float]]:
     """(example index, class index, its probability) of this worker's examples."""
-    import tensorflow as tf
 
     @tf.function(autograph=False)  # graph code (from_logits is a Python bool)
     def probabilities(x):
@@ -84,8 +79,6 @@ def _list_images(folder: str, on_corrupt: str) -> tuple[list[str], list[str]]:
     Raises:
         DataError: no such folder, no images, or (on_corrupt: error) an unreadable image.
     """
-    from hvd_train.data import images
-
     if not os.path.isdir(folder):
         raise DataError(f"--images: {folder} is not a folder")
     found, _ = images.images_under(folder)
@@ -110,19 +103,3 @@ def _write_predictions(out: str, rows: list, files: list[str], classes: tuple[st
         w.writerows([files[i], classes[c], c, f"{p:.9g}"] for i, c, p in rows)
 
     write_atomic(out, write, newline="")
-
-
-def refuse_foreign_csv(path: str) -> None:
-    """Refuses an existing `path` that predict did not write (it would be written over)."""
-    if not os.path.exists(path):
-        return
-    try:
-        with open(path, newline="") as f:
-            ours = next(csv.reader(f), None) == PREDICTION_COLUMNS
-    except (OSError, UnicodeDecodeError, csv.Error):
-        ours = False
-    if not ours:
-        raise UserError(
-            f"--out: {path} exists and is not a predictions CSV of hvd-train predict; choose "
-            "another --out or move the file away"
-        )

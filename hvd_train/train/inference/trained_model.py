@@ -6,27 +6,26 @@ from __future__ import annotations
 
 import os
 from dataclasses import replace
-from typing import Any
+
+import numpy as np
+import tensorflow as tf
 
 from hvd_train.base.errors import DataError, UserError
-from hvd_train.base.files import atomic_write
 from hvd_train.config import Config, DataConfig
+from hvd_train.data.images import list_class_folders
+from hvd_train.data.tfrecords import CLASSES_FILE, read_folder
 from hvd_train.record.layout import RunDir
-
-_RUN = RunDir("")
-MODEL_HINT = (
-    f"{_RUN.model}, {_RUN.best}, {_RUN.model_weights}, {_RUN.best_weights} or a "
-    f"{_RUN.checkpoint_form} folder of the run"
-)
-
+from hvd_train.runtime import distributed
+from hvd_train.runtime.keras import binding
+from hvd_train.train.checkpoint import PREFIX, STATE_FILE, read_state, written_by
+from hvd_train.train.inference.files import MODEL_HINT
+from hvd_train.train.models import build_model, import_user_module
 
 # --------------------------------------------------------------------------- the model
 
 
 def start_inference(cfg: Config, model_path: str, batch: int):
     """Horovod, devices and the model: (model, its path, training's class names)."""
-    from hvd_train.runtime import distributed
-
     if batch < 1:
         raise UserError(f"--batch-size: expected a count >= 1, got {batch}")
     # No timeline: it would write over the run's own timeline.json.
@@ -53,9 +52,6 @@ def load_model(cfg: Config, path: str, num_classes: int):
     Raises:
         UserError: no such file, or it cannot be loaded as a model of this config.
     """
-    from hvd_train.runtime.keras import binding  # here: the CLI imports this module light
-    from hvd_train.train.checkpoint import PREFIX
-
     if not os.path.exists(path):
         raise UserError(f"--model: {path} does not exist; expected {MODEL_HINT}")
     if os.path.isdir(path) and os.path.exists(os.path.join(path, f"{PREFIX}.index")):
@@ -65,8 +61,6 @@ def load_model(cfg: Config, path: str, num_classes: int):
     # Read by the Keras that wrote it (Keras 3 cannot read Keras 2's .keras, nor the reverse).
     active = binding.activate(binding.of_saved(path) or binding.resolve(cfg.runtime.keras))
     if cfg.model.factory:  # the classes its module registers with Keras, as training had them
-        from hvd_train.train.models import import_user_module
-
         import_user_module(cfg.model.factory.rpartition(":")[0])
     try:
         return active.load_model(path)
@@ -87,8 +81,6 @@ def _outputs(model, input_shape: tuple[int, ...]) -> int:
     try:
         return int(model.output_shape[-1])
     except AttributeError:
-        import numpy as np
-
         return int(model(np.zeros((1, *input_shape), np.float32)).shape[-1])
 
 
@@ -103,10 +95,6 @@ def exported_model(run: RunDir) -> str:
 def _from_weights(cfg: Config, path: str, num_classes: int):
     """The model the config builds (its `model.factory`: no code is read from a file, Keras'
     safe mode stays on) with the weights training exported (`*.weights.h5`)."""
-    import numpy as np
-
-    from hvd_train.train.models import build_model
-
     shape = config_input_shape(cfg.data)
     model = build_model(cfg, shape, num_classes)
     model(np.zeros((1, *shape), np.float32))  # a subclassed model has its weights once called
@@ -123,12 +111,6 @@ def _from_weights(cfg: Config, path: str, num_classes: int):
 
 def _from_checkpoint(cfg: Config, path: str, num_classes: int):
     """The config's model with a training checkpoint's weights (its optimizer state unread)."""
-    import tensorflow as tf
-
-    from hvd_train.runtime.keras import binding
-    from hvd_train.train.checkpoint import PREFIX, STATE_FILE, read_state, written_by
-    from hvd_train.train.models import build_model
-
     try:
         binding.activate(written_by(read_state(path)))  # built by the Keras that trained it
     except (OSError, ValueError) as e:
@@ -177,12 +159,8 @@ def image_size(shape: tuple) -> tuple[tuple[int, int], int]:
 def training_classes(d: DataConfig) -> tuple[str, ...]:
     """The class names in training's label order (see the module docstring)."""
     if d.source == "image_folder":
-        from hvd_train.data.images import list_class_folders
-
         return list_class_folders(d.train_dir, "data.train_dir").class_names
     if d.source == "tfrecord":
-        from hvd_train.data.tfrecords import CLASSES_FILE, read_folder
-
         listed = os.path.join(d.train_dir, CLASSES_FILE)
         if not os.path.exists(listed):  # labels then name the classes: read them all
             return read_folder(d.train_dir, "data.train_dir").class_names
@@ -197,12 +175,3 @@ def config_input_shape(d: DataConfig) -> tuple[int, ...]:
     if d.source == "digits":
         return (8, 8, 1)
     return tuple(d.image_size) + ((d.channels,) if len(d.image_size) == 2 else ())
-
-
-def write_atomic(path: str, write: Any, newline: str | None = None) -> None:
-    """`write(file)` into `path` atomically (base/files.py: a reader sees the old or the new)."""
-    try:
-        with atomic_write(path, newline=newline) as f:
-            write(f)
-    except OSError as e:
-        raise UserError(f"--out: cannot write {path} ({e.strerror})") from None
