@@ -139,11 +139,11 @@ def exit_without_teardown(code: int = 0) -> NoReturn:
     """Exit with `code` after what an exit must do (atexit's handlers: Horovod's shutdown,
     which also finalizes MPI, and logging's; stdout and stderr flushed), without the
     interpreter's teardown. Freeing a trained TensorFlow process's modules and objects one by
-    one cost every worker 0.7 s of CPU at its end (a 1-step quickstart run alone: 5.8 s, now
-    5.0 s); and after a failure it hung, past atexit's handlers, with no Python frame left (a
+    one costs every worker CPU time at its end, for nothing (docs/benchmarks.md, "Start-up");
+    and after a failure it could hang, past atexit's handlers, with no Python frame left (a
     2-worker job whose input file was cut short under it: rank 1 printed its data error, then
-    the watchdog ended it after 60 s with exit code 1 in place of the error's 2). The run has
-    closed what it wrote, successful or not, before main() returns."""
+    the watchdog ended it with exit code 1 in place of the error's 2). The run has closed what
+    it wrote, successful or not, before main() returns."""
     import atexit
 
     from hvd_train.base import logs

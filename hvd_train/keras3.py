@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hvd_train.runtime import binding
+from hvd_train.runtime.keras import binding
 
 binding.require_keras3("hvd_train.keras3")
 
@@ -47,7 +47,7 @@ from hvd_train.horovod.callbacks import (  # noqa: E402
     MetricAverageCallback,
 )
 from hvd_train.runtime.distributed import is_chief  # noqa: E402
-from hvd_train.runtime.keras3 import init, warmup  # noqa: E402
+from hvd_train.runtime.keras.v3 import init, warmup  # noqa: E402
 from hvd_train.train.models import plain_clone  # noqa: E402
 
 __all__ = [

@@ -237,7 +237,7 @@ same_result() {
   docker exec -i "$LAUNCHER" python - "/results/$1" "/results/$2" <<'PYEOF'
 import csv, sys
 import numpy as np
-from hvd_train.runtime.binding import KERAS2, has_keras3, of_saved
+from hvd_train.runtime.keras.binding import KERAS2, has_keras3, of_saved
 if of_saved(f"{sys.argv[1]}/model.keras") == KERAS2 and has_keras3():
     import tf_keras as keras  # a runtime.keras: tf_keras run
 else:

@@ -23,8 +23,8 @@
 # ship (2.20 also moved one); patches/horovod-0.28.1/0011-without-xla-ops.patch drops that one
 # file from Horovod's CMake list before the build (its `series` line is guarded XLA_OPS=no).
 #
-# TensorFlow 2.16+ makes Keras 3 the default, which hvd_train trains (hvd_train/runtime/keras3.py);
-# Keras 2 ships beside it as the tf_keras package (hvd_train/runtime/keras2.py, runtime.keras).
+# TensorFlow 2.16+ makes Keras 3 the default, which hvd_train trains (hvd_train/runtime/keras/v3.py);
+# Keras 2 ships beside it as the tf_keras package (hvd_train/runtime/keras/v2.py, runtime.keras).
 
 # stack_select: sets, from HVD_TRAIN_TF, TF_STACK, TF_VERSION, KERAS_REQ (empty: built into
 # TensorFlow), NUMPY_REQ, STACK_PYTHONS (the Python minor versions the stack's TensorFlow has

@@ -24,7 +24,7 @@ import pytest
 from harness import KERASES
 
 from hvd_train.base import logs
-from hvd_train.runtime import binding
+from hvd_train.runtime.keras import binding
 
 QUICK = os.environ.get("HVD_TRAIN_TEST_TIER") == "quick"
 

@@ -18,7 +18,7 @@ from typing import NamedTuple
 
 import pytest
 
-from hvd_train.runtime.binding import has_keras3, of_saved
+from hvd_train.runtime.keras.binding import has_keras3, of_saved
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 BIN = pathlib.Path(sys.executable).parent
@@ -110,7 +110,7 @@ def finish(proc: subprocess.Popen, timeout: float) -> subprocess.CompletedProces
 
 
 # What TensorFlow prints as it is imported, whatever TF_CPP_MIN_LOG_LEVEL says (the last two at
-# TF_CPP_MIN_LOG_LEVEL=0): kept off every command's console (hvd_train/logs.py).
+# TF_CPP_MIN_LOG_LEVEL=0): kept off every command's console (hvd_train/base/logs.py).
 TENSORFLOW_START_UP = (
     "All log messages before absl::InitializeLog()",
     "oneDNN custom operations are on",

@@ -119,7 +119,8 @@ def test_training_pipeline_applies_it_seeded_by_step() -> None:
     """In train_dataset: flip with probability 1 mirrors every batch; brightness draws the same
     numbers for the same step when the data is rebuilt from a later epoch (as on a resume)."""
     from hvd_train.config import derive
-    from hvd_train.data.pipeline import load_source, train_dataset
+    from hvd_train.data.pipeline import train_dataset
+    from hvd_train.data.sources import load_source
 
     base = ["data.source=digits", "train.epochs=3"]
     plain_cfg = load_config(None, base)

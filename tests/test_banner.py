@@ -10,8 +10,8 @@ import pytest
 from harness import PYTHON, QUICKSTART, check, run
 
 from hvd_train.config import derive, load_config
-from hvd_train.train.banner import lr_label
 from hvd_train.train.models import weights_note
+from hvd_train.train.run.banner import lr_label
 
 
 def test_lone_process_says_no_launcher_and_a_fixed_global_batch_is_not_scaled(tmp_path) -> None:

@@ -99,7 +99,7 @@ def test_plan_starts_from_the_one_worker_run_and_refuses_the_two_worker_one(runs
     and the trainable parameters rank 0 recorded (4 bytes each); a 2-worker run's step already
     holds an all-reduce, so it is refused."""
     from hvd_train.base.errors import UserError
-    from hvd_train.launcher.plan import workload_from_run
+    from hvd_train.launcher.throughput_model import workload_from_run
 
     summary = json.loads((runs / "one" / "summary.json").read_text())
     assert summary["gradient_dtype"] == "float32"

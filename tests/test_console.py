@@ -25,8 +25,11 @@ from harness import BIN, PYTHON, QUICKSTART, ROOT, check, horovodrun
 from hvd_train.base import logs
 from hvd_train.config import derive, load_config
 from hvd_train.record.summary import problems
-from hvd_train.train import callbacks, fitting
-from hvd_train.train.callbacks import BOOKKEEPING, BOOKKEEPING_TAGS, EpochLines, ProgressBar
+from hvd_train.train.callbacks import progress_bar
+from hvd_train.train.callbacks.bookkeeping import BOOKKEEPING, BOOKKEEPING_TAGS
+from hvd_train.train.callbacks.epoch_lines import EpochLines
+from hvd_train.train.callbacks.progress_bar import ProgressBar
+from hvd_train.train.run import fitting
 
 EPOCHS = 2
 LONGEST_LINE = 300  # characters: a line a terminal shows whole, prefixes included
@@ -260,10 +263,10 @@ def test_keras_bar_leaves_out_the_bookkeeping(capsys, each_keras) -> None:
      (2, True, "mpi", False)],  # mpirun's ranks write to its pseudo-terminal
 )  # fmt: skip
 def test_bar_only_with_verbose_2_on_a_terminal(monkeypatch, verbose, tty, controller, bar) -> None:
-    monkeypatch.setattr(callbacks.distributed, "is_chief", lambda: True)
-    monkeypatch.setattr(callbacks.distributed, "controller", lambda: controller)
+    monkeypatch.setattr(progress_bar.distributed, "is_chief", lambda: True)
+    monkeypatch.setattr(progress_bar.distributed, "controller", lambda: controller)
     monkeypatch.setattr(sys, "stdout", SimpleNamespace(isatty=lambda: tty))
-    assert callbacks.wants_progress_bar(verbose) is bar
+    assert progress_bar.wants_progress_bar(verbose) is bar
 
 
 def test_only_keras_first_batch_timing_warning_is_dropped_and_only_during_fit() -> None:
@@ -300,7 +303,7 @@ def test_the_closing_line_names_only_what_the_run_measured(metrics, rate, said) 
     """A run without validation (data.val_examples: 0) or without an accuracy metric: the
     closing line names what there is, never a `val_accuracy 0.0000` nothing measured, and a
     rate under 10 examples/s keeps its digits (a one-step run of a big model: 0.44, not 0)."""
-    from hvd_train.train.outcome import closing_figures
+    from hvd_train.train.run.outcome import closing_figures
 
     summary = {"final_metrics": metrics, "train_examples_per_sec": rate}
     assert closing_figures(summary) == said

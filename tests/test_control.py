@@ -10,8 +10,8 @@ import tensorflow as tf
 
 from hvd_train.record.stops import StopSignals
 from hvd_train.runtime import distributed
-from hvd_train.train import control
-from hvd_train.train.control import RunControl
+from hvd_train.train.callbacks import stop as control
+from hvd_train.train.callbacks.stop import RunControl
 
 
 class FakeClock:

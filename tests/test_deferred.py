@@ -8,7 +8,7 @@ import json
 import pytest
 from harness import PYTHON, check, run
 
-from hvd_train.runtime.binding import has_keras3
+from hvd_train.runtime.keras.binding import has_keras3
 
 # A process's start as every command that trains, evaluates or predicts does it, alone (where
 # `quiet_tensorflow` imports TensorFlow) or as a launcher's worker, then what a user's code may do with
@@ -16,7 +16,7 @@ from hvd_train.runtime.binding import has_keras3
 SCRIPT = """
 import json, sys
 from hvd_train.base import logs
-from hvd_train.runtime import binding
+from hvd_train.runtime.keras import binding
 binding.prepare("auto")
 logs.quiet_tensorflow()
 binding.import_tensorflow()

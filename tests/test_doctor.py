@@ -13,7 +13,7 @@ import pytest
 from harness import PYTHON, ROOT, SERIES_VERSION, run, start_up_lines
 
 from hvd_train.commands.doctor import diagnose, version_tuple
-from hvd_train.runtime import binding
+from hvd_train.runtime.keras import binding
 
 pytestmark = pytest.mark.stack  # the doctor is the first check of a new stack
 

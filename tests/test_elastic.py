@@ -13,7 +13,7 @@ from harness import BIN, PYTHON, QUICKSTART, WORKERS, check, run, two_local_host
 
 from hvd_train.config import derive, load_config
 from hvd_train.runtime.schedules import lr_multiplier
-from hvd_train.train.elastic import TrackPosition, rescale_learning_rate
+from hvd_train.train.run.elastic import TrackPosition, rescale_learning_rate
 from hvd_train.train.step import make_optimizer
 
 WORKER = str(WORKERS / "elastic_collectives.py")

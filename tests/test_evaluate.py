@@ -220,7 +220,7 @@ def test_bad_input_exits_2_in_one_line(trained, case, args, says) -> None:
     assert says in line, (case, line)
 
 
-def test_help_describes_both_commands(trained) -> None:
+def test_help_describes_both_commands(tmp_path) -> None:
     for command, says in (("evaluate", "exactly"), ("predict", "sorted by path")):
-        proc = check(run([*HVD, command, "--help"], trained.parent))
+        proc = check(run([*HVD, command, "--help"], tmp_path))
         assert says in proc.stdout, proc.stdout

@@ -32,7 +32,7 @@ from harness import (
 )
 
 from hvd_train.record.summary import problems
-from hvd_train.runtime import binding
+from hvd_train.runtime.keras import binding
 from hvd_train.train.checkpoint import is_checkpoint, read_state
 
 pytestmark = pytest.mark.multiworker

@@ -152,7 +152,7 @@ def test_the_worker_pins_its_mig_instance_before_tensorflow_loads(nvidia_smi, mo
     from hvd_train.base import logs, startup
     from hvd_train.commands import train
     from hvd_train.record import stops
-    from hvd_train.runtime import binding
+    from hvd_train.runtime.keras import binding
 
     nvidia_smi(MIG_A100)
     monkeypatch.setenv("OMPI_COMM_WORLD_LOCAL_RANK", "1")

@@ -16,7 +16,7 @@ import re
 import pytest
 from harness import BIN, PYTHON, WORKERS, check, horovodrun, run, two_local_hosts
 
-from hvd_train.runtime import binding
+from hvd_train.runtime.keras import binding
 
 pytestmark = [
     pytest.mark.multiworker,

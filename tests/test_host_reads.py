@@ -15,7 +15,7 @@ import pytest
 import tensorflow as tf
 from harness import BINDING_RUNS, PYTHON, WORKERS, check, has_keras3, run
 
-from hvd_train.train.hooks import Callback
+from hvd_train.train.callbacks.base import Callback
 
 STEPS_PER_EPOCH, EPOCHS, EVERY = 16, 3, 4
 SETS = ["data.source=synthetic", f"data.train_examples={32 * STEPS_PER_EPOCH}",
@@ -63,7 +63,7 @@ def test_keras3_list_gives_tensors_to_ours_and_numbers_to_the_others() -> None:
     own is never converted for."""
     import keras
 
-    from hvd_train.runtime import keras3
+    from hvd_train.runtime.keras import v3 as keras3
 
     seen: list[tuple[str, type]] = []
 
@@ -89,7 +89,7 @@ def test_keras3_list_converts_nothing_when_only_ours_have_batch_hooks(monkeypatc
     import keras
     from keras.src.utils import python_utils
 
-    from hvd_train.runtime import keras3
+    from hvd_train.runtime.keras import v3 as keras3
 
     converted = []
     pythonify = python_utils.pythonify_logs

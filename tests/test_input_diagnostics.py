@@ -14,8 +14,8 @@ import tensorflow as tf
 
 from hvd_train.data.diagnostics import advice_for
 from hvd_train.runtime import distributed
-from hvd_train.train import input_wait
-from hvd_train.train.input_wait import InputWait
+from hvd_train.train.callbacks import input_wait
+from hvd_train.train.callbacks.input_wait import InputWait
 
 
 class FakeClock:
@@ -175,8 +175,8 @@ def test_prefetch_to_device_is_the_last_stage_fit_gets(monkeypatch, gpu: bool) -
     resumed epoch's skip and the input-wait stamp, as TensorFlow requires; without a GPU it
     ends with the stamp."""
     from hvd_train.config import derive, load_config
-    from hvd_train.data.pipeline import load_source
-    from hvd_train.train.fitting import fit_dataset
+    from hvd_train.data.sources import load_source
+    from hvd_train.train.run.fitting import fit_dataset
 
     cfg = load_config(None, ["data.source=digits", "data.prefetch_to_device=true"])
     source = load_source(cfg)

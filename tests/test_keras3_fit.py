@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from harness import PYTHON, ROOT, WORKERS, check, horovodrun, run
 
-from hvd_train.runtime import binding
+from hvd_train.runtime.keras import binding
 
 pytestmark = pytest.mark.stack
 keras3_only = pytest.mark.skipif(not binding.has_keras3(), reason="TensorFlow 2.15: no Keras 3")
@@ -157,7 +157,7 @@ def test_the_script_chooses_no_keras_for_the_rest_of_hvd_train(job) -> None:
 @keras3_only
 def test_warmup_ramps_from_the_base_rate_to_the_scaled_one_and_refuses_what_it_cannot_do():
     """In this process: no Horovod job needed when `workers` is given."""
-    from hvd_train.runtime import keras3
+    from hvd_train.runtime.keras import v3 as keras3
 
     schedule = keras3.warmup(0.1, workers=4, warmup_steps=10)
     assert [round(float(schedule(s)), 6) for s in (0, 5, 10, 99)] == [0.1, 0.25, 0.4, 0.4]
@@ -176,7 +176,7 @@ def test_under_mixed_float16_the_loss_scaler_goes_inside_the_averaging() -> None
     job): DistributedOptimizer puts it inside, around the user's optimizer."""
     import keras
 
-    from hvd_train.runtime import keras3
+    from hvd_train.runtime.keras import v3 as keras3
 
     before = keras.mixed_precision.global_policy()
     keras.mixed_precision.set_global_policy("mixed_float16")

@@ -1,4 +1,4 @@
-"""Which Keras trains (hvd_train/runtime/binding.py): Keras 3 by default on TensorFlow 2.16+,
+"""Which Keras trains (hvd_train/runtime/keras/binding.py): Keras 3 by default on TensorFlow 2.16+,
 a factory's model with its own Keras, tf_keras by `runtime.keras`, chosen before TensorFlow is
 imported where it must be, and a user's own `import keras` left alone.
 
@@ -15,7 +15,7 @@ import pathlib
 import pytest
 from harness import PYTHON, QUICKSTART, ROOT, check, horovodrun, run
 
-from hvd_train.runtime import binding
+from hvd_train.runtime.keras import binding
 
 pytestmark = pytest.mark.stack
 NEWER = binding.has_keras3()  # TensorFlow 2.16+: `keras` is Keras 3, Keras 2 is tf_keras
@@ -47,7 +47,7 @@ def test_users_import_keras_still_means_keras_3_beside_the_keras_2_binding(tmp_p
     # `keras` and `tf.keras` to tf_keras lasts only while Horovod imports, and Horovod's own
     # backend is tf_keras's.
     out = lines("import keras as before, tensorflow as tf\n"
-                "from hvd_train.runtime import keras2\n"
+                "from hvd_train.runtime.keras import v2\n"
                 "import horovod.tensorflow.keras as h, keras\n"
                 "print(keras is before, keras.__version__.split('.')[0], h.K.__name__,\n"
                 "      tf.keras.Model is keras.Model)",
@@ -112,9 +112,9 @@ def test_a_factory_of_the_other_keras_than_model_keras_is_one_line(tmp_path) -> 
 
 def test_the_keras_choice_is_made_in_the_bindings_alone() -> None:
     # One place per Keras: every other module takes Keras, tf_keras and Horovod's Keras API from
-    # runtime/binding.py, so the choice of Keras is made there.
+    # runtime/keras/binding.py, so the choice of Keras is made there.
     chosen_there = {"keras", "tf_keras", "horovod.tensorflow.keras"}
-    allowed = {"keras2.py", "keras3.py", "doctor.py"}  # doctor reports what imports
+    allowed = {"v2.py", "v3.py", "doctor.py"}  # doctor reports what imports
     offenders = []
     for path in sorted((ROOT / "hvd_train").rglob("*.py")):
         if path.name in allowed:
@@ -141,7 +141,7 @@ def test_tensorboard_missing_is_one_line_before_training(monkeypatch) -> None:
 
     from hvd_train.base.errors import UserError
     from hvd_train.config import load_config
-    from hvd_train.train.callbacks import require_tensorboard
+    from hvd_train.train.callbacks.tensorboard import require_tensorboard
 
     require_tensorboard(load_config(QUICKSTART).logging)  # installed on every stack by install.sh
     found = importlib.util.find_spec

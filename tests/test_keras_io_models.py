@@ -20,7 +20,7 @@ import pytest
 from harness import PYTHON, QUICKSTART, check, horovodrun, run
 from PIL import Image
 
-from hvd_train.runtime import binding
+from hvd_train.runtime.keras import binding
 
 pytestmark = [
     pytest.mark.multiworker,

@@ -34,6 +34,19 @@ LAYERS: dict[str, set[str]] = {
 # records and start jobs in a second; the commands' modules load TensorFlow only when they run.
 # Nor MLflow (a second of imports): it loads only where logging.mlflow is on.
 LIGHT = ("base", "config", "record", "launcher", "commands")
+# Inside train, the same rule by folder, and the parts each may import: the model and its files
+# at train's top (models, step, checkpoint, evaluation) import none of its folders; callbacks/
+# (hvd_train's callbacks, the agreed stops among them, and the one list that orders them) the
+# top; run/ (train(), from start to record) and inference/ (evaluate, predict, data-bench) the
+# top and callbacks/, and not each other.
+TRAIN_PARTS: dict[str, set[str]] = {
+    "": set(),
+    "callbacks": {""},
+    "run": {"", "callbacks"},
+    "inference": {"", "callbacks"},
+}
+TRAIN_TOP_MOST = 10  # modules and folders at train's top: a newcomer reads it at a glance
+TRAIN_IMPORTS_DEEP_MOST = 6  # the longest chain of imports among train's modules
 HEAVY = ("tensorflow", "horovod", "keras", "tf_keras", "mlflow")
 
 
@@ -78,6 +91,43 @@ def import_graph() -> dict[str, set[str]]:
     found = modules()
     known = set(found)
     return {m: imports_of(p, known) & known - {m} for m, p in found.items()}
+
+
+def train_part(module: str) -> str | None:
+    """`hvd_train.train.run.trainer` -> "run"; `hvd_train.train.models` -> "" (train's top);
+    None outside train."""
+    parts = module.split(".")
+    if parts[:2] != ["hvd_train", "train"] or len(parts) < 3:
+        return None
+    return parts[2] if len(parts) > 3 else ""
+
+
+def train_crossings(graph: dict[str, set[str]]) -> list[str]:
+    """Every import inside train of a part that `TRAIN_PARTS` does not put under the importer."""
+    bad = []
+    for module, targets in sorted(graph.items()):
+        part = train_part(module)
+        for target in sorted(targets):
+            other = train_part(target)
+            if part is None or other is None or other == part:
+                continue
+            if other not in TRAIN_PARTS.get(part, set()):
+                bad.append(f"{module} -> {target}")
+    return bad
+
+
+def imports_deep(graph: dict[str, set[str]], prefix: str) -> list[str]:
+    """The longest chain of imports among the modules under `prefix` (no cycles: see below)."""
+    inside = {m: {t for t in ts if t.startswith(prefix)} for m, ts in graph.items()
+              if m.startswith(prefix)}  # fmt: skip
+    longest: dict[str, list[str]] = {}
+
+    def chain(m: str) -> list[str]:
+        if m not in longest:
+            longest[m] = [m, *max((chain(t) for t in inside.get(m, ())), key=len, default=[])]
+        return longest[m]
+
+    return max((chain(m) for m in inside), key=len, default=[])
 
 
 def crossings(graph: dict[str, set[str]]) -> list[str]:
@@ -148,13 +198,24 @@ def test_the_layer_table_has_every_subpackage_and_no_loop() -> None:
     folders = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists()}
     assert folders == set(LAYERS), f"folders {sorted(folders)} vs LAYERS {sorted(LAYERS)}"
     assert cycles(LAYERS) == [], "the layers import each other in a loop"
+    train = PACKAGE / "train"
+    parts = {p.name for p in train.iterdir() if (p / "__init__.py").exists()} | {""}
+    assert parts == set(TRAIN_PARTS), f"train's folders {sorted(parts)} vs TRAIN_PARTS"
+    assert cycles(TRAIN_PARTS) == [], "train's parts import each other in a loop"
+    top = sorted(p.name for p in train.iterdir() if p.suffix == ".py" or p.name in parts)
+    assert len(top) <= TRAIN_TOP_MOST, top
 
 
 def test_each_layer_imports_only_the_layers_under_it() -> None:
-    bad = crossings(import_graph())
+    graph = import_graph()
+    bad = crossings(graph)
     assert not bad, "imports across the layer table (tests/test_layers.py LAYERS):\n" + "\n".join(
         bad
     )
+    bad = train_crossings(graph)
+    assert not bad, "imports across train's parts (TRAIN_PARTS):\n" + "\n".join(bad)
+    deepest = imports_deep(graph, "hvd_train.train.")
+    assert len(deepest) - 1 <= TRAIN_IMPORTS_DEEP_MOST, " -> ".join(deepest)
 
 
 def test_the_crossing_finder_finds_a_crossing() -> None:

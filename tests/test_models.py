@@ -21,7 +21,7 @@ from harness import PYTHON, ROOT, WORKERS, check, horovodrun, load_model, run
 from hvd_train.base.errors import ConfigError
 from hvd_train.config import check as check_config
 from hvd_train.config import load_config
-from hvd_train.runtime import binding
+from hvd_train.runtime.keras import binding
 from hvd_train.train.models import application, build_model, input_adapter, plain_clone
 
 EXAMPLE = ROOT / "examples" / "my_model.yaml"

@@ -25,8 +25,8 @@ from harness import (
 )
 
 from hvd_train.config import load_config
-from hvd_train.data.pipeline import load_source
-from hvd_train.runtime import binding
+from hvd_train.data.sources import load_source
+from hvd_train.runtime.keras import binding
 
 pytestmark = pytest.mark.multiworker
 

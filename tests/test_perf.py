@@ -17,8 +17,8 @@ import pytest
 from harness import KERASES, PYTHON, QUICKSTART, ROOT, WORKERS, check, horovodrun, run
 
 from hvd_train.config import load_config
-from hvd_train.runtime.binding import has_keras3
-from hvd_train.train import perf
+from hvd_train.runtime.keras.binding import has_keras3
+from hvd_train.train.callbacks import perf
 
 # --------------------------------------------------------------------------- timeline arithmetic
 
@@ -221,7 +221,7 @@ def _allreduce_ops(jit_compile: bool, monkeypatch) -> set[str]:
     the model's `jit_compile`), as one of 2 workers: traced only, neither compiled nor run."""
     import tensorflow as tf
 
-    from hvd_train.runtime import keras3
+    from hvd_train.runtime.keras import v3 as keras3
 
     # 2 workers, without Horovod's init: tracing asks only for the size
     monkeypatch.setattr(keras3.hvd_tf, "size", lambda: 2)

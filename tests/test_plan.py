@@ -13,7 +13,13 @@ import pytest
 from harness import ROOT
 
 from hvd_train import cli
-from hvd_train.launcher.plan import (
+from hvd_train.launcher.published_scaling import (
+    ONEFLOW_SAME_CLUSTER,
+    PUBLISHED,
+    PUBLISHED_ASSUMPTIONS,
+    markdown_table,
+)
+from hvd_train.launcher.throughput_model import (
     Assumptions,
     Network,
     Workload,
@@ -21,12 +27,6 @@ from hvd_train.launcher.plan import (
     predict,
     predict_one,
     workload_from_run,
-)
-from hvd_train.launcher.published_scaling import (
-    ONEFLOW_SAME_CLUSTER,
-    PUBLISHED,
-    PUBLISHED_ASSUMPTIONS,
-    markdown_table,
 )
 
 TOLERANCE = 0.10  # relative, on the efficiency
@@ -262,7 +262,7 @@ def test_the_trainer_records_the_trainable_parameters_and_their_bytes(
     is not all-reduced), and 2 bytes each with fp16 compression."""
     import types
 
-    from hvd_train.train.outcome import gradient_size
+    from hvd_train.train.run.outcome import gradient_size
 
     keras = each_keras.keras
 

@@ -16,7 +16,7 @@ from harness import KERASES, PYTHON, QUICKSTART, WORKERS, check, horovodrun, run
 
 from hvd_train.base.errors import ConfigError, ReplicaMismatch, error_class
 from hvd_train.config import load_config, rules
-from hvd_train.runtime import binding, contract
+from hvd_train.runtime.keras import binding, contract
 
 
 @pytest.mark.multiworker
@@ -252,7 +252,7 @@ def test_keras3_accumulation_leaves_a_weight_without_gradient_alone(tmp_path) ->
     script = """
 import numpy as np, tensorflow as tf, keras, horovod.tensorflow as hvd
 hvd.init()
-from hvd_train.runtime import keras3
+from hvd_train.runtime.keras import v3 as keras3
 used, unused = keras.Variable(np.ones(3, np.float32)), keras.Variable(np.ones(3, np.float32))
 opt = keras3.DistributedOptimizer(keras.optimizers.AdamW(0.1, weight_decay=0.5), accumulation=2)
 opt.build([used, unused])
@@ -278,7 +278,7 @@ def test_keras2_accumulation_trains_an_embedding(tmp_path) -> None:
     global)."""
     script = """
 import numpy as np
-from hvd_train.runtime import binding
+from hvd_train.runtime.keras import binding
 binding.prepare("tf_keras"); binding.import_tensorflow()
 import horovod.tensorflow as hvd
 hvd.init()

@@ -91,9 +91,15 @@ def test_a_live_process_holding_run_dir_refuses_the_claim(tmp_path, sleeper) -> 
 
 def test_this_process_cannot_claim_run_dir_twice(tmp_path) -> None:
     first = rundir.claim(str(tmp_path), overwrite=False, config_path=None)
+    lock = (tmp_path / LOCK_NAME).read_text()
+    assert json.loads(lock)["pid"] == os.getpid()
     with pytest.raises(InUse):
         rundir.claim(str(tmp_path), overwrite=False, config_path=None)
+    # The refused claim left the first one's lock as it was, and wrote nothing else.
+    assert (tmp_path / LOCK_NAME).read_text() == lock
+    assert os.listdir(tmp_path) == [LOCK_NAME]
     first.release()
+    assert os.listdir(tmp_path) == []
 
 
 def test_a_stale_lock_from_a_dead_process_is_taken_over_with_one_log_line(tmp_path) -> None:

@@ -18,10 +18,11 @@ from harness import PYTHON, QUICKSTART, check, run, start_up_lines
 from hvd_train.base.errors import ConfigError
 from hvd_train.config import check as check_config
 from hvd_train.config import derive, load_config
-from hvd_train.runtime import binding, distributed
+from hvd_train.runtime import distributed
+from hvd_train.runtime.keras import binding
 from hvd_train.runtime.schedules import WarmupScaledMath, learning_rate_schedule, rates
-from hvd_train.train import resume as resuming
 from hvd_train.train.checkpoint import CheckpointStore
+from hvd_train.train.run import resume as resuming
 
 COMMON = ["optimizer.learning_rate=0.1", "optimizer.lr_scaling=linear", "train.batch_size=10",
           "optimizer.warmup_epochs=1", "train.epochs=11"]  # fmt: skip
@@ -189,7 +190,7 @@ def test_an_old_checkpoint_resumes_at_its_epoch_at_another_worker_count(
     tmp_path, monkeypatch, each_keras, epoch, step, position
 ) -> None:
     """A checkpoint of 2 workers whose state.json has no key of the schedule's, resumed by
-    train/resume.py at one worker (one process, Horovod's collectives stood in for): the
+    train/run/resume.py at one worker (one process, Horovod's collectives stood in for): the
     schedule continues at the checkpoint's epoch and ends the run at the floor."""
     keras = each_keras.keras
     cfg = load_config(None, [*RESUMED, "optimizer.schedule=cosine", f"run.dir={tmp_path}"])

@@ -196,7 +196,7 @@ import sys
 sys.path.insert(0, {root!r})
 import tensorflow as tf
 from hvd_train.config import load_config
-from hvd_train.train import trainer
+from hvd_train.train.run import trainer
 claim = trainer._prepare_run_dir
 def claimed_then_the_collective_failed(*args):
     claim(*args)  # rank 0 claimed run.dir and wrote its config there

@@ -34,7 +34,9 @@ def records_dir(folder: pathlib.Path, tmp_path: pathlib.Path) -> pathlib.Path:
 
 
 def test_convert_writes_an_index_in_dalis_format(records_dir) -> None:
-    for shard in sorted(records_dir.glob("*.tfrecord")):
+    shards = sorted(records_dir.glob("*.tfrecord"))
+    assert len(shards) == 2, sorted(p.name for p in records_dir.iterdir())  # convert(..., 2)
+    for shard in shards:
         rows = [
             line.split() for line in (records_dir / f"{shard.name}.idx").read_text().splitlines()
         ]

@@ -15,11 +15,11 @@ from harness import PYTHON, QUICKSTART, WORKERS, check, horovodrun, run
 from hvd_train import config as config_module
 from hvd_train.base.errors import ConfigError
 from hvd_train.config import CallbackConfig, dump_yaml, load_config
-from hvd_train.runtime import binding
+from hvd_train.runtime.keras import binding
 from hvd_train.runtime.schedules import rates, warmup_scaled
+from hvd_train.train.callbacks.user_callbacks import construct
 from hvd_train.train.checkpoint import read_state
-from hvd_train.train.outcome import results
-from hvd_train.train.user_callbacks import construct
+from hvd_train.train.run.outcome import results
 
 PROBES = WORKERS / "probe_callbacks.py"
 
@@ -90,7 +90,7 @@ def test_keras_reduce_lr_on_plateau_becomes_ours_with_its_args(name) -> None:
         0.5,
         3,
     )
-    assert type(callback).__module__ == "hvd_train.train.user_callbacks"  # ours
+    assert type(callback).__module__ == "hvd_train.train.callbacks.user_callbacks"  # ours
 
 
 def test_the_schedule_multiplier_scales_warm_up_and_decay_alike() -> None:

@@ -3,16 +3,16 @@ collector kept off TensorFlow's objects (`import_tensorflow`).
 
 TensorFlow 2.16+ imports Keras 3 at its own import (whichever Keras trains), and Keras 3 imports
 `matplotlib.pyplot` and `matplotlib.patches` there, where matplotlib is installed, for
-`keras.visualization`: about 0.6 s of every worker's start-up on this project's machine, for
-plots a worker never draws. Inside `matplotlib_deferred()`, `import matplotlib.pyplot as plt`
+`keras.visualization`: a noticeable part of every worker's start-up (docs/benchmarks.md,
+"Start-up"), for plots a worker never draws. Inside `matplotlib_deferred()`, `import matplotlib.pyplot as plt`
 and `from matplotlib import patches` give stand-ins; on leaving it, the stand-ins leave
 `sys.modules`, so any later import is the real one. A stand-in kept by Keras imports the real
 module at the first attribute read from it: Keras' plotting works as before, only later.
 
-TensorFlow's import leaves about 440,000 Python objects that the collector tracks (its modules,
-classes, functions), none of them garbage, and every full collection after it walked them all:
-while Keras builds and traces a model, which allocates fast, these collections took about 1 CPU
-s of a worker's start-up (docs/benchmarks.md). Inside `collector_paused()` the collector is off; after
+TensorFlow's import leaves hundreds of thousands of Python objects that the collector tracks
+(its modules, classes, functions), none of them garbage, and every full collection after it
+walked them all: while Keras builds and traces a model, which allocates fast, these collections
+took a large share of a worker's start-up (docs/benchmarks.md, "Start-up"). Inside `collector_paused()` the collector is off; after
 it, what exists is frozen (`gc.freeze`: a permanent generation no collection visits), as
 long-running Python servers do after their imports. Garbage made later is collected as before.
 """

@@ -6,7 +6,8 @@ from hvd_train.base import logs
 from hvd_train.commands.train import before_tensorflow, parser
 from hvd_train.config import load_config
 from hvd_train.record.layout import RunDir
-from hvd_train.runtime import binding, xla
+from hvd_train.runtime import xla
+from hvd_train.runtime.keras import binding
 
 
 def main(argv: list[str], prog: str) -> int:
@@ -24,7 +25,7 @@ def main(argv: list[str], prog: str) -> int:
     binding.import_tensorflow()  # matplotlib deferred, the collector paused
     # Before Horovod's library loads: its XLA all-reduce is registered then or never.
     xla.prepare(cfg.runtime.jit_compile)
-    from hvd_train.train.data_bench import data_bench
+    from hvd_train.train.inference.data_bench import data_bench
 
     data_bench(cfg, max(1, args.batches))
     return 0

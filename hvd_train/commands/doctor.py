@@ -29,7 +29,7 @@ from hvd_train.base import logs
 from hvd_train.base.files import atomic_write, cache_file
 from hvd_train.launcher.horovodrun import count_gpus
 from hvd_train.record import layout
-from hvd_train.runtime.binding import version_tuple
+from hvd_train.runtime.keras.binding import version_tuple
 
 # The stacks scripts/install.sh installs (scripts/stack.sh, HVD_TRAIN_TF).
 SUPPORTED_TENSORFLOW = ("2.15.1", "2.18.1", "2.19.1", "2.20.0", "2.21.0")
@@ -57,10 +57,10 @@ class Problem:
 def gather(remembered: bool = False) -> dict[str, Any]:
     """Everything the diagnosis needs, as plain data (what `--json` prints under `facts`).
 
-    `remembered`: TensorFlow's and Horovod's facts (the import of both, 3 CPU s) are taken from
-    the last check of this interpreter when its install has not changed since (`install_key`);
-    the pre-flight of a multi-node launch asks every host at every launch. Each check that finds
-    both importing is kept for the next.
+    `remembered`: TensorFlow's and Horovod's facts (the import of both, seconds of CPU) are
+    taken from the last check of this interpreter when its install has not changed since
+    (`install_key`); the pre-flight of a multi-node launch asks every host at every launch. Each
+    check that finds both importing is kept for the next.
     """
     facts: dict[str, Any] = {
         "python": sys.version.split()[0],

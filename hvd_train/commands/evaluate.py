@@ -7,10 +7,10 @@ import argparse
 from hvd_train.base import logs
 from hvd_train.config import add_config_arguments, load_config
 from hvd_train.record.layout import RunDir
-from hvd_train.runtime import binding
+from hvd_train.runtime.keras import binding
 
 # No TensorFlow at its top: it loads once a command runs.
-from hvd_train.train.inference import MODEL_HINT
+from hvd_train.train.inference.files import MODEL_HINT, refuse_foreign_json
 
 # How the help shows a path in run.dir: `run.dir/model.keras`.
 _SHOWN = RunDir("run.dir")
@@ -50,13 +50,13 @@ def main(argv: list[str], prog: str) -> int:
         "over only if evaluate wrote it",
     )  # fmt: skip
     args = p.parse_args(argv)
-    from hvd_train.train import inference
-
     cfg = load_config(args.config, args.overrides)
     binding.prepare(cfg.runtime.keras)  # before TensorFlow loads: what tf.keras means
     out = args.out or RunDir(cfg.run.dir).evaluation
-    inference.refuse_foreign_json(out)  # before the slow start
+    refuse_foreign_json(out)  # before the slow start
     logs.quiet_tensorflow(RunDir(cfg.run.dir).started_run_logs(), "hvd-train evaluate")
     binding.import_tensorflow()  # matplotlib deferred, the collector paused
-    inference.evaluate(cfg, args.model, args.data, out, args.batch_size or cfg.train.batch_size)
+    from hvd_train.train.inference.evaluate import evaluate  # TensorFlow's side, loaded now
+
+    evaluate(cfg, args.model, args.data, out, args.batch_size or cfg.train.batch_size)
     return 0

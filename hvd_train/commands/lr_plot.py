@@ -6,7 +6,7 @@ from hvd_train.base import logs
 from hvd_train.base.errors import UserError
 from hvd_train.commands.train import parser
 from hvd_train.config import Config
-from hvd_train.runtime import binding
+from hvd_train.runtime.keras import binding
 
 
 def main(argv: list[str], prog: str) -> int:
@@ -50,7 +50,7 @@ def _train_examples(cfg: Config, given: int | None) -> int:
     if cfg.data.source == "synthetic":
         return cfg.data.train_examples
     if cfg.data.source == "digits":
-        from hvd_train.data.pipeline import load_source
+        from hvd_train.data.sources import load_source
 
         return load_source(cfg).num_train
     raise UserError(

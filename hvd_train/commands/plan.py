@@ -6,7 +6,7 @@ import argparse
 
 
 def parser(prog: str) -> argparse.ArgumentParser:
-    from hvd_train.launcher.plan import LINK_EFFICIENCY, Assumptions, Network
+    from hvd_train.launcher.throughput_model import LINK_EFFICIENCY, Assumptions, Network
 
     p = argparse.ArgumentParser(
         prog=prog,
@@ -63,15 +63,15 @@ def main(argv: list[str], prog: str) -> int:
 
         print(markdown_table(), end="")
         return 0
-    from hvd_train.launcher import plan
+    from hvd_train.launcher import throughput_model as tm  # the scaling model
 
-    net = plan.Network(args.bandwidth_gbit, args.latency_us, args.gpus_per_host,
-                       args.intra_host_bandwidth_gbit, args.transport)  # fmt: skip
-    plan.check_network(net)
-    a = plan.with_fusion(plan.Assumptions(), args.fusion_threshold_mb, args.cycle_time_ms)
-    w = plan.workload(args.run, args.throughput, args.params, args.batch, args.fp16,
-                      args.examples_per_epoch)  # fmt: skip
-    workers = plan.parse_workers(args.workers) if args.workers else plan.default_workers()
-    print(plan.format_table(plan.predict(w, workers, net, a)))
-    print(plan.describe(w, net, a))
+    net = tm.Network(args.bandwidth_gbit, args.latency_us, args.gpus_per_host,
+                     args.intra_host_bandwidth_gbit, args.transport)  # fmt: skip
+    tm.check_network(net)
+    a = tm.with_fusion(tm.Assumptions(), args.fusion_threshold_mb, args.cycle_time_ms)
+    w = tm.workload(args.run, args.throughput, args.params, args.batch, args.fp16,
+                    args.examples_per_epoch)  # fmt: skip
+    workers = tm.parse_workers(args.workers) if args.workers else tm.default_workers()
+    print(tm.format_table(tm.predict(w, workers, net, a)))
+    print(tm.describe(w, net, a))
     return 0

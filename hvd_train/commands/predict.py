@@ -6,7 +6,8 @@ from hvd_train.base import logs
 from hvd_train.commands.evaluate import parser
 from hvd_train.config import load_config
 from hvd_train.record.layout import RunDir
-from hvd_train.runtime import binding
+from hvd_train.runtime.keras import binding
+from hvd_train.train.inference.files import refuse_foreign_csv  # no TensorFlow
 
 
 def main(argv: list[str], prog: str) -> int:
@@ -25,14 +26,12 @@ def main(argv: list[str], prog: str) -> int:
         help="CSV to write; an existing file is written over only if predict wrote it",
     )  # fmt: skip
     args = p.parse_args(argv)
-    from hvd_train.train import inference
-
     cfg = load_config(args.config, args.overrides)
     binding.prepare(cfg.runtime.keras)  # before TensorFlow loads: what tf.keras means
-    inference.refuse_foreign_csv(args.out)
+    refuse_foreign_csv(args.out)
     logs.quiet_tensorflow(RunDir(cfg.run.dir).started_run_logs(), "hvd-train predict")
     binding.import_tensorflow()  # matplotlib deferred, the collector paused
-    inference.predict(
-        cfg, args.model, args.images, args.out, args.batch_size or cfg.train.batch_size
-    )
+    from hvd_train.train.inference.predict import predict  # TensorFlow's side, loaded now
+
+    predict(cfg, args.model, args.images, args.out, args.batch_size or cfg.train.batch_size)
     return 0

@@ -29,7 +29,8 @@ def main(argv: list[str], prog: str) -> int:
     cfg = load_config(args.config, args.overrides)  # before TensorFlow loads: fast to fail
     from hvd_train.base import logs, startup
     from hvd_train.record import stops
-    from hvd_train.runtime import binding, xla
+    from hvd_train.runtime import xla
+    from hvd_train.runtime.keras import binding
 
     binding.prepare(cfg.runtime.keras)  # before TensorFlow loads: what tf.keras means
     before_tensorflow(cfg.runtime)
@@ -45,7 +46,7 @@ def main(argv: list[str], prog: str) -> int:
     binding.import_tensorflow()  # matplotlib deferred, the collector paused
     # Before Horovod's library loads: its XLA all-reduce is registered then or never.
     xla.prepare(cfg.runtime.jit_compile)
-    from hvd_train.train.trainer import train
+    from hvd_train.train.run.trainer import train
 
     startup.mark("imports")  # TensorFlow, Horovod and the trainer
     train(cfg, config_path=args.config, signals=signals)

@@ -25,7 +25,7 @@ def reference() -> str:
 REFERENCE_INTRO = f"""\
 # Config: every key
 
-<!-- Generated from hvd_train/config.py by `hvd-train config --reference > docs/config.md`:
+<!-- Generated from hvd_train/config/schema.py by `hvd-train config --reference > docs/config.md`:
 edit the comments beside the fields there. tests/test_docs.py fails when this page is stale. -->
 
 You are writing a config, or reading one, and want to know what a key does. One YAML file

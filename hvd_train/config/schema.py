@@ -244,8 +244,8 @@ class HorovodConfig:
 
     # What the launchers start (launch/*.sh, hvd-train launch, hvd-train sweep): auto, gloo or
     # mpi. auto: Open MPI for a job on this host alone without a GPU, where mpirun is found
-    # (there its all-reduce costs half Gloo's CPU: docs/performance.md), else Gloo. Horovod
-    # Elastic always uses Gloo.
+    # (there its all-reduce costs less CPU than Gloo's: docs/performance.md, "One CPU host"),
+    # else Gloo. Horovod Elastic always uses Gloo.
     controller: Literal["auto", "gloo", "mpi"] = "auto"
     # Tensor fusion buffer in MB (Horovod's default: 128); horovodrun --fusion-threshold-mb.
     fusion_threshold_mb: int | None = field(default=None, metadata={"min": 0})
@@ -289,7 +289,7 @@ class CheckpointConfig:
     # How often (in steps) the workers agree on stopping (SIGTERM/SIGINT, a non-finite loss):
     # one tiny synchronous all-reduce each time, and before every checkpoint. 0: about once a
     # second (the interval agreed from the workers' step times) and at each epoch's first step.
-    # Agreeing at every step cost 5-15% of 2 CPU workers' throughput (docs/benchmarks.md).
+    # Agreeing at every step costs throughput (docs/benchmarks.md, "Findings").
     check_every_steps: int = field(default=0, metadata={"min": 0})
 
 
@@ -363,7 +363,7 @@ class CallbackConfig:
 
     `cls` is the YAML key `class`: "module:Name", or a bare name from tf.keras.callbacks.
     `args` are its constructor's keyword arguments (kept as pairs: the tree is frozen).
-    `ranks`: all or chief; None picks by class (see user_callbacks.py).
+    `ranks`: all or chief; None picks by class (see train/callbacks/user_callbacks.py).
     """
 
     # "module:Name" or "path/to/file.py:Name", or a bare tf.keras.callbacks name such as
@@ -407,7 +407,8 @@ class Config:
 
 _CALLBACK_KEYS = ("class", "args", "ranks")
 # Keras callbacks that cannot work here, and what to use instead (refused at load and, for
-# subclasses, when built). ReduceLROnPlateau is replaced, not refused: see user_callbacks.py.
+# subclasses, when built). ReduceLROnPlateau is replaced, not refused: see
+# train/callbacks/user_callbacks.py.
 REFUSED_CALLBACKS = {
     "BackupAndRestore": (
         "hvd_train already checkpoints and resumes exactly (checkpoint.*, train.resume); "

@@ -12,8 +12,8 @@ leaf keeps the file or override it came from, so an error names it with the dott
 allowed values and the comment the source puts beside its field (the comment lines right above
 it and the one at the end of its line), so the reference is the code's own words.
 
-The schema (which sections and keys, their defaults) and the rules that span keys are in
-config.py.
+The schema (which sections and keys, their defaults) is in schema.py, the rules that span keys
+in rules.py.
 """
 
 from __future__ import annotations
@@ -40,9 +40,10 @@ from hvd_train.base.errors import ConfigError
 
 T = TypeVar("T")
 
-# A whole config is a few KB: about 190 YAML values, 3 levels deep. Past these bounds it is the
-# wrong file, or an attack: a "billion laughs" of 80 nested aliases expands to 10^9 values
-# (3 GB and a MemoryError after 90 s before these bounds), and a 50 MB file took 35 s to parse.
+# A whole config is a few KB: a few hundred YAML values, 3 levels deep. Past these bounds it is
+# the wrong file, or an attack: a "billion laughs" of nested aliases expands to 10^9 values
+# (memory runs out before these bounds), and a huge file is slow to parse
+# (docs/benchmarks.md, "Config loading bounds").
 MAX_CONFIG_BYTES = 2**20  # the config file, checked before parsing
 MAX_OVERRIDE_BYTES = 64 * 2**10  # one `--set key=value`; a path is at most 4 KB
 MAX_YAML_VALUES = 10_000  # YAML nodes (keys, values, items) once every alias is expanded

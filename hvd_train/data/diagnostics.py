@@ -1,5 +1,5 @@
 """What the input costs: the advice when training waits for data, and summary.json's data
-entries. The wait itself is measured by the InputWait callback (train/input_wait.py)."""
+entries. The wait itself is measured by the InputWait callback (train/callbacks/input_wait.py)."""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ Handwritten Digits" data (E. Alpaydin and C. Kaynak, 1998; https://archive.ics.u
 CC BY 4.0), byte for byte the file scikit-learn ships for its `load_digits`: one row per image,
 its 64 pixel counts (0 to 16, row by row) then its label. hvd_train reads it itself rather than
 depending on scikit-learn: Keras 3 imports an installed scikit-learn (with SciPy) at its own
-import, 0.85 s of every worker's start-up on this project's machine.
+import, which would lengthen every worker's start-up (docs/benchmarks.md, "Start-up").
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Data sources and the per-worker input pipeline.
+"""The per-worker input pipeline: each worker's batches of a source, by example index.
 
 Sharding is by index, before any decoding: every epoch is one seeded permutation of the training
 set, cut into `steps_per_epoch` global batches; worker r takes the r-th slice of each global
@@ -11,8 +11,8 @@ index into a table of paths or of record offsets) instead of the input itself: a
 and decodes only the examples its slice names: the references of a batch are read in one call,
 the images decoded in parallel (autotuned) into uint8 images that become float32 in [0, 1] a
 batch at a time; only the prefetch window is ever decoded.
-`data.cache: memory` decodes every image once before training instead. `Source` and
-`load_source` live in `sources` (imported here for the callers of this module).
+`data.cache: memory` decodes every image once before training instead. The sources themselves
+(`Source`, `load_source`) are in `sources`.
 """
 
 from __future__ import annotations
@@ -22,11 +22,9 @@ import tensorflow as tf
 
 from hvd_train.config import Config, Derived
 from hvd_train.data.augment import augment_batch_fn
-from hvd_train.data.sources import Source, load_source
+from hvd_train.data.sources import Source
 
 __all__ = [
-    "Source",
-    "load_source",
     "train_dataset",
     "to_device",
     "val_shard",

@@ -8,7 +8,7 @@ turns one string into an image. `data.cache: memory` decodes them all once.
 
 Both image sources go the same way: list the examples per class; hold out validation (a folder
 of its own, or `data.validation_fraction` of each class, by seed); take the class-balanced caps;
-check every chosen image; then hand the data pipeline (`data.py`) the references. The listing
+check every chosen image; then hand the data pipeline (`pipeline.py`) the references. The listing
 and the check run on rank 0 and are broadcast, so all workers train on the same list and no
 corrupt file is met mid-epoch. The pipeline imports this module, never the reverse.
 """

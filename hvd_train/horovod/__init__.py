@@ -12,7 +12,7 @@ arguments and defaults, `hvd.callbacks.BroadcastGlobalVariablesCallback(0)`,
 Horovod's own `horovod.tensorflow.keras` cannot train Keras 3: its optimizer all-reduces in
 methods Keras 3 no longer calls (`get_gradients`, `_compute_gradients`), so it would not even
 average, and its callbacks call `.ref()` and `optimizer.lr`, which Keras 3 removed. This module
-is one implementation over `horovod.tensorflow`'s collectives (hvd_train.runtime.keras3, which
+is one implementation over `horovod.tensorflow`'s collectives (hvd_train.runtime.keras.v3, which
 hvd_train's trainer uses too). Where Keras 3 makes one of Horovod's semantics impossible it
 raises one error naming the argument (the warm-up's `momentum_correction` with an optimizer
 that has momentum, for one); it is never silently different. docs/horovod.md has the table of
@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hvd_train.runtime import binding
+from hvd_train.runtime.keras import binding
 
 binding.require_keras3("hvd_train.horovod")
 
@@ -56,8 +56,8 @@ from horovod.tensorflow import (  # noqa: E402
 from horovod.tensorflow.mpi_ops import global_process_set  # noqa: E402
 
 from hvd_train.runtime import distributed  # noqa: E402
-from hvd_train.runtime import keras3 as _core  # noqa: E402
-from hvd_train.runtime.keras3 import SyncBatchNormalization, keras  # noqa: E402
+from hvd_train.runtime.keras import v3 as _core  # noqa: E402
+from hvd_train.runtime.keras.v3 import SyncBatchNormalization, keras  # noqa: E402
 
 __all__ = [
     "init", "shutdown", "is_initialized", "size", "rank", "local_rank", "local_size",

@@ -8,9 +8,9 @@ from typing import Any
 import horovod.tensorflow as _hvd
 import tensorflow as tf
 
-from hvd_train.runtime import keras3 as _core
 from hvd_train.runtime import replicas
-from hvd_train.runtime.keras3 import keras  # the binding's Keras 3
+from hvd_train.runtime.keras import v3 as _core
+from hvd_train.runtime.keras.v3 import keras  # the binding's Keras 3
 
 
 class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):

@@ -22,9 +22,9 @@ import tensorflow as tf
 from horovod.common.elastic import ObjectState
 from horovod.tensorflow.elastic import run
 
-from hvd_train.runtime import keras3 as _core
 from hvd_train.runtime import replicas
-from hvd_train.runtime.keras3 import keras  # the binding's Keras 3
+from hvd_train.runtime.keras import v3 as _core
+from hvd_train.runtime.keras.v3 import keras  # the binding's Keras 3
 
 __all__ = [
     "KerasState", "CommitStateCallback", "UpdateBatchStateCallback", "UpdateEpochStateCallback",

@@ -106,8 +106,8 @@ def chosen_controller(
 ) -> str:
     """ "mpi" or "gloo": `controller` (--mpi or --gloo) when given, else `horovod.controller`.
     Its default, auto, is Open MPI for a job on this host alone without a GPU, where mpirun is
-    on the job's PATH (there Open MPI's all-reduce costs half Gloo's CPU, on the cores the step
-    computes on: docs/performance.md#one-cpu-host), else Gloo. Horovod Elastic is Gloo."""
+    on the job's PATH (there Open MPI's all-reduce costs less CPU than Gloo's, on the cores the
+    step computes on: docs/performance.md#one-cpu-host), else Gloo. Horovod Elastic is Gloo."""
     chosen = controller or cfg.horovod.controller
     if cfg.elastic.enabled:
         return "gloo"
@@ -180,7 +180,7 @@ def shared_cpu_note(
     share: for a compute-bound model they beat one process on all cores, for one with large
     gradients against its compute they do not (docs/benchmarks.md). Which a model is shows
     only once it trains, so the line names the choice for the second; and Open MPI where Gloo
-    would run (Gloo's all-reduce costs twice the CPU).
+    would run (Gloo's all-reduce costs more CPU).
     """
     local = hosts is None or on_loopback(hosts)
     if gpus or np < 2 or not local or cfg.elastic.enabled:

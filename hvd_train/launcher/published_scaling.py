@@ -1,5 +1,5 @@
-"""Published multi-GPU runs, and what the planner (plan.py) predicts for each from its
-single-GPU throughput, the model's parameter count and the stated network alone.
+"""Published multi-GPU runs, and what the throughput model (throughput_model.py) predicts for
+each from its single-GPU throughput, the model's parameter count and the stated network alone.
 
 `hvd-train plan --published` prints the table docs/performance.md holds; tests/test_plan.py
 recomputes it and holds each prediction to 10% of the published efficiency.
@@ -9,7 +9,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hvd_train.launcher.plan import Assumptions, Network, Workload, gradient_bytes, predict_one
+from hvd_train.launcher.throughput_model import (
+    Assumptions,
+    Network,
+    Workload,
+    gradient_bytes,
+    predict_one,
+)
 
 # Parameter counts from the Keras Applications table, millions.
 PARAMS_M = {"Inception V3": 23.9, "ResNet-101": 44.7, "VGG-16": 138.4, "ResNet-50": 25.6}

@@ -1,7 +1,7 @@
 """One MLflow run per run.dir: where the runs go, rank 0's sender, and the MLflow run's end
 following the record.
 
-With `logging.mlflow: true`, rank 0 logs its run to MLflow (what it logs: train/tracking.py;
+With `logging.mlflow: true`, rank 0 logs its run to MLflow (what it logs: train/run/tracking.py;
 docs/tracking.md). The MLflow run's id is kept in summary.json's `mlflow` (summary.py `Mlflow`):
 every later job in run.dir (a resume, a raised train.epochs, a restart by `hvd-train launch`, a
 Slurm requeue) continues that MLflow run unless `train.resume: never` starts afresh, and so

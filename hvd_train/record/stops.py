@@ -1,7 +1,8 @@
 """Stops in a worker: SIGTERM, SIGINT and SIGUSR1 recorded, not obeyed at once, from the
 process's first moments: before TensorFlow loads (the command line installs them right after
-reading the config), through start-up, to the end of the run. RunControl (control.py) turns
-what each worker saw into one decision that all of them act on at the same step.
+reading the config), through start-up, to the end of the run. RunControl
+(train/callbacks/stop.py) turns what each worker saw into one decision that all of them act on
+at the same step.
 
 Standard library only: installed before TensorFlow and Horovod load.
 """

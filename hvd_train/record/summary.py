@@ -49,7 +49,7 @@ class StoppedEarly(TypedDict):
 
 
 class Elastic(TypedDict):
-    """Horovod Elastic's report (train/elastic.py)."""
+    """Horovod Elastic's report (train/run/elastic.py)."""
 
     resets: int  # how often the workers' membership changed
     world_sizes: list[int]  # the worker count of each membership, in order
@@ -112,7 +112,7 @@ class Summary(TypedDict, total=False):
     """summary.json: every field any writer puts in it. A record holds a subset: the opening
     fields from the start, the results at the end, the cause for an ending but `completed`."""
 
-    # The run as rank 0 started it (train/trainer.py).
+    # The run as rank 0 started it (train/run/trainer.py).
     status: Literal["running", "completed", "interrupted", "failed"]
     started_at: float  # time.time() when this job's rank 0 started (or its process was made)
     world_size: int  # workers (the last membership's, under Horovod Elastic)
@@ -138,10 +138,10 @@ class Summary(TypedDict, total=False):
     earlier_jobs: list[EarlierJob]  # the jobs that trained this run before, oldest first
     elastic: Elastic  # under Horovod Elastic
     mlflow: Mlflow  # with logging.mlflow: true
-    # The results (train/trainer.py, data/diagnostics.py, train/perf.py).
+    # The results (train/run/trainer.py, data/diagnostics.py, train/callbacks/perf.py).
     stopped_at: Position | None  # where a stop left training: where the next run continues
     stopped_early: StoppedEarly  # a user's callback ended the run (still `completed`)
-    train_examples_per_sec: float  # all workers, warm-up left out (train/perf.py)
+    train_examples_per_sec: float  # all workers, warm-up left out (train/callbacks/perf.py)
     final_metrics: dict[str, float]  # the last epoch's row of metrics.csv, by column
     input_wait_fraction: float  # the training time spent waiting for input, after epoch 1
     skipped_files: list[str]  # corrupt files left out (data.on_corrupt: skip)

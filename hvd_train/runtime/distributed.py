@@ -21,7 +21,7 @@ from hvd_train.base import gpus as host_gpus
 from hvd_train.base import logs
 from hvd_train.base.errors import UserError
 from hvd_train.config import HorovodConfig
-from hvd_train.runtime import binding
+from hvd_train.runtime.keras import binding
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -31,13 +31,13 @@ def _autograph_leaves_horovod_and_hvd_train_alone() -> None:
     Keras, NumPy are).
 
     Keras traces the train step with autograph, which rewrites every function it calls that is
-    not on that list: Horovod's all-reduce, broadcast and name helpers, 25 functions at 0.15 s
-    each, in every process's first step (4 s of the quickstart's 2-worker first step here).
+    not on that list: Horovod's all-reduce, broadcast and name helpers, a few dozen functions,
+    converted again in every process's first step (docs/benchmarks.md, "Start-up").
     Horovod's graph code is written for TensorFlow 1's graph mode: its conditions are on Python
     values, so converting it changes nothing but the time. tf.data converts the functions it
     maps too: hvd_train's dataset functions (indices, decoding, augmentation, the input-wait
-    stamp), 7 of them in the quickstart, 0.2-0.3 s of every worker's start-up on an idle core
-    (docs/benchmarks.md). They are written as graph code as well (`tf.cond`, `tf.where`; their
+    stamp), each converted again at every worker's start-up (docs/benchmarks.md, "Start-up").
+    They are written as graph code as well (`tf.cond`, `tf.where`; their
     Python conditions are on the config and on static shapes), as are the pieces Keras 2's
     converted step calls (the learning-rate schedule, sync batch norm, the optimizer's
     wrapper); hvd_train's own tf.functions say `autograph=False`. A user's model factory and
@@ -98,9 +98,10 @@ def init(knobs: HorovodConfig, timeline_path: str) -> None:
         )
 
 
-# Open MPI's ring all-reduce for a job on one CPU host, read at MPI_Init. Its own choice for
-# 49 MB between 2 ranks cost 35-41 ms of CPU, the ring 24-30 ms (benchmarks/allreduce_cost.py),
-# and on a CPU host that time is taken from the workers' compute.
+# Open MPI's ring all-reduce for a job on one CPU host, read at MPI_Init: it costs less CPU than
+# Open MPI's own choice for a model's gradients between 2 ranks, and on a CPU host that time is
+# taken from the workers' compute (docs/benchmarks.md, "Throughput against peers, and 2-worker
+# scaling on 2 cores").
 ONE_HOST_RING = {
     "OMPI_MCA_coll_tuned_use_dynamic_rules": "1",
     "OMPI_MCA_coll_tuned_allreduce_algorithm": "4",
@@ -154,8 +155,8 @@ def binds_cores(setting: bool | None) -> bool:
 
     Unset (None): yes on a host without a GPU where the launcher started several workers, which
     then share its cores: unbound, the scheduler moves their threads between cores and puts
-    two workers' threads on one core while the other waits (10-13% slower here,
-    docs/benchmarks.md). Not with GPUs (the launcher's placement is kept), nor for a lone worker
+    two workers' threads on one core while the other waits (docs/benchmarks.md, "Findings").
+    Not with GPUs (the launcher's placement is kept), nor for a lone worker
     or one whose launcher did not say its local rank.
     """
     if setting is not None:
@@ -169,7 +170,8 @@ def bound_cores() -> list[int]:
 
 
 # A lone worker's Horovod cycle: its background thread wakes every cycle even with no peer to
-# agree with, which at Horovod's 1 ms took about 3% of a core (docs/benchmarks.md).
+# agree with, which at Horovod's default cycle takes a share of a core for nothing
+# (docs/benchmarks.md, "Findings").
 ALONE_CYCLE_TIME_MS = 10.0
 
 

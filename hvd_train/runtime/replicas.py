@@ -10,9 +10,10 @@ a Keras, an optimizer or a loss scaler adds to the checkpoint (a step counter, a
 counter, a dynamic loss scale) is broadcast and checked with the weights.
 
 Each rank's own, and not in that list:
-- its random states (each rank draws its own dropout masks; train/random_states.py);
+- its random states (each rank draws its own dropout masks; train/callbacks/random_states.py);
 - the running sums of a gradient-accumulation window (each rank sums its own batches' gradients
-  until the window's all-reduce; kept per rank in a checkpoint: train/random_states.py);
+  until the window's all-reduce; kept per rank in a checkpoint:
+  train/callbacks/random_states.py);
 - the moving statistics of BatchNormalization without sync (each rank's from its own batches):
   `average_moving_statistics` averages them over the ranks before each validation, each check
   and each checkpoint, as timm's `distribute_bn` does, so that the model validated is the
@@ -34,7 +35,7 @@ import numpy as np
 import tensorflow as tf
 from horovod.common.elastic import ObjectState
 
-from hvd_train.runtime import binding
+from hvd_train.runtime.keras import binding
 
 Model = Any  # a Keras model of the active Keras
 
@@ -110,7 +111,7 @@ def fingerprint(variable: tf.Variable) -> tuple[int, int]:
 
 
 # A longer variable is summed CHUNK words at a time, so the position weights `_sums` keeps
-# (made at the first check, not at import: 8 MB) do not grow with the model.
+# (made at the first check, not at import: CHUNK words) do not grow with the model.
 CHUNK = 1 << 20
 
 
@@ -124,7 +125,7 @@ def _sums(words: np.ndarray) -> tuple[int, int]:
     (a change of any one word, a single flipped bit say, always changes it) and their sum
     weighted by position, 1, 2, 3, ... (words swapped change it). Exact integer sums, so
     every rank that holds the same bytes gets the same two numbers, in any summation order.
-    A fingerprint, not a cryptographic hash: about twice as fast as CRC-32 with Adler-32
+    A fingerprint, not a cryptographic hash: faster than CRC-32 with Adler-32
     (docs/benchmarks.md#the-replica-check), both sums one pass over memory."""
     plain = weighted = np.uint64(0)
     with np.errstate(over="ignore"):  # modulo 2^64 is the point

@@ -38,7 +38,7 @@ import tensorflow as tf
 
 from hvd_train.config import Config, Derived, OptimizerConfig
 from hvd_train.config.typed_yaml import choices
-from hvd_train.runtime import binding
+from hvd_train.runtime.keras import binding
 
 DECAYS = choices(OptimizerConfig, "schedule")  # constant, step, cosine, ...
 
@@ -91,8 +91,9 @@ class WarmupScaledMath:
         self.min_fraction = float(min_fraction)
         self.steps_per_epoch = int(steps_per_epoch)
         # Scales the whole schedule (warm-up and decay alike): ReduceLROnPlateau's lever (see
-        # user_callbacks.py), kept in each checkpoint's state.json. Not in get_config: a fresh
-        # schedule starts at 1, and x 1.0 leaves every rate bit for bit as it was.
+        # train/callbacks/user_callbacks.py), kept in each checkpoint's state.json. Not in
+        # get_config: a fresh schedule starts at 1, and x 1.0 leaves every rate bit for bit as
+        # it was.
         self.multiplier = tf.Variable(1.0, trainable=False, dtype=tf.float32, name="lr_multiplier")
         # The origin: the step counter `origin_step` is at `origin_epoch` of the run (see
         # `continue_at`). Not in get_config either: a fresh schedule starts at 0, 0, where the
@@ -162,7 +163,7 @@ class WarmupScaledMath:
 @functools.cache
 def schedule_class(keras: ModuleType) -> type:
     """WarmupScaled as `keras`'s LearningRateSchedule, registered for (de)serialization: a
-    saved optimizer that holds one loads once this has run (runtime/keras3.py runs it at
+    saved optimizer that holds one loads once this has run (runtime/keras/v3.py runs it at
     import)."""
     cls = type(
         "WarmupScaled",

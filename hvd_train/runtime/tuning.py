@@ -12,7 +12,8 @@ from typing import Any
 import tensorflow as tf
 
 from hvd_train.config import Config, Derived, RuntimeConfig
-from hvd_train.runtime import binding, distributed, xla
+from hvd_train.runtime import distributed, xla
+from hvd_train.runtime.keras import binding
 
 
 def before_init(runtime: RuntimeConfig) -> None:

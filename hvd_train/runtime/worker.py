@@ -7,7 +7,8 @@ import dataclasses
 import os
 
 from hvd_train.config import Config
-from hvd_train.runtime import binding, device, distributed, tuning
+from hvd_train.runtime import device, distributed, tuning
+from hvd_train.runtime.keras import binding
 
 
 def start(cfg: Config, timeline: str | None) -> str:

@@ -22,7 +22,7 @@ from hvd_train.base.files import atomic_path, is_leftover
 from hvd_train.config import CheckpointConfig
 from hvd_train.record import layout
 from hvd_train.record.layout import RunDir
-from hvd_train.runtime import binding
+from hvd_train.runtime.keras import binding
 from hvd_train.train.models import plain_clone
 
 Model = Any  # a Keras model of the active Keras

@@ -15,8 +15,10 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from hvd_train.data.pipeline import Source, batch_shard, val_shard
-from hvd_train.runtime import binding, distributed
+from hvd_train.data.pipeline import batch_shard, val_shard
+from hvd_train.data.sources import Source
+from hvd_train.runtime import distributed
+from hvd_train.runtime.keras import binding
 
 
 class Evaluator:
@@ -73,7 +75,7 @@ def evaluate_in_order(
     (`data.batch_shard`), so each example is computed in the same place of the same batch
     whatever the worker count (a row's float32 result can depend on its place in the batch).
     The batches' float64 sums are then gathered and added in batch order on every rank. The
-    worker's compute threads must not change with the worker count either (see inference.py).
+    worker's compute threads must not change with the worker count either (see inference/evaluate.py).
     """
     data, mine = batch_shard(source, batch, distributed.rank(), distributed.size())
     step = batch_sums(model, from_logits)

@@ -2,7 +2,7 @@
 
 Built in: `convnet` and `mlp` for small inputs; `mobilenet_v2`, `resnet50` and
 `efficientnet_b0`, Keras Applications bases (optionally with pretrained weights from a local
-file) under a configurable head, built with the active Keras (runtime/binding.py). A factory's
+file) under a configurable head, built with the active Keras (runtime/keras/binding.py). A factory's
 model is trained with its own Keras. Any functional model can have its BatchNormalization layers
 swapped for the binding's SyncBatchNormalization (`model.sync_batch_norm`), and swapped back
 for export (`plain_clone`).
@@ -23,7 +23,8 @@ import numpy as np
 
 from hvd_train.base.errors import ConfigError, users_frame
 from hvd_train.config import Config, ModelConfig
-from hvd_train.runtime import binding, tuning
+from hvd_train.runtime import tuning
+from hvd_train.runtime.keras import binding
 
 Model = Any  # a Keras Model of the active Keras (3, or 2)
 

@@ -12,7 +12,8 @@ from typing import Any
 
 from hvd_train.config import Config, Derived
 from hvd_train.config.rules import refuse_keras2_loss_scale_with_accumulation
-from hvd_train.runtime import binding, tuning
+from hvd_train.runtime import tuning
+from hvd_train.runtime.keras import binding
 from hvd_train.runtime.schedules import learning_rate_schedule
 from hvd_train.train.models import build_model
 
@@ -25,7 +26,7 @@ def build_compiled_model(
     device: str,
 ) -> Any:
     """The configured model, compiled for distributed training on this worker, with the
-    Keras it was built with (runtime/binding.py: the active binding afterwards).
+    Keras it was built with (runtime/keras/binding.py: the active binding afterwards).
 
     Args:
         cfg: the config (`model`, `optimizer`, `runtime`, `horovod`, `train`).
@@ -49,7 +50,7 @@ def build_compiled_model(
         # Always explicit: Keras 3's "auto" is XLA on a GPU, all-reduce included, which XLA
         # cannot compile here (tuning.jit_compile says when it can).
         jit_compile=tuning.jit_compile(cfg.runtime, device),
-        # Steps per call into TensorFlow; the callbacks run between calls (train/control.py
+        # Steps per call into TensorFlow; the callbacks run between calls (train/callbacks/stop.py
         # counts the steps from the batch index Keras gives them).
         steps_per_execution=cfg.train.steps_per_execution,
     )

@@ -20,7 +20,8 @@ import numpy as np
 import tensorflow as tf
 
 from hvd_train.config import derive, load_config
-from hvd_train.data.pipeline import load_source, train_dataset, val_shard
+from hvd_train.data.pipeline import train_dataset, val_shard
+from hvd_train.data.sources import load_source
 from hvd_train.runtime import distributed
 from hvd_train.train.evaluation import Evaluator
 

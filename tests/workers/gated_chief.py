@@ -18,7 +18,7 @@ import tensorflow as tf
 
 from hvd_train.config import load_config
 from hvd_train.runtime import distributed
-from hvd_train.train import trainer
+from hvd_train.train.run import trainer
 
 GATE_DIR, CONFIG, SETS = sys.argv[1], sys.argv[2], sys.argv[3:]
 

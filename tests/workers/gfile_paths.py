@@ -12,7 +12,8 @@ import sys
 import numpy as np
 
 from hvd_train.config import derive, load_config
-from hvd_train.data.pipeline import load_source, train_dataset, val_shard
+from hvd_train.data.pipeline import train_dataset, val_shard
+from hvd_train.data.sources import load_source
 
 
 def batches(source_name: str, folder: str) -> list[np.ndarray]:

@@ -24,7 +24,7 @@ from tensorflow.python.framework import ops
 from tensorflow.python.framework import tensor as tensor_lib
 
 from hvd_train.config.loading import load_config
-from hvd_train.train import trainer
+from hvd_train.train.run import trainer
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 

@@ -9,7 +9,7 @@ import os
 import sys
 
 from hvd_train.config import load_config
-from hvd_train.runtime import binding
+from hvd_train.runtime.keras import binding
 
 cfg = load_config(sys.argv[1], sys.argv[2:])
 binding.prepare(cfg.runtime.keras)  # before TensorFlow is imported, as `hvd-train train` does
@@ -20,7 +20,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from hvd_train.runtime import distributed  # noqa: E402
-from hvd_train.train.trainer import train  # noqa: E402
+from hvd_train.train.run.trainer import train  # noqa: E402
 
 
 def thread_affinities() -> list[list[int]]:

@@ -17,7 +17,7 @@ import warnings
 import keras
 import numpy as np
 
-from hvd_train.runtime import binding
+from hvd_train.runtime.keras import binding
 
 seen: dict = {"local_logs": []}
 plain_fit = keras.Model.fit

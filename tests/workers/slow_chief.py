@@ -29,7 +29,8 @@ import tensorflow as tf
 
 from hvd_train.config import load_config
 from hvd_train.runtime import distributed
-from hvd_train.train import callbacks, trainer
+from hvd_train.train.callbacks import epoch_stats
+from hvd_train.train.run import trainer
 
 SLOW_S = 2.0
 ORDER = pathlib.Path("order")
@@ -60,7 +61,7 @@ class SlowChief(tf.keras.callbacks.Callback):
         print(f"ORDER epoch {epoch + 2}: rank 1 started its clock {order} the previous epoch")
 
 
-epoch_stats_begin = callbacks.EpochStats.on_epoch_begin
+epoch_stats_begin = epoch_stats.EpochStats.on_epoch_begin
 
 
 def marking_epoch_stats_begin(self, epoch, logs=None):
@@ -78,6 +79,6 @@ def build_with_slow_chief(*args, **kwargs):
 
 
 ORDER.mkdir(exist_ok=True)
-callbacks.EpochStats.on_epoch_begin = marking_epoch_stats_begin
+epoch_stats.EpochStats.on_epoch_begin = marking_epoch_stats_begin
 trainer.build_callbacks = build_with_slow_chief
 trainer.train(load_config(sys.argv[1], sys.argv[2:]))

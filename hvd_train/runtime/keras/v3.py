@@ -1,0 +1,666 @@
+"""The Keras 3 binding: `import keras` (TensorFlow 2.16+, its TensorFlow backend) trained with
+Horovod's TensorFlow ops.
+
+Horovod's own Keras API cannot train Keras 3: its callbacks and its DistributedGradientTape call
+`.ref()` on Keras 3 variables, which have none (horovod#4290), and its DistributedOptimizer
+wraps Keras 2's optimizer API. So the pieces are written here on `horovod.tensorflow`'s
+all-reduce and broadcast. `hvd_train/keras3.py` makes them public for users' own `model.fit`
+scripts (docs/models.md, examples/keras3_fit.py):
+
+- `DistributedOptimizer(optimizer)`: the same optimizer class (name, module, config), whose
+  `apply` averages the gradients over the workers first, so clipping, weight decay and the
+  loss scaler's finiteness check all see the averaged gradients;
+- `BroadcastInitialState()`: rank 0's weights and optimizer state on every rank, as training
+  begins;
+- `MetricAverage()`: each epoch's training metrics averaged over the workers;
+- `warmup(...)`: the learning rate scaled by the worker count, reached over a warm-up, inside
+  the optimizer's schedule;
+- `SyncBatchNormalization`: batch statistics of the global batch.
+
+Keras 3 notes this binding acts on: `model.variables` holds the dropout layers' seed generator
+states beside the weights, and a broadcast of them would give every rank the same dropout masks:
+`model.weights` is broadcast, and the seed states are each rank's own (`random_states`). A
+`jit_compile` left on "auto" compiles the whole step with XLA on a GPU, all-reduce included,
+which XLA cannot do with this Horovod: hvd_train always passes it explicitly.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from typing import Any
+
+import horovod.tensorflow as hvd_tf
+import keras
+import numpy as np
+import tensorflow as tf
+from keras.src.utils import python_utils  # Keras' own test and conversion of a step's logs
+
+from hvd_train.runtime import distributed, replicas, xla
+from hvd_train.runtime.keras import binding
+from hvd_train.runtime.schedules import schedule_class, warmup_scaled
+
+NAME = binding.KERAS3
+keras = keras  # the binding's Keras, as keras2.keras
+# Registered now, not at the first `warmup`: `load_model` of a file whose optimizer holds the
+# schedule (a user's `model.save`) then works wherever this module is imported.
+WarmupScaled = schedule_class(keras)
+
+
+def describe() -> str:
+    """summary.json's `versions.keras`: `"keras 3.15.1"`."""
+    return binding.describe(NAME)
+
+
+def seed(value: int) -> None:
+    """Python's, NumPy's, TensorFlow's and Keras' global seeds."""
+    keras.utils.set_random_seed(value)
+
+
+def set_precision(policy: str) -> None:
+    """The global dtype policy the layers built from now on take."""
+    keras.mixed_precision.set_global_policy(policy)
+
+
+def init() -> None:
+    """Starts Horovod (`horovod.tensorflow.init`) and gives this worker its device: on a host
+    with GPUs, the one its local rank names (memory growth on), as Horovod's own recipe does;
+    on a host without, TensorFlow's thread pools sized to this worker's share of the cores.
+    A user script's first call, before TensorFlow runs anything (hvd_train's trainer starts
+    Horovod with its config's knobs instead: runtime/distributed.py)."""
+    hvd_tf.init()
+    try:
+        distributed.configure_devices(0, 0)
+    except RuntimeError as e:  # TensorFlow's "cannot be modified after initialization"
+        raise RuntimeError(
+            f"init() must come before TensorFlow runs anything (a model, a tensor): {e}"
+        ) from None
+
+
+# --------------------------------------------------------------------------- the optimizer
+
+
+class Averaging:
+    """Mixed in before a Keras 3 optimizer class: `apply` averages the gradients over the
+    workers, then the optimizer's own `apply` runs on the averages. With `accumulation` A > 1,
+    A batches' gradients are summed locally and all-reduced once, as one update of the mean
+    gradient over the A batches (Horovod's `backward_passes_per_step`). The step counter counts
+    every batch (a step the loss scaler skips too), so the learning-rate schedule runs per
+    batch.
+
+    The window's position (`_hvd_count`, batches seen) is in the checkpoint, and so replicated
+    state (runtime/replicas.py): every rank holds rank 0's after a resume, and all-reduce at
+    the same batch. The running sums (`accumulation_sums`) are each rank's own: a checkpoint
+    taken mid-window keeps every rank's (train/callbacks/random_states.py). A gradient that is
+    None in the step stays None in the update: a weight that got no gradient is not updated,
+    nor decayed.
+    """
+
+    _hvd_fp16 = False
+    _hvd_accumulation = 1
+    # Horovod's DistributedOptimizer arguments (hvd_train.horovod sets them; the trainer's
+    # optimizer keeps these defaults): the reduction, its compression (None: from _hvd_fp16),
+    # the scaling before and after the sum, the window's mean (False: Horovod's sum), the
+    # all-reduce groups (None: one group), the device and name scope of the all-reduces.
+    _hvd_op = None
+    _hvd_compression = None
+    _hvd_prescale = 1.0
+    _hvd_postscale = 1.0
+    _hvd_window_mean = True
+    _hvd_groups: Any = None
+    _hvd_device = ""
+    _hvd_name: str | None = None
+    _hvd_variables: list[Any] | None = None
+    _hvd_local: tuple[Any, ...] = ()  # register_local_var's: each rank's own, not all-reduced
+    _hvd_scale_local = True
+
+    def register_local_var(self, var: Any) -> None:
+        """Horovod's: a variable whose gradient is this rank's own (not all-reduced), scaled
+        by 1/size unless `scale_local_gradients=False`."""
+        object.__setattr__(self, "_hvd_local", (*self._hvd_local, var))
+
+    def build(self, variables: Any) -> None:
+        super().build(variables)
+        if self._hvd_accumulation > 1 and not getattr(self, "_hvd_sums", None):
+            # Each rank's own: set past Keras' attribute tracking, which would put them in the
+            # checkpoint's object graph, and so in the replicated state (runtime/replicas.py).
+            sums = tuple(
+                tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False, name="hvd_sum")
+                for v in variables
+            )
+            object.__setattr__(self, "_hvd_sums", sums)
+            self._hvd_count = tf.Variable(0, dtype=tf.int64, trainable=False, name="hvd_count")
+
+    def apply(self, grads: Any, trainable_variables: Any = None) -> Any:
+        if not self.built:
+            self.build(trainable_variables)
+        # Every batch counts, a step the loss scaler skipped (inf or NaN) included, as in
+        # Keras 2: the schedule and the checkpoints count batches, which an overflow on one
+        # rank must not shift (Keras 3's LossScaleOptimizer leaves a skipped step uncounted).
+        before = tf.identity(self.iterations)
+        if isinstance(self._hvd_groups, list) or self._hvd_local:  # by variable: at tracing
+            chosen = trainable_variables if trainable_variables is not None else None
+            object.__setattr__(self, "_hvd_variables", list(chosen or self._trainable_variables))
+        self._hvd_apply(grads, trainable_variables)
+        self.iterations.assign(before + 1)
+
+    def _hvd_apply(self, grads: Any, trainable_variables: Any) -> None:
+        if self._hvd_accumulation == 1:
+            super().apply(self._hvd_average(list(grads)), trainable_variables)
+            return
+        grads = list(grads)
+        for total, g in zip(self._hvd_sums, grads, strict=True):
+            if g is not None:
+                total.assign_add(tf.convert_to_tensor(g))
+        self._hvd_count.assign_add(1)
+
+        def update() -> None:
+            # None where the step gave no gradient: known when the step is traced.
+            # The mean over the window (Horovod's sum without average_aggregated_gradients).
+            means = [
+                None if g is None
+                else total / self._hvd_accumulation if self._hvd_window_mean
+                else tf.identity(total)
+                for total, g in zip(self._hvd_sums, grads, strict=True)
+            ]  # fmt: skip
+            super(Averaging, self).apply(self._hvd_average(means), trainable_variables)
+            for total in self._hvd_sums:
+                total.assign(tf.zeros_like(total))
+
+        tf.cond(self._hvd_count % self._hvd_accumulation == 0, update, lambda: None)
+
+    def _hvd_average(self, grads: list[Any]) -> list[Any]:
+        """`grads` averaged over the workers (one grouped all-reduce; one all-reduce per tensor
+        in a step XLA compiles whole); None stays None. At one worker there is nothing to
+        average and no all-reduce is built, but the updates still wait for every gradient."""
+        present = [i for i, g in enumerate(grads) if g is not None]
+        if not present:
+            return grads
+        if hvd_tf.size() == 1:
+            return _after_all(grads, present)
+        # register_local_var's: each rank's own, not all-reduced, scaled by 1 / size.
+        if self._hvd_local and (own := self._hvd_local_positions(grads)):
+            out = self._hvd_average([None if i in own else g for i, g in enumerate(grads)])
+            scale = 1.0 / hvd_tf.size() if self._hvd_scale_local else 1.0
+            for i in own:
+                out[i] = tf.convert_to_tensor(grads[i]) * scale
+            return out
+        dense = [tf.convert_to_tensor(grads[i]) for i in present]  # IndexedSlices: dense
+        compression = self._hvd_compression or (
+            hvd_tf.Compression.fp16 if self._hvd_fp16 else hvd_tf.Compression.none
+        )
+        how = {"op": self._hvd_op or hvd_tf.Average, "compression": compression}
+        if (self._hvd_prescale, self._hvd_postscale) != (1.0, 1.0):
+            how.update(prescale_factor=self._hvd_prescale, postscale_factor=self._hvd_postscale)
+        # Named as Horovod's own DistributedOptimizer names its all-reduces (in its timeline).
+        scope = self._hvd_name or f"Distributed{type(self).__name__}"
+        averaged: list[Any] = [None] * len(dense)
+        with tf.name_scope(f"{scope}_Allreduce"), tf.device(self._hvd_device):
+            if _compiled_by_xla():  # XLA has a kernel for HorovodAllreduce alone
+                averaged = [hvd_tf.allreduce(g, **how) for g in dense]
+            else:
+                for group in self._hvd_group_positions(present, len(grads)):
+                    reduced = hvd_tf.grouped_allreduce([dense[k] for k in group], **how)
+                    for k, g in zip(group, reduced, strict=True):
+                        averaged[k] = g
+        out = list(grads)
+        for i, g in zip(present, averaged, strict=True):
+            out[i] = g
+        return out
+
+    def _hvd_local_positions(self, grads: list[Any]) -> set[int]:
+        """The positions in `grads` of register_local_var's variables that have a gradient."""
+        local = {id(v) for v in self._hvd_local} | {
+            id(getattr(v, "value", v)) for v in self._hvd_local
+        }
+        variables = self._hvd_variables or []
+        return {
+            i for i, v in enumerate(variables)
+            if grads[i] is not None and (id(v) in local or id(getattr(v, "value", v)) in local)
+        }  # fmt: skip
+
+    def _hvd_group_positions(self, present: list[int], count: int) -> list[list[int]]:
+        """The positions in `present` of each all-reduce group: one group, or Horovod's
+        `groups` (a number of groups of consecutive gradients, or lists of variables, each a
+        group, the rest a group each). Grouping changes how tensors are fused, not the sums."""
+        groups = self._hvd_groups
+        if not groups:
+            return [list(range(len(present)))]
+        if isinstance(groups, int):
+            size = -(-len(present) // groups)
+            return [
+                list(range(k, min(k + size, len(present)))) for k in range(0, len(present), size)
+            ]
+        where = {v: k for k, v in enumerate(present)}
+        variables = getattr(self, "_hvd_variables", None) or [None] * count
+        index = {id(v): k for k, v in enumerate(variables)}
+        found, taken = [], set()
+        for members in groups:
+            group = [
+                where[index[id(v)]] for v in members if where.get(index.get(id(v), -1)) is not None
+            ]
+            if group:
+                found.append(group)
+                taken.update(group)
+        return found + [[k] for k in range(len(present)) if k not in taken]
+
+
+def _after_all(grads: list[Any], present: list[int]) -> list[Any]:
+    """`grads`, each available only once every one of them is (a control dependency).
+
+    A weight's update then never runs while the backward pass still reads that weight's value
+    for a layer below, which makes TensorFlow copy the whole variable before updating it (its
+    buffer is shared: training_op_helpers.h, PrepareToUpdateVariable). Several workers' grouped
+    all-reduce waits for every gradient already; one worker's step did not."""
+    with tf.control_dependencies([_values(grads[i]) for i in present]):
+        gated = [_identity(grads[i]) for i in present]
+    out = list(grads)
+    for i, g in zip(present, gated, strict=True):
+        out[i] = g
+    return out
+
+
+def _values(g: Any) -> Any:
+    return g.values if isinstance(g, tf.IndexedSlices) else g
+
+
+def _identity(g: Any) -> Any:
+    if isinstance(g, tf.IndexedSlices):  # an Embedding's gradient
+        return tf.IndexedSlices(tf.identity(g.values), g.indices, g.dense_shape)
+    return tf.identity(g)
+
+
+def _compiled_by_xla() -> bool:
+    """Whether the step being traced is compiled whole by XLA (`jit_compile=True`): TensorFlow
+    traces such a function inside an XLA context. A private TensorFlow module: where it is
+    missing, False (the grouped all-reduce, as without XLA)."""
+    try:
+        from tensorflow.python.ops import control_flow_util
+    except ImportError:
+        return False
+    return control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())
+
+
+@functools.cache
+def _averaging_class(base: type) -> type:
+    """`base` with `Averaging` mixed in, under `base`'s own name and module: saved with a
+    model, it loads as the plain optimizer, with neither Horovod nor hvd_train installed."""
+    cls = type(base.__name__, (Averaging, base), {})
+    cls.__module__, cls.__qualname__ = base.__module__, base.__qualname__
+    return cls
+
+
+def DistributedOptimizer(  # noqa: N802 - a class to its caller, as Horovod's
+    optimizer: keras.optimizers.Optimizer, fp16: bool = False, accumulation: int = 1
+) -> keras.optimizers.Optimizer:
+    """A copy of `optimizer` (not built yet) whose updates use the gradients averaged over the
+    workers: the one thing every worker's optimizer needs under Horovod.
+
+    Args:
+        optimizer: a Keras 3 optimizer, or a `LossScaleOptimizer` around one (mixed_float16:
+            then the average comes before the loss scaler's finiteness check, so every rank
+            skips the same steps, and none waits alone in an all-reduce). Under the global
+            policy mixed_float16, a plain optimizer is put in a LossScaleOptimizer first, as
+            `compile` would otherwise do around the distributed one.
+        fp16: send the gradients as float16 (half the bytes). Defaults to False.
+        accumulation: batches whose gradients are summed locally per all-reduce and update.
+            Defaults to 1.
+    """
+    if optimizer.built:
+        raise ValueError(
+            "DistributedOptimizer: wrap the optimizer before it is built (before compile's "
+            "first step or optimizer.build)"
+        )
+    if keras.mixed_precision.global_policy().name == "mixed_float16" and not isinstance(
+        optimizer, keras.optimizers.LossScaleOptimizer
+    ):
+        # Outside, compile's LossScaleOptimizer would check each rank's own gradients: one
+        # rank would skip a step that the others take into an all-reduce, and the job hang.
+        optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+    copy = _averaging_class(type(optimizer)).from_config(optimizer.get_config())
+    copy._hvd_fp16, copy._hvd_accumulation = fp16, int(accumulation)
+    return copy
+
+
+def distributed_optimizer(optimizer: Any, fp16: bool, accumulation: int, loss_scale: bool) -> Any:
+    """`optimizer`, in a LossScaleOptimizer when `loss_scale` (mixed_float16), made distributed
+    (see `DistributedOptimizer`). `compile` then keeps it: it is a LossScaleOptimizer already."""
+    if loss_scale:
+        optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+    return DistributedOptimizer(optimizer, fp16=fp16, accumulation=accumulation)
+
+
+def inner_optimizer(optimizer: Any) -> Any:
+    """The optimizer under mixed_float16's LossScaleOptimizer (the optimizer itself otherwise)."""
+    return getattr(optimizer, "inner_optimizer", optimizer)
+
+
+# --------------------------------------------------------------------------- the first broadcast
+
+
+def build_for_training(model: Any, input_shape: tuple[int, ...], num_classes: int) -> None:
+    """Creates the optimizer's, the loss's and the metrics' variables before the first step.
+
+    A resume restores and broadcasts the optimizer's, so its slots must exist on every rank;
+    and a tf.function that creates variables is traced twice (once to create them, once more
+    without), which costs seconds of every job's first step with Horovod's all-reduce in it.
+    Keras' own symbolic build creates the loss's and metrics' from one example's shape and a
+    sparse label, as `fit` then sees them, without tracing the step.
+
+    A model whose layers are built at its first call (a subclassed model, as keras.io's guides
+    write them) is called once on a batch of zeros first: the optimizer can only update the
+    variables it was built with, and a resume restores into variables that exist."""
+    if not all(layer.built for layer in model._flatten_layers()):  # Keras' own test (fit's)
+        model(tf.zeros((1, *input_shape)), training=False)
+    model.optimizer.build(model.trainable_variables)
+    example = (tf.zeros((1, *input_shape)), tf.zeros((1,), tf.int64))
+    model._symbolic_build(data_batch=example)
+
+
+def broadcast_model(model: Any) -> None:
+    """Rank 0's replicated state on every rank: weights, optimizer state, the accumulation
+    window's position (a collective; runtime/replicas.py)."""
+    replicas.broadcast(model)
+
+
+def accumulation_sums(model: Any) -> tuple[Any, ...]:
+    """Each rank's running gradient sums of the accumulation window (none without one)."""
+    return tuple(getattr(model.optimizer, "_hvd_sums", ()))
+
+
+def mid_window(model: Any) -> bool:
+    """Whether the accumulation window is part-way: its sums hold batches not yet applied."""
+    optimizer = model.optimizer
+    count = getattr(optimizer, "_hvd_count", None)
+    return count is not None and int(count.numpy()) % optimizer._hvd_accumulation != 0
+
+
+def start_window(model: Any, restart: bool = False) -> None:
+    """After a restore and broadcast: the window's position is in the checkpoint
+    (`_hvd_count`), so every rank holds rank 0's already. `restart` (a Horovod Elastic reset):
+    the part-done window starts again, its sums zeroed, on every rank alike."""
+    count = getattr(model.optimizer, "_hvd_count", None)
+    if restart and count is not None:
+        count.assign(count - count % model.optimizer._hvd_accumulation)
+        for total in accumulation_sums(model):
+            total.assign(tf.zeros_like(total))
+
+
+def moving_statistics(model: Any) -> list[Any]:
+    """The moving mean and variance of each BatchNormalization layer that is each rank's own
+    (not `SyncBatchNormalization`, whose statistics are the global batch's)."""
+    found = []
+    for layer in model._flatten_layers(include_self=False, recursive=True):
+        if isinstance(layer, keras.layers.BatchNormalization) and not isinstance(
+            layer, SyncBatchNormalization
+        ):
+            found += [layer.moving_mean, layer.moving_variance]
+    return found
+
+
+class BroadcastInitialState(keras.callbacks.Callback):
+    """Rank 0's weights and optimizer state to every rank when training begins, so that every
+    replica starts from the same point (put it first in the callbacks of `fit`).
+
+    The optimizer is built first, on the model's trainable variables, so that its slots exist
+    on every rank before they are broadcast. The dropout layers' seed states are not broadcast:
+    each rank draws its own masks. A `jit_compile` that would compile Horovod's all-reduce with
+    XLA, which this Horovod cannot, is turned off with a warning.
+    """
+
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        _no_xla_around_the_all_reduce(self.model)
+        if not self.model.optimizer.built:
+            self.model.optimizer.build(self.model.trainable_variables)
+        broadcast_model(self.model)
+
+
+def _no_xla_around_the_all_reduce(model: Any) -> None:
+    """Turns off a `jit_compile` that would compile Horovod's all-reduce with XLA, which fails
+    at the first step in a Horovod without XLA ops (every CPU build; the CUDA builds for
+    TensorFlow 2.19+: runtime/xla.py), and makes `fit` trace its step again. `compile`'s
+    default, "auto", means XLA on a GPU. At one worker nothing is all-reduced."""
+    if hvd_tf.size() == 1 or not model.jit_compile or _xla_all_reduce():
+        return
+    warnings.warn(
+        "hvd_train.keras3: jit_compile turned off: XLA cannot compile Horovod's all-reduce in "
+        "this build; pass jit_compile=False to compile()",
+        stacklevel=2,
+    )
+    model.jit_compile = False
+    model.make_train_function(force=True)
+
+
+def _xla_all_reduce() -> bool:
+    """Whether Horovod can all-reduce inside XLA here: on a GPU, its XLA ops built and
+    registered as its library loaded (HOROVOD_ENABLE_XLA_OPS=1 before `import horovod`, which
+    hvd_train's commands set where they are: runtime/xla.py)."""
+    return xla.whole_step(True, xla.gpu_visible())
+
+
+def broadcast_callback() -> Any:
+    return BroadcastInitialState()
+
+
+class MetricAverage(keras.callbacks.Callback):
+    """Averages every number in the epoch's logs over the workers (one all-reduce, float64),
+    so each worker's EarlyStopping, checkpoint, History and console see the same values. Put it
+    after `BroadcastInitialState` and before the callbacks that read metrics. When all workers
+    run the same number of equal batches, the mean of the workers' means is exact."""
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        if logs is None or hvd_tf.size() == 1:
+            return
+        keys = sorted(k for k, v in logs.items() if _is_number(v))
+        values = tf.constant([float(logs[k]) for k in keys], tf.float64)
+        summed = hvd_tf.allreduce(values, op=hvd_tf.Sum, name="hvd_train.metric_average")
+        for key, value in zip(keys, (summed / hvd_tf.size()).numpy(), strict=True):
+            logs[key] = float(value)
+
+
+def _is_number(v: object) -> bool:
+    return isinstance(v, (int, float, np.floating, np.integer)) and not isinstance(v, bool)
+
+
+def metric_average_callback() -> Any:
+    return MetricAverage()
+
+
+class CallbackList(keras.callbacks.CallbackList):
+    """Keras 3's CallbackList, but the callbacks that take tensor logs (`_supports_tf_logs`,
+    Keras 2's flag: hvd_train's own, train/callbacks/base.py) get each step's logs as they are.
+
+    Keras 3 turns every step's logs into Python numbers for its callbacks, which waits for the
+    step to finish: on a GPU, a host round-trip a step. (It would call `async_safe` callbacks'
+    batch hooks in a thread instead, but only on a thread-safe backend, which TensorFlow's is
+    not: `keras.src.backend.IS_THREAD_SAFE`.) hvd_train's hooks act at the step boundary (an
+    agreed stop, a checkpoint, a collective at the same step on every rank) and read the logs
+    only where they act. So every callback is called at once, in list order: those that take
+    tensor logs with the logs as they are, the others as Keras calls them, with numbers,
+    converted once a step and only when one of them has a batch-end hook.
+    """
+
+    def __init__(self, callbacks: list[Any], **kwargs: Any) -> None:
+        super().__init__(callbacks, **kwargs)
+        # Once, not at every step: each callback called at a batch's end, and how.
+        self._at_batch_end = [
+            (cb, tensors)
+            for cb in self.callbacks
+            if (tensors := _takes_tensor_logs(cb)) or _has_batch_end(cb)
+        ]
+
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        numbers = None
+        flat = _flat(logs or {})  # as pythonify_logs flattens them, without reading them
+        for callback, tensors in self._at_batch_end:
+            if not tensors and numbers is None:
+                numbers = python_utils.pythonify_logs(logs)
+            callback.on_train_batch_end(batch, flat if tensors else numbers)
+
+
+def _flat(logs: dict) -> dict:
+    """`logs` with a nested dict's items in its place: a `train_step` written as keras.io's
+    guide writes it returns `{m.name: m.result() for m in self.metrics}`, whose compiled
+    metrics' result is a dict."""
+    if not any(isinstance(v, dict) for v in logs.values()):
+        return logs
+    flat: dict = {}
+    for key, value in logs.items():
+        flat.update(_flat(value) if isinstance(value, dict) else {key: value})
+    return flat
+
+
+def _takes_tensor_logs(callback: Any) -> bool:
+    return bool(getattr(callback, "_supports_tf_logs", False))
+
+
+def _has_batch_end(callback: Any) -> bool:
+    """Whether Keras' default of a batch-end hook was replaced (the default of
+    `on_train_batch_end` calls `on_batch_end`)."""
+    default = python_utils.is_default
+    return not (default(callback.on_train_batch_end) and default(callback.on_batch_end))
+
+
+def fit_callbacks(callbacks: list[Any], model: Any, verbose: int, epochs: int, steps: int) -> Any:
+    """What `fit` takes as `callbacks=`: `CallbackList` (Keras' History added, and its bar when
+    `verbose` and none is in `callbacks`), made for `epochs` and `steps` as `fit` makes its own."""
+    return CallbackList(
+        callbacks, add_history=True, add_progbar=verbose != 0, model=model, verbose=verbose,
+        epochs=epochs, steps=steps,
+    )  # fmt: skip
+
+
+# --------------------------------------------------------------------------- the learning rate
+
+# The decays `warmup` offers: the others need arguments it does not take (the trainer's config
+# gives them: schedules.learning_rate_schedule).
+WARMUP_DECAYS = ("constant", "cosine", "warmup_decay")
+
+
+def warmup(
+    base_lr: float, *, warmup_steps: int = 0, workers: int | None = None,
+    decay: str = "constant", total_steps: int = 0,
+) -> Any:  # fmt: skip
+    """A learning-rate schedule for your optimizer: `base_lr` (the rate for one worker's batch)
+    scaled linearly by the worker count, reached by a linear warm-up over `warmup_steps`, then
+    `decay`. Stepped per batch by the optimizer itself (`optimizer.learning_rate` reads the
+    rate of its next step), so a resumed optimizer continues it.
+
+    Args (all but `base_lr` by keyword):
+        base_lr: the rate for one worker.
+        warmup_steps: batches over which the rate ramps from `base_lr` to the scaled rate.
+            Defaults to 0 (the scaled rate from the first step).
+        workers: the worker count. Defaults to Horovod's size (after `init()`).
+        decay: what follows the warm-up: "constant", or "cosine" or "warmup_decay" (a straight
+            line) down to 0 at `total_steps`. Defaults to "constant".
+        total_steps: the run's batches, for the decays that end at the run's end.
+
+    Raises:
+        ValueError: another `decay`, or a decay to 0 without `total_steps` after the warm-up.
+    """
+    if decay not in WARMUP_DECAYS:
+        raise ValueError(f"warmup: decay must be one of {WARMUP_DECAYS}; received: decay={decay!r}")
+    if decay != "constant" and total_steps <= warmup_steps:
+        raise ValueError(
+            f"warmup: decay={decay!r} ends at total_steps, which must come after the warm-up; "
+            f"received: total_steps={total_steps}, warmup_steps={warmup_steps}"
+        )
+    n = hvd_tf.size() if workers is None else workers
+    return warmup_scaled(keras, base_lr, base_lr * n, warmup_steps, decay, total_steps)
+
+
+# --------------------------------------------------------------------------- the rest
+
+
+def last_learning_rate(optimizer: Any) -> float:
+    """The rate the optimizer's last step used: Keras 3's `learning_rate` is its schedule at
+    the step counter, which is the next step's rate."""
+    inner = inner_optimizer(optimizer)
+    schedule = inner._learning_rate
+    if isinstance(schedule, keras.optimizers.schedules.LearningRateSchedule):
+        return float(schedule(max(int(inner.iterations.numpy()) - 1, 0)))
+    return float(inner.learning_rate)
+
+
+def per_example_loss(from_logits: bool) -> Any:
+    """The sparse categorical cross-entropy of each example (no reduction)."""
+    return keras.losses.SparseCategoricalCrossentropy(from_logits=from_logits, reduction=None)
+
+
+def checkpoint(model: Any) -> tf.train.Checkpoint:
+    """What a resumable checkpoint holds: the model's and the optimizer's variables (weights,
+    slots, the step counter that drives the learning-rate schedule). Each rank's seed states are
+    kept beside it (`random_states`)."""
+    return tf.train.Checkpoint(model=model, optimizer=model.optimizer)
+
+
+def random_states(model: Any) -> list[Any]:
+    """The model's variables that are not weights: its layers' seed generator states, which
+    advance at every draw (dropout). Each rank keeps its own."""
+    weights = {id(v) for v in model.weights}
+    return [v for v in model.variables if id(v) not in weights]
+
+
+def rank_random_state(state: np.ndarray, rank: int) -> np.ndarray:
+    """A seed generator's state [seed, counter] moved to `rank`'s own stream (rank 0's kept)."""
+    moved = state.copy()
+    moved[0] = (int(state[0]) + rank * _STREAM_STRIDE) % 2**32
+    return moved
+
+
+# Far apart seeds for the ranks' streams (the golden ratio's 32 bits, as hash mixers use).
+_STREAM_STRIDE = 0x9E3779B9
+
+
+def save_plain(model: Any, path: str) -> None:
+    """Writes `model` (a plain clone: uncompiled, no optimizer) to `path` (.keras)."""
+    model.save(path)
+
+
+# A subclassed model (no clone): Keras 3 saves it as .keras; Keras 2 as a SavedModel folder.
+SUBCLASSED_AS_KERAS = True
+
+
+def save_subclassed(model: Any, path: str) -> None:
+    """A subclassed model: Keras 3 saves it as .keras too (its class must be importable where
+    it is loaded, as for any subclassed Keras 3 model)."""
+    model.save(path if path.endswith(".keras") else f"{path}.keras")
+
+
+def load_model(path: str) -> Any:
+    """A saved model (model.keras, best.keras), uncompiled."""
+    return keras.models.load_model(path, compile=False)
+
+
+@keras.saving.register_keras_serializable(package="hvd_train")
+class SyncBatchNormalization(keras.layers.BatchNormalization):
+    """BatchNormalization whose batch statistics are the global batch's under Horovod: each
+    worker's mean and mean of squares are averaged over the workers with one all-reduce (every
+    worker's batch has the same size, so the average is the global batch's), inside the traced
+    step. Keras' own `synchronized=True` synchronises only under tf.distribute: under Horovod it
+    would be silently local.
+
+    Exported models get plain BatchNormalization back (`train.models.plain_clone`, which
+    `hvd_train.keras3.plain_model` is).
+    """
+
+    def _moments(self, inputs: Any, mask: Any) -> Any:
+        mean, variance = super()._moments(inputs, mask)
+        if hvd_tf.size() == 1:
+            return mean, variance
+        # Summed in float32 at least: under mixed_float16 the moments are float16.
+        dtype = tf.as_dtype(mean.dtype)
+        wide = tf.float64 if dtype == tf.float64 else tf.float32
+        mean, variance = tf.cast(mean, wide), tf.cast(variance, wide)
+        stacked = tf.stack([mean, variance + tf.square(mean)])
+        total = hvd_tf.allreduce(stacked, op=hvd_tf.Sum) / hvd_tf.size()
+        global_mean, mean_of_square = tf.unstack(total)
+        global_variance = mean_of_square - tf.square(global_mean)
+        return tf.cast(global_mean, dtype), tf.cast(global_variance, dtype)
+
+
+# --------------------------------------------------------------------------- Horovod Elastic
+
+
+def elastic_state(model: Any, **position: Any) -> replicas.ElasticState:
+    return replicas.ElasticState(model, **position)

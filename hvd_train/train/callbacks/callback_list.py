@@ -1,0 +1,203 @@
+"""`build_callbacks`: every callback of a run, built and placed in the one order that works
+(the one place that fixes it, as Keras' callback_list.py is), and `RunCallbacks`, what it
+returns."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+from hvd_train.config import Config, Derived
+from hvd_train.data.diagnostics import advice_for
+from hvd_train.data.sources import Source
+from hvd_train.record.layout import RunDir
+from hvd_train.record.mlflow_run import Sender
+from hvd_train.record.run_record import RunRecord
+from hvd_train.record.stops import StopSignals
+from hvd_train.runtime import distributed
+from hvd_train.runtime.keras import binding
+from hvd_train.train.callbacks import perf
+from hvd_train.train.callbacks.checkpointer import Checkpointer
+from hvd_train.train.callbacks.epoch_lines import EpochLines
+from hvd_train.train.callbacks.epoch_stats import EpochStats
+from hvd_train.train.callbacks.exact_validation import ExactValidation
+from hvd_train.train.callbacks.input_wait import InputWait
+from hvd_train.train.callbacks.metrics_csv import MetricsCSV
+from hvd_train.train.callbacks.mlflow_epochs import MlflowEpochs
+from hvd_train.train.callbacks.progress_bar import ProgressBar, wants_progress_bar
+from hvd_train.train.callbacks.random_states import RandomStates
+from hvd_train.train.callbacks.record_progress import RecordProgress
+from hvd_train.train.callbacks.stop import AgreedStop, RunControl
+from hvd_train.train.callbacks.sync_points import AverageMovingStatistics, CheckReplicas
+from hvd_train.train.callbacks.tensorboard import TensorBoard
+from hvd_train.train.callbacks.user_callbacks import build_user_callbacks
+from hvd_train.train.checkpoint import (
+    CheckpointStore,
+)
+from hvd_train.train.evaluation import Evaluator
+
+
+@dataclass(frozen=True)
+class RunCallbacks:
+    """The callbacks of one `fit` (of one membership, under Horovod Elastic): `all` in the
+    order Keras runs them, and the ones the trainer talks to."""
+
+    all: tuple[Any, ...]
+    plan: Derived  # the sizes they were built for
+    control: RunControl  # the agreed stop: where and why the run stopped
+    input_wait: InputWait  # `fit` takes the dataset its `attach` returns
+    timer: perf.StepTimer  # the step times for summary.json
+    user_stop: AgreedStop | None  # whether the users' callbacks ended the run early
+    checkpointer: Checkpointer | None  # rank 0's; None elsewhere
+
+
+def build_callbacks(
+    cfg: Config,
+    plan: Derived,
+    model: Any,
+    source: Source,
+    signals: StopSignals,
+    epoch: int,
+    first_step: int,
+    record: RunRecord | None = None,
+    leading: tuple[Any, ...] = (),
+    mlflow: Sender | None = None,
+) -> RunCallbacks:
+    """Every callback of the run, built and placed in the one order that works (see below).
+
+    Args:
+        cfg: the config.
+        plan: the derived sizes for this worker count.
+        model: the compiled model (for the exact validation).
+        source: the data (its validation split).
+        signals: the process's StopSignals, which RunControl turns into agreed stops.
+        epoch: the epoch training starts at (0-based); metrics.csv keeps the rows before it.
+        first_step: the steps of that epoch already done (a resume part-way).
+        record: rank 0's summary.json, kept current after each epoch; None elsewhere (and on
+            a survivor that became rank 0 under Horovod Elastic). Defaults to None.
+        leading: callbacks that run before all of these: Horovod Elastic's state commit and
+            position tracking. Defaults to none.
+        mlflow: rank 0's MLflow run (logging.mlflow; train/run/tracking.py), which gets each
+            epoch's values. Defaults to None (none).
+
+    Raises:
+        ConfigError: a `callbacks:` item that cannot be built (user_callbacks).
+    """
+    active = binding.active()
+    control = RunControl(
+        signals,
+        cfg.checkpoint.check_every_steps,
+        plan.steps_per_epoch,
+        cfg.checkpoint.every_steps,
+        first_step_in_epoch=first_step,
+    )
+    user = build_user_callbacks(cfg.callbacks, control)
+    input_wait = InputWait(
+        cfg.data.input_wait_warning, advice_for(cfg.data.source),
+        steps_per_execution=cfg.train.steps_per_execution,
+    )  # fmt: skip
+    timer = perf.StepTimer(plan)
+    evaluator = Evaluator(model, source, plan.per_worker_batch, cfg.model.from_logits)
+    random = RandomStates(functools.partial(control.passed, cfg.checkpoint.every_steps))
+    checking = cfg.runtime.check_replicas != "off"
+
+    def sync_due() -> bool:
+        """Mid-epoch, where the replicated state must be every rank's alike: a checkpoint,
+        and the replica checks asked for."""
+        every = cfg.runtime.check_replicas_every_steps if checking else None
+        return control.passed(cfg.checkpoint.every_steps) or control.passed(every)
+
+    checkpointer = None
+    if distributed.is_chief():
+        store = CheckpointStore(cfg.run.dir, cfg.checkpoint)
+        best_path = RunDir(cfg.run.dir).best
+        checkpointer = Checkpointer(
+            store, control, plan, cfg.checkpoint, cfg.train.epochs, cfg.runtime.seed, best_path,
+            random,
+        )  # fmt: skip
+    chief = (
+        _chief_callbacks(cfg, plan, control, epoch, checkpointer, mlflow) if checkpointer else []
+    )
+    # Keras runs callbacks in list order at each event, all on the same `logs` dict, so later
+    # callbacks see what earlier ones wrote. The order, and why:
+    callbacks = [
+        # Horovod Elastic's commit and position tracking, when elastic (they see every step).
+        *leading,
+        # The input wait first: its epoch end is a collective, and its value must reach the
+        # files written below.
+        input_wait,
+        # Horovod: rank 0's weights and optimizer state to every rank (already broadcast once
+        # before fit; this also covers anything created in the first step). Not under Horovod
+        # Elastic, whose state sync does that job.
+        *([] if cfg.elastic.enabled else [active.broadcast_callback()]),
+        # Stop decisions (signals, NaN) agreed by all ranks at the same step, before anything
+        # acts on the step: a rank that stopped alone would hang the others. Each epoch starts
+        # on all ranks together here (a barrier), before any clock below starts.
+        control,
+        # Timing next, so validation time is not counted as training time.
+        EpochStats(plan.global_batch),
+        # Horovod: average the per-worker training metrics before anything reads them. All
+        # workers run the same number of full batches, so the mean of means is exact here.
+        active.metric_average_callback(),
+        # Step times and per-worker rate (see perf.py), after the averaging: it reads the
+        # workers' mean epoch_time_s, the one metrics.csv records.
+        timer,
+        # BatchNormalization's moving statistics averaged over the ranks (a collective) before
+        # the validation reads them and the checkpoint saves them: each rank's own until then.
+        AverageMovingStatistics(control, sync_due),
+        # Validation sums and counts all-reduced: exact, and identical on every rank.
+        ExactValidation(evaluator, control),
+        # The users' callbacks after the averaging and the exact validation: every rank's
+        # EarlyStopping sees the same numbers. They end with AgreedStop (one all-reduce), so
+        # their stops are every rank's, before the checkpoint below sees `stop_training`.
+        *user.callbacks,
+        # Every rank's random states to rank 0 where a checkpoint may be written (a
+        # collective): after the users' stops, before the checkpoint that keeps them.
+        random,
+        # Every rank holds the same replicated state (a collective), checked before the
+        # checkpoint writes it: a mismatch ends the run on every rank, with nothing written.
+        *([CheckReplicas(control, sync_due, random)] if checking else []),
+        # The learning-rate warm-up is not a callback: it lives in the optimizer's schedule
+        # (schedules.WarmupScaled), scaled by the worker count and stepped per batch.
+        # Side effects on rank 0 only (none is a collective): console, files, TensorBoard,
+        # MLflow, checkpoints, the record.
+        *chief,
+        # Last: the record follows what the callbacks before it wrote.
+        *(
+            [RecordProgress(record, control, checkpointer and (lambda: checkpointer.last))]
+            if record
+            else []
+        ),
+    ]
+    return RunCallbacks(tuple(callbacks), plan, control, input_wait, timer, user.stop, checkpointer)
+
+
+def _chief_callbacks(
+    cfg: Config,
+    plan: Derived,
+    control: RunControl,
+    epoch: int,
+    checkpointer: Checkpointer,
+    mlflow: Sender | None = None,
+) -> list[Any]:
+    """Rank 0's: the console after everything that fills the logs (Keras' bar on a terminal
+    when asked for, fit_from then turns it on; else one line per epoch), metrics.csv,
+    TensorBoard, MLflow, the checkpoints, the profiler."""
+    run_dir = RunDir(cfg.run.dir)
+    callbacks: list[Any] = []
+    if wants_progress_bar(cfg.train.verbose):
+        callbacks.append(ProgressBar())
+    elif cfg.train.verbose:
+        callbacks.append(EpochLines(cfg.train.epochs, plan, control, cfg.train.log_every_s))
+    callbacks.append(MetricsCSV(run_dir.metrics, control, epoch))
+    if cfg.logging.tensorboard:
+        callbacks.append(TensorBoard(run_dir.tensorboard))
+    if mlflow is not None:
+        callbacks.append(MlflowEpochs(mlflow, control))
+    callbacks.append(checkpointer)
+    if cfg.logging.profile_steps:
+        first, last = cfg.logging.profile_steps
+        k = cfg.train.steps_per_execution
+        callbacks.append(perf.ProfileSteps(first, last, run_dir.tensorboard, k))
+    return callbacks

@@ -1,0 +1,115 @@
+"""The state a run carries to every ending (completed, failed, interrupted): the stop handling,
+rank 0's claim on run.dir and its record, the current callbacks, and where training began."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from hvd_train.record import rundir
+from hvd_train.record.run_record import RunRecord
+from hvd_train.record.stops import StopSignals
+from hvd_train.train.callbacks.callback_list import RunCallbacks
+from hvd_train.train.callbacks.checkpointer import Checkpointer
+from hvd_train.train.run.tracking import Tracking
+
+
+@dataclass(frozen=True)
+class Start:
+    """Where training begins: `epoch` (0-based) with `step` of its steps already done."""
+
+    epoch: int = 0
+    step: int = 0
+    checkpoint: str | None = None
+    metrics: dict[str, float] = field(default_factory=dict)  # the checkpoint's epoch-end metrics
+
+
+@dataclass
+class Run:
+    """What every ending of the run needs: the stop handling, rank 0's claim on run.dir and its
+    record, and the current callbacks (their Checkpointer knows the last checkpoint)."""
+
+    signals: StopSignals
+    started: float = field(default_factory=time.perf_counter)
+    claims: list[rundir.Claim] = field(default_factory=list)  # rank 0's, from _open_run_dir
+    record: RunRecord | None = None  # rank 0's
+    base: dict[str, Any] = field(default_factory=dict)  # summary.json's opening fields
+    callbacks: RunCallbacks | None = None  # the latest build (one per elastic membership)
+    earlier: list[dict[str, Any]] = field(default_factory=list)  # jobs that trained run.dir
+    earlier_mlflow: dict[str, Any] = field(default_factory=dict)  # the MLflow run it continues
+    tracker: Tracking | None = None  # rank 0's MLflow run (logging.mlflow)
+
+    def release(self) -> None:
+        for claim in self.claims:
+            claim.release()
+
+    def end_record(self, **fields: Any) -> None:
+        """Rank 0: the run's final summary.json (once; a stop already recorded wins).
+
+        With logging.mlflow, a completed run's last points and files go to MLflow first, so that
+        summary.json says what could not be sent; then summary.json itself and the MLflow run's
+        ending. A stop or a failure, which the launcher may kill seconds later, is recorded
+        first: MLflow gets what it can after that.
+        """
+        if not self.record:
+            return
+        fields["wall_time_s"] = time.perf_counter() - self.started
+        if self.checkpointer is not None:
+            fields["last_checkpoint"] = self.checkpointer.last
+            fields["best_model_path"] = self.checkpointer.best_model
+        tracker, self.tracker = self.tracker, None  # once, also when a write below fails
+        completed = fields.get("status") == "completed"
+        try:
+            if tracker and not self.record.ended:
+                fields["mlflow"] = (
+                    tracker.before_end({**self.record.summary, **fields})
+                    if completed
+                    else tracker.sender.fields()
+                )
+            if self.record.end(**fields) and tracker:
+                if not completed:
+                    tracker.before_end(self.record.summary)
+                # The keeper ends the MLflow run when rank 0 did not (mlflow_run.follow_record).
+                self.record.note(mlflow_ended=tracker.after_end(self.record.summary["status"]))
+        finally:
+            self.record.close()
+
+    @property
+    def checkpointer(self) -> Checkpointer | None:
+        return self.callbacks.checkpointer if self.callbacks else None
+
+    def note_start(self, start: Start, **model: Any) -> None:
+        """Where training begins, for a stop's record and for summary.json, with `model`'s
+        figures (`gradient_size`)."""
+        if self.record:
+            # Afresh, nothing the earlier jobs left is this run's (record/summary.run_so_far).
+            afresh = {} if start.checkpoint else {"model_path": None, "best_model_path": None}
+            self.record.update(
+                drop=() if start.checkpoint else ("final_metrics",),
+                **model,
+                **afresh,
+                epochs_completed=start.epoch,
+                resumed_from=start.checkpoint,
+                last_checkpoint=start.checkpoint,
+                trained_from={"epoch": start.epoch + 1, "step": start.step},
+                earlier_jobs=self.earlier if start.checkpoint else [],
+            )
+
+
+@contextlib.contextmanager
+def running(signals: StopSignals) -> Iterator[Run]:
+    """The run, its stops handled from the first moment: a stop during start-up ends at once,
+    recorded by `signals.abandon` (stops.installed's until the record exists, then the
+    record's; the watcher thread may end the process). run.dir is released at every ending:
+    completed, failed, interrupted."""
+    run = Run(signals)
+    run.signals.before_exit.append(run.release)
+    try:
+        yield run
+    finally:
+        run.signals.done.set()
+        run.signals.uninstall()
+        run.release()

@@ -1,0 +1,272 @@
+"""The training run, start to record: Horovod and the worker, the data, run.dir and its
+record, the model, the resume, `fit` (under Horovod Elastic when enabled), and the ending.
+
+Each ending has its module: outcome.py (completed, or stopped by an agreed signal), failure.py
+(an error on this rank or another), resume.py (where training begins), state.py (what every
+ending needs), banner.py (the opening lines).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, cast
+
+from hvd_train.base import logs, startup
+from hvd_train.base.errors import DeviceError
+from hvd_train.config import Config, Derived, derive, dump_yaml
+from hvd_train.data.sources import Source, load_source
+from hvd_train.record import rundir
+from hvd_train.record.layout import RunDir
+from hvd_train.record.run_record import RunRecord, end_before_start
+from hvd_train.record.stops import StopSignals, installed
+from hvd_train.record.summary import (
+    ENDINGS,
+    Summary,
+    earlier_job,
+    nothing_to_train,
+    read_summary,
+    run_so_far,
+)
+from hvd_train.runtime import distributed, tuning, worker
+from hvd_train.train.callbacks.callback_list import RunCallbacks, build_callbacks
+from hvd_train.train.callbacks.tensorboard import require_tensorboard
+from hvd_train.train.checkpoint import plain_file_problem
+from hvd_train.train.models import weights_note
+from hvd_train.train.run.banner import log_plan
+from hvd_train.train.run.elastic import fit_elastic
+from hvd_train.train.run.failure import abandon, fail, reading_cause, record_cause
+from hvd_train.train.run.fitting import fit_from
+from hvd_train.train.run.outcome import (
+    batches,
+    complete,
+    gradient_size,
+    say_done,
+    stop,
+    summarize,
+    summary_base,
+)
+from hvd_train.train.run.resume import resume
+from hvd_train.train.run.state import Run, Start, running
+from hvd_train.train.run.tracking import check_tracker, start_tracking
+from hvd_train.train.step import build_compiled_model
+
+Model = Any  # a Keras model of the active Keras
+
+
+def train(
+    cfg: Config, config_path: str | None = None, signals: StopSignals | None = None
+) -> tuple[Model | None, Summary]:
+    """Trains as one worker of the job horovodrun started (or alone); returns model and summary
+    (summary.json's fields, `Summary`).
+
+    A rerun of a run that has nothing left to train (see record/summary.py nothing_to_train)
+    says so in one line and returns (None, the run's summary) with run.dir untouched.
+
+    Args:
+        cfg: the loaded config.
+        config_path: the `--config` file, which run.dir/config.yaml never overwrites. Defaults
+            to None (the config is the defaults alone).
+        signals: the stop handling from `stops.installed(cfg)`, when the caller installed it
+            before TensorFlow loaded (the command line does). Defaults to None: installed here.
+
+    Raises:
+        UserError: bad config or data, or a run.dir this job cannot have (exit code 2).
+        TrainingError: a NaN or infinite loss, a failed write (exit code 1).
+        Interrupted: SIGTERM or SIGINT; a checkpoint was written (exit code 128 + signal).
+    """
+    with running(signals or installed(cfg)) as run:
+        # Read before Horovod starts: with nothing to train, its timeline is not opened either.
+        finished_here = _finished_here(cfg)
+        device = _start_worker(cfg, run, timeline=finished_here is None)
+        startup.mark("horovod_init")
+        if (finished := _nothing_to_train(finished_here)) is not None:
+            return None, cast(Summary, finished)
+        check_tracker(
+            cfg.logging
+        )  # logging.mlflow: a server that does not answer, before any write
+        source = load_source(cfg)
+        startup.mark("data")
+        plan = derive(cfg, distributed.size(), source.num_train)
+        try:
+            _open_run_dir(cfg, config_path, run, plan, device)
+        except BaseException as e:
+            _end_under_the_claim(cfg, run, e)
+            raise
+        startup.mark("run_dir")
+        try:
+            log_plan(cfg, plan, source, device)
+            tuning.log_knobs(cfg, plan)
+            model = build_compiled_model(cfg, plan, source.input_shape, source.num_classes, device)
+            startup.mark("model")
+            if note := weights_note(cfg.model):
+                distributed.log(note)  # rank 0; a resume below then restores the checkpoint
+            # Found before training, on every rank: the probe builds layers, whose automatic
+            # names count up, and Horovod matches the ranks' gradients by their names (a probe
+            # on rank 0 alone left the ranks' names apart and hung the job). Said once.
+            if problem := plain_file_problem(model, built_in=not cfg.model.factory):
+                distributed.log(f"note: {problem}")
+            start = resume(cfg, model, plan)
+            run.signals.abandon = functools.partial(abandon, run.record, start)
+            # The model's Keras, which a factory's model may have switched (runtime.keras: auto).
+            run.base["versions"] = distributed.versions()
+            run.note_start(
+                start, versions=run.base["versions"], **gradient_size(cfg.horovod, model)
+            )
+            run.tracker = start_tracking(cfg, run.record, run.earlier_mlflow)
+            history = _fit(cfg, model, source, plan, start, run)
+        except BaseException as e:
+            cause = reading_cause(e)
+            fail(run, cause)
+            if cause is not e:
+                raise cause from e
+            raise
+        summary = summarize(cfg, history, source, run.callbacks, start)
+        if summary["status"] == "interrupted":
+            stop(run, summary)  # raises Interrupted once rank 0 has recorded the stop
+        try:
+            complete(cfg.run.dir, model, summary, run)
+        except BaseException as e:
+            fail(run, e)  # the export or the record failed: said and recorded like any failure
+            raise
+        say_done(cfg.run.dir, summary, run)
+        return model, cast(Summary, run.record.summary if run.record else {**run.base, **summary})
+
+
+def _start_worker(cfg: Config, run: Run, timeline: bool = True) -> str:
+    """Starts Horovod, TensorFlow and the Keras on this worker (runtime/worker.py); returns
+    its device ("gpu" or "cpu")."""
+    require_tensorboard(cfg.logging)  # bad input: one line, before anything starts
+    try:
+        device = worker.start(cfg, RunDir(cfg.run.dir).timeline if timeline else None)
+    except DeviceError as e:
+        # Not the config's fault alone: the host's TensorFlow. Recorded as the run's failure,
+        # so that a run that never trained says `failed`, not nothing.
+        if distributed.is_chief():
+            _end_failed_in_start_up(cfg, e, {"error": str(e)})
+        raise
+    run.signals.chief = distributed.is_chief()
+    return device
+
+
+def _open_run_dir(
+    cfg: Config, config_path: str | None, run: Run, plan: Derived, device: str
+) -> None:
+    """Claims run.dir (rank 0), moves this rank's output into its log there, and starts rank
+    0's record: summary.json says `running` from here on."""
+    _prepare_run_dir(cfg, config_path, run.claims)
+    # run.dir is this job's now: this rank's output goes on in its log there.
+    rank = distributed.rank()
+    logs.attach(
+        RunDir(cfg.run.dir).rank_log(rank), rank, logs.attempt_description(cfg.train.resume)
+    )
+    run.base = summary_base(cfg.train, plan, device)
+    if not distributed.is_chief():
+        return
+    # What the jobs before this one did, kept when this one resumes (note_start).
+    previous = read_summary(RunDir(cfg.run.dir).summary)
+    if previous.get("status") in ENDINGS:
+        run.earlier = [*previous.get("earlier_jobs", []), earlier_job(previous)]
+    # One MLflow run per run.dir: every job continues it (but one told to start afresh), and
+    # the record names it from its start, so that an ending before MLflow opens keeps it.
+    if cfg.logging.mlflow and cfg.train.resume != "never" and previous.get("mlflow"):
+        run.earlier_mlflow = dict(previous["mlflow"])
+    carried = {"mlflow": run.earlier_mlflow} if run.earlier_mlflow else {}
+    if run.earlier:  # the run so far, until this job resumes or starts afresh (note_start)
+        carried.update(run_so_far(previous), earlier_jobs=run.earlier)
+    record = run.record = RunRecord(cfg.run.dir, {**run.base, **carried})
+    # Hooks first: a stop that comes while the record starts is recorded.
+    run.signals.on_signal = lambda signum: record.note(signal=signum)
+    run.signals.abandon = functools.partial(abandon, record, None)
+    record.start()
+
+
+def _end_under_the_claim(cfg: Config, run: Run, e: BaseException) -> None:
+    """Rank 0 claimed run.dir, but `e` came before its record started: in the collective that
+    tells every rank the claim's outcome, another worker died (Gloo raises at once, before
+    horovodrun's SIGTERM). Rank 0 writes the ending under the claim it holds, naming the
+    worker that failed first when horovodrun noted it; the stop watcher, told the run has
+    written its ending, then leaves the process to end as it does."""
+    if not run.claims or run.record is not None:
+        return  # no claim (a refusal: nothing of this job's may be written), or a record
+    run.signals.done.set()
+    _end_failed_in_start_up(cfg, e, record_cause(e, recorded=True))
+
+
+def _end_failed_in_start_up(cfg: Config, e: BaseException, cause: dict[str, Any]) -> None:
+    """Rank 0's `failed` ending before its record (run_record.end_before_start): `cause` is
+    the record's `error` (and `failed_rank`)."""
+    ending = {"status": "failed", **cause, "error_type": type(e).__name__}
+    end_before_start(cfg.run.dir, cfg.run.overwrite, distributed.size(), cfg.train.epochs, ending)
+
+
+def _prepare_run_dir(cfg: Config, config_path: str | None, claims: list[rundir.Claim]) -> None:
+    """Rank 0 claims run.dir (into `claims`) and writes the resolved config there, before
+    anything else is written; a refusal is raised on every rank, so none waits for rank 0."""
+
+    def claim_and_write() -> None:
+        claim = rundir.claim(
+            cfg.run.dir,
+            overwrite=cfg.run.overwrite,
+            config_path=config_path,
+            log=distributed.log,
+        )
+        claims.append(claim)
+        claim.write_config(dump_yaml(cfg))
+
+    distributed.chief_computes(claim_and_write, "hvd_train.run_dir")
+
+
+def _finished_here(cfg: Config) -> dict[str, Any] | None:
+    """With train.resume auto, run.dir's record as this host reads it, and why it has nothing
+    left to train ({"why", "summary"}); None when it has."""
+    if cfg.train.resume != "auto" or cfg.run.overwrite:
+        return None
+    summary = read_summary(RunDir(cfg.run.dir).summary)
+    why = nothing_to_train(summary, cfg.train.epochs, cfg.run.dir)
+    return {"why": why, "summary": summary} if why else None
+
+
+def _nothing_to_train(finished_here: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Rank 0's `_finished_here`, on every rank: when the run has nothing left to train, rank 0
+    says why in one line and every rank gets the record as it is; else None. Nothing is
+    written: not the config, not a log line, not the record."""
+    found = distributed.chief_computes(lambda: finished_here, "hvd_train.nothing_to_train")
+    if found is None:
+        return None
+    logs.release(replay=False)  # a launcher's worker: its held start-up output is just noise
+    distributed.log(found["why"])
+    return found["summary"]
+
+
+def _fit(
+    cfg: Config,
+    model: Model,
+    source: Source,
+    plan: Derived,
+    start: Start,
+    run: Run,
+) -> dict[str, list[float]]:
+    """Trains from `start` to `train.epochs` (under Horovod Elastic when enabled); returns the
+    history. `run.callbacks` are the last callbacks built."""
+
+    def wire(plan: Derived, epoch: int, step: int, leading: tuple = ()) -> RunCallbacks:
+        run.callbacks = build_callbacks(
+            cfg, plan, model, source, run.signals, epoch, step, run.record, leading,
+            run.tracker.sender if run.tracker else None,
+        )  # fmt: skip
+        return run.callbacks
+
+    if not cfg.elastic.enabled:
+        callbacks = wire(plan, start.epoch, start.step)
+        return fit_from(model, source, cfg, plan, start.epoch, start.step, callbacks)
+    history, report = fit_elastic(model, source, cfg, start.epoch, start.step, wire)
+    # Horovod Elastic: when rank 0 was lost, a survivor became rank 0; it ends the record (the
+    # lost one's keeper has meanwhile written `failed`).
+    if run.record is None and distributed.is_chief():
+        run.record = RunRecord(cfg.run.dir, run.base)
+        earlier = read_summary(RunDir(cfg.run.dir).summary).get("mlflow") or {}
+        run.tracker = start_tracking(cfg, run.record, earlier)  # to end the run's MLflow run
+    if run.record:
+        last = run.callbacks.plan
+        run.record.update(world_size=last.world_size, elastic=report, **batches(last))
+    return history
