@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     from tensorflow.python.framework import tensor as tensor_lib  # noqa: PLC0415
 
     from hvd_train.config import load_config  # noqa: PLC0415
-    from hvd_train.train import trainer  # noqa: PLC0415
+    from hvd_train.train.run import trainer  # noqa: PLC0415
 
     main_thread = threading.main_thread()
     reads = [0]

@@ -27,7 +27,7 @@ import tempfile
 import time
 
 from hvd_train.config import load_config
-from hvd_train.runtime import binding
+from hvd_train.runtime.keras import binding
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -44,8 +44,8 @@ def main() -> None:
     binding.prepare(cfg.runtime.keras)
     binding.import_tensorflow()
     from hvd_train.runtime import distributed, replicas
-    from hvd_train.train import random_states
-    from hvd_train.train.trainer import train
+    from hvd_train.train.callbacks import random_states
+    from hvd_train.train.run.trainer import train
 
     model, _ = train(cfg)
     prints = replicas.Fingerprints(model)  # made once a `fit`, as the callback does

@@ -4,7 +4,7 @@ Modes, all training the same convnet on in-memory synthetic 32x32x3 images, 10 c
 the Keras `--keras` names (`keras`: Keras 3, `import keras`; `tf_keras`: Keras 2, `tf.keras`
 with TF_USE_LEGACY_KERAS=1, which on TensorFlow 2.15 is Keras 2 anyway):
   keras             plain Keras model.fit in one process (no Horovod started);
-  hvd_train         this project's trainer (hvd_train.train.trainer.train, `runtime.keras` set
+  hvd_train         this project's trainer (hvd_train.train.run.trainer.train, `runtime.keras` set
                     to `--keras`), launched by horovodrun;
   horovod_example   a minimal script shaped like Horovod's own Keras examples
                     (horovod.tensorflow.keras: DistributedOptimizer, the broadcast and
@@ -104,7 +104,7 @@ class Window:
 
 def timing_callback(window: Window, warmup_steps: int = 0, warmup_epochs: int = 0):
     """Starts the window after `warmup_steps` batches or at epoch `warmup_epochs`."""
-    from hvd_train.train.hooks import Callback  # a callback to either Keras
+    from hvd_train.train.callbacks.base import Callback  # a callback to either Keras
 
     class Timing(Callback):
         batches = 0
@@ -159,7 +159,7 @@ def keras_module(name: str):
 def build_model(name: str, workload: str):
     """hvd_train's convnet (the model the trainer builds from the same config) in the Keras
     `name`. Activating the binding imports Horovod's library but starts nothing."""
-    from hvd_train.runtime import binding
+    from hvd_train.runtime.keras import binding
     from hvd_train.train.models import convnet
 
     binding.activate(name)
@@ -171,7 +171,7 @@ def horovod_keras(name: str):
     with `keras` bound to tf_keras (hvd_train's Keras 2 binding does that), or it takes
     Keras 3's backend; on Keras 3 it is what a user of Horovod's examples gets today."""
     if name == "tf_keras":
-        from hvd_train.runtime.keras2 import hvd
+        from hvd_train.runtime.keras.v2 import hvd
 
         return hvd
     import horovod.tensorflow.keras as hvd
@@ -246,7 +246,7 @@ def run_keras_like(args: argparse.Namespace) -> dict:
     model.fit(data, steps_per_epoch=steps, epochs=epochs, verbose=0, callbacks=callbacks)
     groups["tensorflow"] = threadstat.threads() - before_tf - groups.get("horovod", set())
     out = window.result(groups)
-    from hvd_train.runtime import binding
+    from hvd_train.runtime.keras import binding
 
     out.update(world=world, rank=rank, keras_version=binding.describe(args.keras),
                examples_per_sec=world * args.batch * args.steps / out["measured_s"],
@@ -256,14 +256,14 @@ def run_keras_like(args: argparse.Namespace) -> dict:
 
 def run_hvd_train(args: argparse.Namespace) -> dict:
     """This project's trainer, as `python -m hvd_train` would run it, on the same workload."""
-    from hvd_train.runtime import binding
+    from hvd_train.runtime.keras import binding
 
     binding.prepare(args.keras)  # before TensorFlow, as `hvd-train train` does
     before_tf = threadstat.threads()
     import horovod.tensorflow as hvd
     import tensorflow as tf
 
-    import hvd_train.train.trainer as trainer
+    import hvd_train.train.run.trainer as trainer
     from hvd_train.config import load_config
     from hvd_train.runtime import distributed
 
