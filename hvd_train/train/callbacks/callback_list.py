@@ -147,7 +147,7 @@ def build_callbacks(
         # the validation reads them and the checkpoint saves them: each rank's own until then.
         AverageMovingStatistics(control, sync_due),
         # Validation sums and counts all-reduced: exact, and identical on every rank.
-        ExactValidation(evaluator, control),
+        ExactValidation(evaluator, control.stopped_mid_epoch),
         # The users' callbacks after the averaging and the exact validation: every rank's
         # EarlyStopping sees the same numbers. They end with AgreedStop (one all-reduce), so
         # their stops are every rank's, before the checkpoint below sees `stop_training`.

@@ -94,7 +94,7 @@ def fit_elastic(
         # and at each epoch's end.
         leading = (TrackPosition(state, d, cfg.elastic.commit_every_steps),)
         callbacks = make_callbacks(d, epoch, step, leading)
-        fit_from(model, source, cfg, d, epoch, step, callbacks, history)
+        fit_from(model, source, cfg, d, epoch, step, callbacks.all, callbacks.input_wait, history)
 
     run(state)
     return history, report

@@ -18,7 +18,6 @@ from hvd_train.data.pipeline import to_device, train_dataset
 from hvd_train.data.sources import Source
 from hvd_train.runtime import distributed
 from hvd_train.runtime.keras import binding
-from hvd_train.train.callbacks.callback_list import RunCallbacks
 from hvd_train.train.callbacks.input_wait import InputWait
 from hvd_train.train.callbacks.progress_bar import wants_progress_bar
 
@@ -39,11 +38,13 @@ def fit_from(
     plan: Derived,
     epoch: int,
     step: int,
-    callbacks: RunCallbacks,
+    callbacks: tuple[Any, ...],
+    input_wait: InputWait,
     history: dict[str, list[float]] | None = None,
 ) -> dict[str, list[float]]:
-    """Runs `model.fit` from (epoch, step) to `train.epochs` with `callbacks` (built by
-    callback_list.build_callbacks, whose InputWait time-stamps the data); returns the joined history.
+    """Runs `model.fit` from (epoch, step) to `train.epochs` with `callbacks` (in Keras' order,
+    as callback_list.build_callbacks makes them; `input_wait`, among them, time-stamps the data);
+    returns the joined history.
 
     Each `fit`'s history is added to `history` as soon as it ends, so an elastic reset in a
     later `fit` keeps the earlier ones. Stops early when a callback sets `model.stop_training`
@@ -53,11 +54,11 @@ def fit_from(
     # Keras' bar (build_callbacks put a progress_bar.ProgressBar in the list), else none.
     verbose = 1 if wants_progress_bar(cfg.train.verbose) else 0
     while epoch < cfg.train.epochs:
-        data = fit_dataset(source, cfg, plan, epoch, step, callbacks.input_wait)
+        data = fit_dataset(source, cfg, plan, epoch, step, input_wait)
         last = epoch + 1 if step else cfg.train.epochs  # a part-done epoch on its own
         steps = plan.steps_per_epoch - step
         # The hooks get each step's logs as tensors on both Kerases: no host read a step.
-        listed = binding.active().fit_callbacks(list(callbacks.all), model, verbose, last, steps)
+        listed = binding.active().fit_callbacks(list(callbacks), model, verbose, last, steps)
         with without_first_batch_timing_warning():
             h = model.fit(
                 data, initial_epoch=epoch, epochs=last, steps_per_epoch=steps, callbacks=listed,

@@ -258,7 +258,9 @@ def _fit(
 
     if not cfg.elastic.enabled:
         callbacks = wire(plan, start.epoch, start.step)
-        return fit_from(model, source, cfg, plan, start.epoch, start.step, callbacks)
+        return fit_from(
+            model, source, cfg, plan, start.epoch, start.step, callbacks.all, callbacks.input_wait
+        )
     history, report = fit_elastic(model, source, cfg, start.epoch, start.step, wire)
     # Horovod Elastic: when rank 0 was lost, a survivor became rank 0; it ends the record (the
     # lost one's keeper has meanwhile written `failed`).
