@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import pathlib
 import re
 import shlex
 from collections.abc import Iterator
@@ -18,16 +19,28 @@ from hvd_train import cli
 from hvd_train.config import load_config, reference
 
 README = ROOT / "README.md"
-PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
+LAB = ROOT / "lab"
+# Each lab folder's README gives its commands as they run today; its other pages (runs.md)
+# keep each run's command as it was then.
+LAB_PAGES = sorted(LAB.rglob("*.md"))
+PAGES = [README, *sorted((ROOT / "docs").glob("*.md")), *LAB_PAGES]
+SHOWING = [p for p in PAGES if p.parent.parent != LAB or p.name == "README.md"]
 # Where measurements and records of runs live, with their dates and commits: nowhere else.
 RECORDS = {"benchmarks.md", "validation.md"}
+
+
+def is_record(page: pathlib.Path) -> bool:
+    return page.name in RECORDS or page.is_relative_to(LAB)
+
+
 FENCE = re.compile(r"^[ \t]*```(\w*)[^\n]*\n(.*?)^[ \t]*```[ \t]*$", re.M | re.S)
 REPO_PATH = re.compile(r"(?:configs|examples|launch|scripts|lab|docs|tests)/[\w./-]+")
 
 
 def fenced(lang: str) -> Iterator[tuple[str, str]]:
-    """(where, text) of every ```lang block of the README and docs/, `where` as page:line."""
-    for page in PAGES:
+    """(where, text) of every ```lang block of the README, docs/ and the lab's READMEs, `where`
+    as page:line."""
+    for page in SHOWING:
         text = page.read_text(encoding="utf-8")
         for m in FENCE.finditer(text):
             if m.group(1) == lang:
@@ -246,10 +259,10 @@ def test_every_link_between_the_pages_leads_somewhere(page) -> None:
 
 
 @pytest.mark.parametrize(
-    "page", [p for p in PAGES if p.name not in RECORDS], ids=lambda p: str(p.relative_to(ROOT))
+    "page", [p for p in PAGES if not is_record(p)], ids=lambda p: str(p.relative_to(ROOT))
 )
 def test_dates_and_commits_stay_in_the_records(page) -> None:
-    """Outside docs/benchmarks.md and docs/validation.md no page holds a date or a commit hash:
+    """Outside docs/benchmarks.md, docs/validation.md and lab/ no page holds a date or a commit hash:
     a page says what the code does, the records say when what was measured."""
     prose = re.sub(r"\]\([^)]*\)", "]", FENCE.sub("", page.read_text(encoding="utf-8")))
     found = re.findall(r"\b20\d\d-\d\d-\d\d\b", prose)
@@ -312,7 +325,7 @@ def test_the_docs_name_the_dockerfiles_own_cuda_base() -> None:
     default = re.search(r"^ARG BASE_IMAGE=(\S+)$", text, re.M).group(1)
     named = set(CUDA_IMAGE.findall(text))
     for page in PAGES:
-        if page.name in RECORDS:  # they keep what was true when each run was made
+        if is_record(page):  # they keep what was true when each run was made
             continue
         body = page.read_text(encoding="utf-8")
         for image in CUDA_IMAGE.findall(body):
