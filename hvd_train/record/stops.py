@@ -71,17 +71,32 @@ class StopSignals:
         self.signum = 0
         self.steps_run = 0  # steps completed in this process (RunControl counts them)
         self.grace_s = stop_grace_s() if grace_s is None else grace_s
-        # abandon(signum, reason, ran, failed, failed_rank): records the ending (`ran`: any
-        # step ran in this process; `failed`: the launcher is killing the job, after
-        # `failed_rank` failed when it said which); the watcher then ends the process.
-        self.abandon: Callable[[int, str, bool, bool, int | None], None] = lambda *args: None
-        self.on_signal: Callable[[int], None] = lambda signum: None
+        self._abandon: Callable[[int, str, bool, bool, int | None], None] = lambda *args: None
+        self._on_signal: Callable[[int], None] = lambda signum: None
         self.chief = True  # rank 0: only it waits out the grace (the others follow it)
         self.done = threading.Event()  # set when the run has written its own ending
         self.before_exit: list[Callable[[], None]] = []  # e.g. give run.dir back
         self._previous: dict[int, object] = {}
         self._wakeup: tuple[int, int] | None = None
         self._old_wakeup = -1
+
+    def recorded_by(
+        self,
+        abandon: Callable[[int, str, bool, bool, int | None], None],
+        on_signal: Callable[[int], None] | None = None,
+    ) -> None:
+        """Who records a stop from now on, as the run hands it on: start-up's record
+        (`installed`), then rank 0's summary.json from its start, then that record with where
+        training began.
+
+        `abandon(signum, reason, ran, failed, failed_rank)` records the ending before the
+        watcher ends the process (`ran`: a step ran in this process; `failed`: the launcher is
+        killing the job, after `failed_rank` failed when it said which). `on_signal(signum)`,
+        when given, notes each stop signal as it comes.
+        """
+        self._abandon = abandon
+        if on_signal is not None:
+            self._on_signal = on_signal
 
     def install(self) -> None:
         if threading.current_thread() is not threading.main_thread():
@@ -135,7 +150,7 @@ class StopSignals:
 
     def _first(self, signum: int) -> None:
         self.signum = self.signum or signum
-        self.on_signal(signum)
+        self._on_signal(signum)
         first = horovodrun_first_failure() if signum == signal.SIGTERM else None
         if first is not None:  # not a stop: horovodrun is ending the job after a failure
             self._exit(signum, _failed_first(first), failed=True, failed_rank=first["rank"])
@@ -158,7 +173,7 @@ class StopSignals:
         if self.done.is_set():
             return  # the run wrote its own ending meanwhile: let it exit as it does
         try:
-            self.abandon(signum, reason, self.steps_run > 0, failed, failed_rank)
+            self._abandon(signum, reason, self.steps_run > 0, failed, failed_rank)
             for release in self.before_exit:
                 release()
         finally:
@@ -268,10 +283,10 @@ def stop_grace_s() -> float:
 def installed(cfg: Config) -> StopSignals:
     """The process's stop handling, installed now and ready for a stop before the record: until
     rank 0 starts summary.json (RunRecord), a stop or a failure elsewhere is recorded by
-    `_end_in_start_up`. The trainer replaces `abandon` once its record exists."""
+    `_end_in_start_up`. The trainer hands the recording on once its record exists."""
     signals = StopSignals()
     signals.install()
-    signals.abandon = functools.partial(_end_in_start_up, cfg.run, cfg.train.epochs)
+    signals.recorded_by(functools.partial(_end_in_start_up, cfg.run, cfg.train.epochs))
     return signals
 
 

@@ -102,7 +102,7 @@ class Run:
 @contextlib.contextmanager
 def running(signals: StopSignals) -> Iterator[Run]:
     """The run, its stops handled from the first moment: a stop during start-up ends at once,
-    recorded by `signals.abandon` (stops.installed's until the record exists, then the
+    recorded through `signals.recorded_by` (stops.installed's until the record exists, then the
     record's; the watcher thread may end the process). run.dir is released at every ending:
     completed, failed, interrupted."""
     run = Run(signals)

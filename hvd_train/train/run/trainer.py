@@ -106,7 +106,7 @@ def train(
             if problem := plain_file_problem(model, built_in=not cfg.model.factory):
                 distributed.log(f"note: {problem}")
             start = resume(cfg, model, plan)
-            run.signals.abandon = functools.partial(abandon, run.record, start)
+            run.signals.recorded_by(functools.partial(abandon, run.record, start))
             # The model's Keras, which a factory's model may have switched (runtime.keras: auto).
             run.base["versions"] = distributed.versions()
             run.note_start(
@@ -175,8 +175,10 @@ def _open_run_dir(
         carried.update(run_so_far(previous), earlier_jobs=run.earlier)
     record = run.record = RunRecord(cfg.run.dir, {**run.base, **carried})
     # Hooks first: a stop that comes while the record starts is recorded.
-    run.signals.on_signal = lambda signum: record.note(signal=signum)
-    run.signals.abandon = functools.partial(abandon, record, None)
+    run.signals.recorded_by(
+        functools.partial(abandon, record, None),
+        on_signal=lambda signum: record.note(signal=signum),
+    )
     record.start()
 
 
