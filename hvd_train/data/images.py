@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 import numpy as np
+import tensorflow as tf
 
 from hvd_train.base.errors import DataError
 from hvd_train.base.files import atomic_write, cache_file
@@ -111,8 +112,6 @@ def _join(folder: str, name: str) -> str:
 
 
 def _gfile():
-    import tensorflow as tf
-
     return tf.io.gfile
 
 
@@ -364,7 +363,6 @@ def read_failure() -> BaseException | None:
 def per_batch(get: Callable[[int], bytes]):
     """A TensorFlow function: indices (int64 `[k]`) -> `get` of each (string `[k]`), in one
     `numpy_function` call: reading is Python, and a call per example costs more than the read."""
-    import tensorflow as tf
 
     def get_many(idx: np.ndarray) -> np.ndarray:
         try:
@@ -386,8 +384,6 @@ def decode_image(contents, size: Sequence[int], channels: int):
     16-bit PNGs are scaled to 8 bits. Images of another size are resized with antialiasing and
     rounded back to uint8, so decoded images cost a quarter of float32 in a cache or a queue.
     """
-    import tensorflow as tf
-
     img = tf.io.decode_image(contents, channels=channels, expand_animations=False)
     same = tf.reduce_all(tf.equal(tf.shape(img)[:2], tf.constant(list(size), tf.int32)))
 

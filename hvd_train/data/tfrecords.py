@@ -40,6 +40,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
+import tensorflow as tf
 
 from hvd_train.base.errors import DataError
 from hvd_train.base.files import atomic_path, atomic_write
@@ -51,8 +52,6 @@ SUFFIX = ".tfrecord"
 
 
 def _features():
-    import tensorflow as tf
-
     return {
         "image/encoded": tf.io.FixedLenFeature([], tf.string),
         "image/class/label": tf.io.FixedLenFeature([], tf.int64),
@@ -98,8 +97,6 @@ def write_split(
 
 
 def _write_shard(name, paths, labels, ids, root, done: _Counter) -> None:
-    import tensorflow as tf
-
     def feature(value) -> tf.train.Feature:
         if isinstance(value, bytes):
             return tf.train.Feature(bytes_list=tf.train.BytesList(value=[value]))
@@ -232,8 +229,6 @@ class Records:
         release the GIL); parsing is one batched TensorFlow op. Per-record calls into Python
         cost more than the read itself on a busy CPU (docs/benchmarks.md).
         """
-        import tensorflow as tf
-
         feature = {"image/encoded": tf.io.FixedLenFeature([], tf.string)}
         read = images.per_batch(self.read)
 
@@ -258,8 +253,6 @@ def join(a: Records, b: Records) -> Records:
 
 
 def _example(data: bytes):
-    import tensorflow as tf
-
     return tf.train.Example.FromString(data)
 
 
@@ -304,8 +297,6 @@ def _pread(path: str, offset: int, size: int) -> bytes:
                 "name and rename them into place, or stop the job first"
             )
         return data
-    import tensorflow as tf
-
     files = _remote.__dict__.setdefault("files", {})
     if path not in files:
         files[path] = tf.io.gfile.GFile(path, "rb")
@@ -325,8 +316,6 @@ def record_files(folder: str, key: str) -> list[str]:
     Raises:
         DataError: the folder is missing or has no records.
     """
-    import tensorflow as tf
-
     if not tf.io.gfile.isdir(folder):
         raise DataError(f"{key}: folder {folder} does not exist")
     files = sorted(
@@ -380,8 +369,6 @@ def read_folder(folder: str, key: str) -> Records:
 
 def _file_index(path: str, key: str) -> tuple[np.ndarray, ...]:
     """(offsets, sizes, labels, ids, checked) of one file, from its index or by reading it."""
-    import tensorflow as tf
-
     found = _load_index(path, tf.io.gfile.stat(path).length)
     if found is not None:
         return found
@@ -395,8 +382,6 @@ def _file_index(path: str, key: str) -> tuple[np.ndarray, ...]:
 
 def _load_index(path: str, file_size: int) -> tuple[np.ndarray, ...] | None:
     """The index beside `path`, or None when missing or not ending at `file_size` (stale)."""
-    import tensorflow as tf
-
     try:
         with tf.io.gfile.GFile(path + INDEX_SUFFIX, "rb") as f:
             idx = np.array(f.read().split(), np.int64).reshape(-1, 2)
@@ -428,8 +413,6 @@ def _write_index(path, offsets, sizes, labels, ids, checked) -> None:
 def _write_url(url: str, text: str) -> None:
     """Writes `text` to a URL (gs://, s3://) through tf.io.gfile: a temporary object, then a
     rename. Not atomic_write: an object store has no fsync, and its rename may be a copy."""
-    import tensorflow as tf
-
     tmp = f"{url}.tmp-{os.getpid()}"
     with tf.io.gfile.GFile(tmp, "w") as f:
         f.write(text)
@@ -438,8 +421,6 @@ def _write_url(url: str, text: str) -> None:
 
 def _build_index(path: str, key: str) -> tuple[np.ndarray, ...]:
     """Reads `path` once, a record at a time, keeping offsets, labels and ids; checks images."""
-    import tensorflow as tf
-
     offsets, sizes, labels, ids, checked, pending = [], [], [], [], [], []
     with ThreadPoolExecutor(images.CHECK_THREADS) as pool, tf.io.gfile.GFile(path, "rb") as f:
         offset = 0
@@ -496,8 +477,6 @@ def _small_fields(data: bytes, path: str, offset: int, key: str) -> tuple[int, i
 
 def _left_out(folder: str, key: str) -> tuple[tuple[int, int], ...]:
     """(id, label) of each line of `skipped.txt`, if convert-tfrecord wrote one."""
-    import tensorflow as tf
-
     path = _join(folder, SKIPPED_FILE)
     if not tf.io.gfile.exists(path):
         return ()
@@ -513,8 +492,6 @@ def _left_out(folder: str, key: str) -> tuple[tuple[int, int], ...]:
 
 
 def _class_names(folder: str, at_least: int) -> tuple[str, ...]:
-    import tensorflow as tf
-
     path = _join(folder, CLASSES_FILE)
     if not tf.io.gfile.exists(path):
         return tuple(str(i) for i in range(at_least))
