@@ -4,6 +4,8 @@ every docs page, and every command has its own `--help`, which names its docs pa
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 
 import pytest
 from harness import ROOT
@@ -86,14 +88,17 @@ def test_without_a_command_the_options_go_to_train(capsys) -> None:
     assert "/nonexistent/c.yaml" in capsys.readouterr().err
 
 
+def run_cli(script: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """`script` (which ends in `cli.run()`) in a Python process of its own, output captured."""
+    return subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True,
+                          timeout=timeout)  # fmt: skip
+
+
 def test_a_command_exits_with_its_code_after_atexit_and_with_its_output_flushed(tmp_path) -> None:
     """cli.run ends every command with os._exit, skipping the interpreter's teardown (0.7 s of
     CPU in a trained worker, and a hang once after a failure): atexit's handlers (Horovod's
     shutdown, which finalizes MPI) must still run, buffered output must still reach the pipe,
     and the exit code is the command's, 0 or a failure's."""
-    import subprocess
-    import sys
-
     marker = tmp_path / "atexit-ran"
     script = (
         "import atexit, sys\n"
@@ -107,8 +112,7 @@ def test_a_command_exits_with_its_code_after_atexit_and_with_its_output_flushed(
     )
     for code in (0, 3):
         marker.unlink(missing_ok=True)
-        proc = subprocess.run([sys.executable, "-c", script, str(code)], capture_output=True,
-                              text=True, timeout=60)  # fmt: skip
+        proc = run_cli(script, str(code), timeout=60)
         assert (proc.returncode, proc.stdout) == (code, "buffered, not flushed"), proc.stderr
         assert marker.read_text() == "ran"
         assert "interpreter teardown" not in proc.stderr, proc.stderr
@@ -118,9 +122,6 @@ def test_a_failure_exits_with_its_code_past_a_teardown_that_would_hang() -> None
     """A failure exits through atexit's handlers, not the interpreter's teardown: a thread
     that never ends (which the teardown waits for) holds nothing, and the exit code is the
     failure's own (2), not the watchdog's 1."""
-    import subprocess
-    import sys
-
     script = (
         "import threading, time\n"
         "from hvd_train import cli\n"
@@ -129,8 +130,7 @@ def test_a_failure_exits_with_its_code_past_a_teardown_that_would_hang() -> None
         "cli.main = lambda prog: 2\n"
         "cli.run()\n"
     )
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          timeout=120)  # fmt: skip
+    proc = run_cli(script)
     assert proc.returncode == 2 and "Timeout" not in proc.stderr, proc.stderr
 
 
@@ -138,9 +138,6 @@ def test_a_failed_process_whose_exit_hangs_ends_with_every_threads_traceback(tmp
     """A failure exits through atexit's handlers; one that hangs there (here a handler that
     never returns) is ended by the watchdog: every thread's traceback on stderr, naming where
     it waited, and exit code 1, never a process that holds its job forever."""
-    import subprocess
-    import sys
-
     script = (
         "import atexit, sys, time\n"
         "from hvd_train import cli\n"
@@ -150,7 +147,6 @@ def test_a_failed_process_whose_exit_hangs_ends_with_every_threads_traceback(tmp
         "cli.main = lambda prog: 2\n"
         "cli.run()\n"
     )
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          timeout=120)  # fmt: skip
+    proc = run_cli(script)
     assert proc.returncode == 1, proc.stderr
     assert "Timeout (0:00:01)!" in proc.stderr and "stuck_at_exit" in proc.stderr, proc.stderr
