@@ -17,8 +17,8 @@ import pytest
 from harness import PYTHON, QUICKSTART, horovodrun
 
 from hvd_train import cli
+from hvd_train.base import device_choice
 from hvd_train.base.errors import DeviceError
-from hvd_train.runtime import device
 
 
 def fake_nvidia_smi(folder: pathlib.Path, gpus: int) -> None:
@@ -93,7 +93,9 @@ def nvidia_smi(tmp_path, monkeypatch):
 
 def test_auto_needs_a_gpu_only_where_nvidia_smi_lists_one_and_gpu_always(nvidia_smi) -> None:
     pytest.importorskip("tensorflow")
-    assert [device.prepare(c, n) for c, n in [("auto", 0), ("auto", 2), ("gpu", 0)]] == [
+    from hvd_train.runtime import device
+
+    assert [device_choice.prepare(c, n) for c, n in [("auto", 0), ("auto", 2), ("gpu", 0)]] == [
         False, True, True,
     ]  # fmt: skip
     nvidia_smi(0)
@@ -109,8 +111,10 @@ def test_cpu_hides_the_gpus_before_tensorflow_looks(nvidia_smi) -> None:
     """CUDA_VISIBLE_DEVICES=-1 before TensorFlow's import: neither it nor Horovod's CUDA
     libraries find a GPU; and nothing is required of TensorFlow."""
     pytest.importorskip("tensorflow")
+    from hvd_train.runtime import device
+
     nvidia_smi(8)
-    assert device.prepare("cpu", 8) is False
+    assert device_choice.prepare("cpu", 8) is False
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "-1"
     device.require("cpu")
 
@@ -141,23 +145,23 @@ def test_a_cuda_build_names_its_versions_and_the_libraries_that_did_not_load() -
         return [f"{names[2]}: cannot open shared object file: No such file or directory"]
 
     info = {"is_cuda_build": True, "cuda_version": "12.5.1", "cudnn_version": "9"}
-    why = device.build_problem(info, failures)
+    why = device_choice.build_problem(info, failures)
     assert asked == [["libcuda.so.1", "libcudart.so.12", "libcudnn.so.9"]]
     assert why == ("built for CUDA 12.5.1 and cuDNN 9; did not load: libcudnn.so.9: cannot open "
                    "shared object file: No such file or directory")  # fmt: skip
-    assert "is_cuda_build False" in device.build_problem({"is_cuda_build": False}, failures)
+    assert "is_cuda_build False" in device_choice.build_problem({"is_cuda_build": False}, failures)
 
 
 def test_a_library_that_does_not_load_is_reported_with_the_loaders_error() -> None:
-    error = device.load_error("libhvd_train_no_such_library.so.12")
+    error = device_choice.load_error("libhvd_train_no_such_library.so.12")
     assert error is not None and "libhvd_train_no_such_library.so.12" in str(error)
-    assert device.load_error("libc.so.6") is None
+    assert device_choice.load_error("libc.so.6") is None
 
 
 def test_the_opening_line_says_when_the_cpu_was_chosen() -> None:
-    assert device.label("cpu", "cpu") == "cpu (runtime.device: cpu)"
-    assert device.label("auto", "cpu") == "cpu"
-    assert device.label("auto", "gpu") == "gpu"
+    assert device_choice.label("cpu", "cpu") == "cpu (runtime.device: cpu)"
+    assert device_choice.label("auto", "cpu") == "cpu"
+    assert device_choice.label("auto", "gpu") == "gpu"
 
 
 @pytest.mark.parametrize(
@@ -175,6 +179,7 @@ def test_thread_pools_are_the_workers_share_of_the_cores(
 ) -> None:
     """Not every core of the host in each of its workers, GPU workers included."""
     pytest.importorskip("tensorflow")
+
     from hvd_train.runtime.distributed import thread_counts
 
     assert thread_counts(*config, cores, workers, bound=bound, gpu=gpu) == expected

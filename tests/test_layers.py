@@ -20,7 +20,7 @@ PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "hvd_train"
 
 # Each layer, and the layers it may import (besides itself), from the floor up.
 LAYERS: dict[str, set[str]] = {
-    "base": set(),  # errors, logs, start-up marks, atomic files: the standard library only
+    "base": set(),  # errors, logs, start-up marks, files, what is decided before TensorFlow loads (GPUs, device, XLA): the standard library only
     "config": {"base"},  # the schema, its loader and rules, the derived plan
     "record": {"base", "config"},  # run.dir, summary.json, the keeper, the stops
     "launcher": {"base", "config", "record"},  # horovodrun, launch, supervise, Slurm, sweep, plan

@@ -170,7 +170,7 @@ def test_jit_compile_takes_the_whole_step_only_where_horovod_has_its_xla_ops(
     library loaded before the variable was set) XLA auto-clustering around the all-reduce,
     never a whole-step compile that would fail on the HorovodAllreduce op. (No GPU here: the
     choice is tested, the GPU compile is not.)"""
-    from hvd_train.runtime import xla
+    from hvd_train.base import xla_env as xla
 
     assert [xla.whole_step_xla(gpu, ops) for gpu in (False, True) for ops in (False, True)] == [
         False, False, False, True,

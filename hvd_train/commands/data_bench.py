@@ -6,7 +6,6 @@ from hvd_train.base import logs
 from hvd_train.commands.train import before_tensorflow, parser
 from hvd_train.config import load_config
 from hvd_train.record.layout import RunDir
-from hvd_train.runtime import xla
 from hvd_train.runtime.keras import binding
 
 
@@ -23,6 +22,8 @@ def main(argv: list[str], prog: str) -> int:
     before_tensorflow(cfg.runtime)
     logs.quiet_tensorflow(RunDir(cfg.run.dir).started_run_logs(), "hvd-train data-bench")
     binding.import_tensorflow()  # matplotlib deferred, the collector paused
+    from hvd_train.runtime import xla
+
     # Before Horovod's library loads: its XLA all-reduce is registered then or never.
     xla.prepare(cfg.runtime.jit_compile)
     from hvd_train.train.inference.data_bench import data_bench

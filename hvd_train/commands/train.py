@@ -29,7 +29,6 @@ def main(argv: list[str], prog: str) -> int:
     cfg = load_config(args.config, args.overrides)  # before TensorFlow loads: fast to fail
     from hvd_train.base import logs, startup
     from hvd_train.record import stops
-    from hvd_train.runtime import xla
     from hvd_train.runtime.keras import binding
 
     binding.prepare(cfg.runtime.keras)  # before TensorFlow loads: what tf.keras means
@@ -44,6 +43,8 @@ def main(argv: list[str], prog: str) -> int:
     # once run.dir is this job's; alone, TensorFlow's start-up lines are kept for that log.
     logs.quiet_tensorflow()
     binding.import_tensorflow()  # matplotlib deferred, the collector paused
+    from hvd_train.runtime import xla
+
     # Before Horovod's library loads: its XLA all-reduce is registered then or never.
     xla.prepare(cfg.runtime.jit_compile)
     from hvd_train.train.run.trainer import train
@@ -56,11 +57,12 @@ def main(argv: list[str], prog: str) -> int:
 def before_tensorflow(runtime: RuntimeConfig) -> None:
     """What a worker's environment must say before TensorFlow is imported, which reads it
     then: its MIG instance, the GPUs hidden where `runtime.device` is cpu, and XLA's flags."""
-    from hvd_train.base import gpus
-    from hvd_train.runtime import device, xla
+    from hvd_train.base import device_choice, gpus, xla_env
 
     if runtime.device != "cpu":
         # Before CUDA loads: it shows a process one MIG instance at most, chosen by this variable.
         gpus.pin_mig_device()
-    gpu = device.prepare(runtime.device, 0 if runtime.device == "cpu" else len(gpus.devices()))
-    xla.environment(runtime.jit_compile, gpu)
+    gpu = device_choice.prepare(
+        runtime.device, 0 if runtime.device == "cpu" else len(gpus.devices())
+    )
+    xla_env.environment(runtime.jit_compile, gpu)

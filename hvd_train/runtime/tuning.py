@@ -11,6 +11,7 @@ from typing import Any
 
 import tensorflow as tf
 
+from hvd_train.base import xla_env
 from hvd_train.config import Config, Derived, RuntimeConfig
 from hvd_train.runtime import distributed, xla
 from hvd_train.runtime.keras import binding
@@ -27,8 +28,8 @@ def before_init(runtime: RuntimeConfig) -> None:
 
 def jit_compile(runtime: RuntimeConfig, device: str) -> bool:
     """Keras' `jit_compile` for model.compile: the whole train step where XLA can compile the
-    all-reduce (xla.whole_step)."""
-    return xla.whole_step(runtime.jit_compile, device == "gpu")
+    all-reduce (xla_env.whole_step)."""
+    return xla_env.whole_step(runtime.jit_compile, device == "gpu")
 
 
 def precision_policy(runtime: RuntimeConfig) -> str:

@@ -36,6 +36,7 @@ import numpy as np
 import tensorflow as tf
 from keras.src.utils import python_utils  # Keras' own test and conversion of a step's logs
 
+from hvd_train.base import xla_env
 from hvd_train.runtime import distributed, replicas, xla
 from hvd_train.runtime.keras import binding
 from hvd_train.runtime.schedules import schedule_class, warmup_scaled
@@ -418,7 +419,7 @@ class BroadcastInitialState(keras.callbacks.Callback):
 def _no_xla_around_the_all_reduce(model: Any) -> None:
     """Turns off a `jit_compile` that would compile Horovod's all-reduce with XLA, which fails
     at the first step in a Horovod without XLA ops (every CPU build; the CUDA builds for
-    TensorFlow 2.19+: runtime/xla.py), and makes `fit` trace its step again. `compile`'s
+    TensorFlow 2.19+: base/xla_env.py), and makes `fit` trace its step again. `compile`'s
     default, "auto", means XLA on a GPU. At one worker nothing is all-reduced."""
     if hvd_tf.size() == 1 or not model.jit_compile or _xla_all_reduce():
         return
@@ -434,8 +435,8 @@ def _no_xla_around_the_all_reduce(model: Any) -> None:
 def _xla_all_reduce() -> bool:
     """Whether Horovod can all-reduce inside XLA here: on a GPU, its XLA ops built and
     registered as its library loaded (HOROVOD_ENABLE_XLA_OPS=1 before `import horovod`, which
-    hvd_train's commands set where they are: runtime/xla.py)."""
-    return xla.whole_step(True, xla.gpu_visible())
+    hvd_train's commands set where they are: base/xla_env.py)."""
+    return xla_env.whole_step(True, xla.gpu_visible())
 
 
 def broadcast_callback() -> Any:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from hvd_train.base import device_choice
 from hvd_train.config import Config, Derived
 from hvd_train.data.sources import Source
-from hvd_train.runtime import device as devices
 from hvd_train.runtime import distributed
 
 
@@ -18,7 +18,7 @@ def log_plan(cfg: Config, plan: Derived, source: Source, device: str) -> None:
     warm = f", warm-up {cfg.optimizer.warmup_epochs:g} epochs" if plan.warmup_steps else ""
     k = cfg.train.steps_per_execution
     calls = f" ({k} a call into TensorFlow)" if k > 1 else ""
-    shown = devices.label(cfg.runtime.device, device)  # "cpu (runtime.device: cpu)" if chosen
+    shown = device_choice.label(cfg.runtime.device, device)  # "cpu (runtime.device: cpu)" if chosen
     distributed.log(
         f"{workers_label(plan.world_size)}, {shown} | batch {plan.per_worker_batch}/worker, "
         f"{plan.global_batch} global | learning rate {plan.base_lr:g} -> {plan.scaled_lr:g} "
