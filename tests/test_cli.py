@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import re
 import subprocess
-import sys
 
 import pytest
-from harness import ROOT
+from harness import PYTHON, ROOT, run
 
 from hvd_train.cli import COMMANDS, main
 
@@ -89,9 +88,9 @@ def test_without_a_command_the_options_go_to_train(capsys) -> None:
 
 
 def run_cli(script: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    """`script` (which ends in `cli.run()`) in a Python process of its own, output captured."""
-    return subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True,
-                          timeout=timeout)  # fmt: skip
+    """`script` (which ends in `cli.run()`) in a Python process of its own, output captured
+    (harness.run: its process group killed if it outlives `timeout`)."""
+    return run([PYTHON, "-c", script, *args], ROOT, timeout)
 
 
 def test_a_command_exits_with_its_code_after_atexit_and_with_its_output_flushed(tmp_path) -> None:

@@ -13,8 +13,8 @@ from hvd_train.base.errors import DeviceError
 
 def require(choice: str) -> None:
     """After TensorFlow is imported, before it runs anything: raises DeviceError where this
-    worker must train on a GPU (`device_choice.expects_gpu`, from what nvidia-smi lists for it now) and
-    TensorFlow sees none. Where TensorFlow sees one, nvidia-smi is not asked."""
+    worker must train on a GPU (`device_choice.expects_gpu`, from what nvidia-smi lists for it
+    now) and TensorFlow sees none. Where TensorFlow sees one, nvidia-smi is not asked."""
     if choice == "cpu" or tf.config.list_physical_devices("GPU"):
         return
     listed = len(gpus.devices())

@@ -10,10 +10,9 @@ from hvd_train.base import xla_env
 
 
 def prepare(jit_compile: bool) -> None:
-    """After TensorFlow is imported, before Horovod's library loads: `xla_env.environment` for the
-    GPUs TensorFlow sees (where the commands' guess before the import was wrong, or a caller
-    imported TensorFlow first), and XLA auto-clustering where the whole step is not
-    compiled."""
+    """After TensorFlow is imported, before Horovod's library loads: `xla_env.environment` for
+    the GPUs TensorFlow sees (where the commands' guess before the import was wrong, or a caller
+    imported TensorFlow first), and XLA auto-clustering where the whole step is not compiled."""
     if not jit_compile:
         return
     gpu = gpu_visible()
