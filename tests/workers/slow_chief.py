@@ -22,15 +22,17 @@ import pathlib
 import sys
 import time
 
-import hvd_train  # noqa: F401  (before TensorFlow: on 2.16+ it makes tf.keras Keras 2)
+from hvd_train.runtime.keras import binding
+
+binding.import_tensorflow()  # as hvd_train's workers import it: base/deferred.py
 
 # isort: split
-import tensorflow as tf
+import tensorflow as tf  # noqa: E402
 
-from hvd_train.config import load_config
-from hvd_train.runtime import distributed
-from hvd_train.train.callbacks import epoch_stats
-from hvd_train.train.run import trainer
+from hvd_train.config import load_config  # noqa: E402
+from hvd_train.runtime import distributed  # noqa: E402
+from hvd_train.train.callbacks import epoch_stats  # noqa: E402
+from hvd_train.train.run import trainer  # noqa: E402
 
 SLOW_S = 2.0
 ORDER = pathlib.Path("order")
