@@ -21,9 +21,9 @@ from hvd_train.runtime.keras import binding
 binding.import_tensorflow()  # as hvd_train's workers import it: base/deferred.py
 
 # isort: split
-import horovod.tensorflow as hvd  # noqa: E402
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
+import horovod.tensorflow as hvd
+import numpy as np
+import tensorflow as tf
 
 # Not a multiple of anything: sizes below, at and across the chunk and a rank's part of it.
 SIZES = [0, 1, 7, 16, 17, 1000, 4095, 1 << 20, (1 << 20) + 3, 3_000_001]

@@ -18,14 +18,14 @@ from hvd_train.runtime.keras import binding
 binding.import_tensorflow()  # as hvd_train's workers import it: base/deferred.py
 
 # isort: split
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
+import numpy as np
+import tensorflow as tf
 
-from hvd_train.config import derive, load_config  # noqa: E402
-from hvd_train.data.pipeline import train_dataset, val_shard  # noqa: E402
-from hvd_train.data.sources import load_source  # noqa: E402
-from hvd_train.runtime import distributed  # noqa: E402
-from hvd_train.train.evaluation import Evaluator  # noqa: E402
+from hvd_train.config import derive, load_config
+from hvd_train.data.pipeline import train_dataset, val_shard
+from hvd_train.data.sources import load_source
+from hvd_train.runtime import distributed
+from hvd_train.train.evaluation import Evaluator
 
 ids_folder, ids_records, digits_folder, model_path = sys.argv[1:5]
 distributed.init(load_config(None).horovod, "unused")

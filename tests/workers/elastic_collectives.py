@@ -20,11 +20,11 @@ from hvd_train.runtime.keras import binding
 binding.import_tensorflow()  # as hvd_train's workers import it: base/deferred.py
 
 # isort: split
-import horovod.tensorflow as hvd  # noqa: E402
-import tensorflow as tf  # noqa: E402
-from horovod.common.elastic import ObjectState  # noqa: E402
+import horovod.tensorflow as hvd
+import tensorflow as tf
+from horovod.common.elastic import ObjectState
 
-from hvd_train.runtime import replicas  # noqa: E402
+from hvd_train.runtime import replicas
 
 STEPS = 6
 

@@ -16,11 +16,11 @@ from hvd_train.runtime.keras import binding
 binding.import_tensorflow()  # as hvd_train's workers import it: base/deferred.py
 
 # isort: split
-import tensorflow as tf  # noqa: E402
+import tensorflow as tf
 
-from hvd_train.config import load_config  # noqa: E402
-from hvd_train.runtime import distributed  # noqa: E402
-from hvd_train.train.run import trainer  # noqa: E402
+from hvd_train.config import load_config
+from hvd_train.runtime import distributed
+from hvd_train.train.run import trainer
 
 GATE_DIR, CONFIG, SETS = sys.argv[1], sys.argv[2], sys.argv[3:]
 

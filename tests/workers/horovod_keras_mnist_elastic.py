@@ -19,9 +19,9 @@ import numpy as np
 import tensorflow as tf
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from horovod_keras_mnist import local_mnist  # noqa: E402
+from horovod_keras_mnist import local_mnist
 
-import hvd_train.horovod as hvd  # noqa: E402
+import hvd_train.horovod as hvd
 
 parser = argparse.ArgumentParser(description="Tensorflow 2.0 Keras MNIST Example")
 parser.add_argument("out")

@@ -24,12 +24,12 @@ from hvd_train.runtime.keras import binding
 binding.import_tensorflow()  # as hvd_train's workers import it: base/deferred.py
 
 # isort: split
-import tensorflow as tf  # noqa: E402
-from tensorflow.python.framework import ops  # noqa: E402
-from tensorflow.python.framework import tensor as tensor_lib  # noqa: E402
+import tensorflow as tf
+from tensorflow.python.framework import ops
+from tensorflow.python.framework import tensor as tensor_lib
 
-from hvd_train.config.loading import load_config  # noqa: E402
-from hvd_train.train.run import trainer  # noqa: E402
+from hvd_train.config.loading import load_config
+from hvd_train.train.run import trainer
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 

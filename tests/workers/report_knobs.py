@@ -16,11 +16,11 @@ binding.prepare(cfg.runtime.keras)  # before TensorFlow is imported, as `hvd-tra
 binding.import_tensorflow()
 
 # isort: split
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
+import numpy as np
+import tensorflow as tf
 
-from hvd_train.runtime import distributed  # noqa: E402
-from hvd_train.train.run.trainer import train  # noqa: E402
+from hvd_train.runtime import distributed
+from hvd_train.train.run.trainer import train
 
 
 def thread_affinities() -> list[list[int]]:

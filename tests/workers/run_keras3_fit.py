@@ -43,7 +43,7 @@ keras.Model.fit = fit
 runpy.run_path(sys.argv[1], run_name="__main__")
 keras.Model.fit = plain_fit
 
-from hvd_train import keras3 as hvdk  # noqa: E402 - imported by the script already
+from hvd_train import keras3 as hvdk  # imported by the script already
 
 model, rank = seen["model"], hvdk.rank()
 schedule = model.optimizer._learning_rate  # Keras 3: the schedule the optimizer steps

@@ -27,12 +27,12 @@ from hvd_train.runtime.keras import binding
 binding.import_tensorflow()  # as hvd_train's workers import it: base/deferred.py
 
 # isort: split
-import tensorflow as tf  # noqa: E402
+import tensorflow as tf
 
-from hvd_train.config import load_config  # noqa: E402
-from hvd_train.runtime import distributed  # noqa: E402
-from hvd_train.train.callbacks import epoch_stats  # noqa: E402
-from hvd_train.train.run import trainer  # noqa: E402
+from hvd_train.config import load_config
+from hvd_train.runtime import distributed
+from hvd_train.train.callbacks import epoch_stats
+from hvd_train.train.run import trainer
 
 SLOW_S = 2.0
 ORDER = pathlib.Path("order")

@@ -16,8 +16,8 @@ from hvd_train.runtime.keras import binding
 cfg = load_config(sys.argv[1], sys.argv[2:])
 binding.prepare(cfg.runtime.keras)  # before TensorFlow is imported, as `hvd-train train` does
 binding.import_tensorflow()
-from hvd_train.runtime import distributed, replicas  # noqa: E402 - TensorFlow from here on
-from hvd_train.train.run.trainer import train  # noqa: E402
+from hvd_train.runtime import distributed, replicas  # TensorFlow from here on
+from hvd_train.train.run.trainer import train
 
 model, summary = train(cfg)
 digest = hashlib.sha256()

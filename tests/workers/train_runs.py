@@ -20,8 +20,8 @@ from hvd_train.config import load_config
 from hvd_train.runtime.keras import binding
 
 binding.import_tensorflow()  # as `hvd-train train` does
-from hvd_train.runtime import distributed  # noqa: E402
-from hvd_train.train.run.trainer import train  # noqa: E402
+from hvd_train.runtime import distributed
+from hvd_train.train.run.trainer import train
 
 
 def digest(arrays) -> str:

@@ -38,7 +38,7 @@ class _Watch(importlib.abc.MetaPathFinder):
 
 
 sys.meta_path.insert(0, _Watch())
-from hvd_train import cli  # noqa: E402
+from hvd_train import cli
 
 code = cli.main(["train", *sys.argv[1:]])
 print(f"AT_LOAD {seen} CODE {code}", flush=True)

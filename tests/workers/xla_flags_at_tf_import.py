@@ -18,7 +18,7 @@ class _WatchTensorFlow(importlib.abc.MetaPathFinder):
 
 
 sys.meta_path.insert(0, _WatchTensorFlow())
-from hvd_train import cli  # noqa: E402
+from hvd_train import cli
 
 code = cli.main(sys.argv[1:])
 print(f"NEVER_IMPORTED CODE {code}", flush=True)
