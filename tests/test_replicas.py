@@ -135,15 +135,54 @@ def test_fingerprints_differ_with_one_bit_and_with_two_values_swapped() -> None:
     assert replicas.fingerprint(tf.Variable(values[[1, 0, 2, 3, 4, 5, 6]])) != before
 
 
+def _two_sums(values: np.ndarray) -> tuple[int, int]:
+    """The fingerprint as replicas.py defines it, in Python's integers: the bytes as 64-bit
+    words (the last zero-padded), their sum, and their sum weighted 1, 2, 3, ..., modulo 2^64."""
+    data = values.tobytes()
+    data += bytes(-len(data) % 8)
+    words = np.frombuffer(data, np.uint64).tolist()
+    weighted = sum(i * w for i, w in enumerate(words, start=1))
+    return sum(words) % 2**64, weighted % 2**64
+
+
+def test_a_fingerprint_is_the_plain_and_the_weighted_sum_of_the_variables_words() -> None:
+    """Whatever the dtype and shape, each variable's two sums are its own, as defined: a long
+    one (over a million words) summed a chunk at a time, and an empty variable's are zero."""
+    from hvd_train.runtime import replicas
+
+    tf = pytest.importorskip("tensorflow")
+    rng = np.random.default_rng(0)
+    arrays = [rng.integers(0, 2**63, (n,), np.int64).view(np.float64) for n in (1, 3, 1000)]
+    arrays += [rng.random((3, 5), np.float32), np.array([True, False, True]),
+               np.array(7, np.int64), np.zeros((0,), np.float32),
+               rng.integers(0, 2**63, (2_500_000,), np.int64)]  # fmt: skip
+    for values in arrays:
+        assert replicas.fingerprint(tf.Variable(values)) == _two_sums(values), values.dtype
+
+
 @pytest.mark.parametrize("keras", KERASES)
-def test_a_models_fingerprints_taken_at_once_are_each_variables_own(keras) -> None:
-    """`Fingerprints.mine` joins the variables' bytes a group at a time: each slice is the
-    variable's own fingerprint, whatever its dtype (float32 weights, the int64 step counter,
-    tf_keras' loss scale), and a change to one variable changes its alone."""
+def test_a_models_fingerprints_are_each_variables_own_sums(keras) -> None:
+    """A model's fingerprints, taken all at once from host memory or a group at a time on a
+    device (`joined=True`), are each variable's own two sums, as defined."""
     from hvd_train.runtime import replicas
 
     _, model = _model(keras, 2, keras == binding.KERAS2)
-    prints = replicas.Fingerprints(model)
+    expected = [_two_sums(v.numpy()) for _, v in replicas.Fingerprints(model).named]
+    for joined in (False, True):
+        mine = replicas.Fingerprints(model, joined=joined).mine()
+        assert [tuple(p) for p in mine.view(np.uint64).reshape(-1, 2).tolist()] == expected
+
+
+@pytest.mark.parametrize("keras", KERASES)
+def test_a_models_fingerprints_taken_at_once_are_each_variables_own(keras) -> None:
+    """`Fingerprints.mine` on a device joins the variables' bytes a group at a time (taken
+    here on the CPU with `joined=True`): each slice is the variable's own fingerprint, whatever
+    its dtype (float32 weights, the int64 step counter, tf_keras' loss scale), and a change to
+    one variable changes its alone."""
+    from hvd_train.runtime import replicas
+
+    _, model = _model(keras, 2, keras == binding.KERAS2)
+    prints = replicas.Fingerprints(model, joined=True)
     mine = prints.mine()
     pairs = mine.view(np.uint64).reshape(-1, 2)  # two sums a variable
     assert [tuple(p) for p in pairs.tolist()] == [replicas.fingerprint(v) for _, v in prints.named]
@@ -180,13 +219,33 @@ def test_the_check_copies_at_most_the_largest_variable_at_once(keras, monkeypatc
         return concat(values, axis, name=name)
 
     monkeypatch.setattr(tf, "concat", spy)
-    prints = replicas.Fingerprints(model)
+    prints = replicas.Fingerprints(model, joined=True)  # a device's path, taken on the CPU
     mine = prints.mine()
     sizes = [-(-v.shape.num_elements() * v.dtype.size // 8) * 8 for _, v in prints.named]
     assert len(sizes) > 2 and joined, "a model of several variables, joined in groups"
     assert max(joined) == max(sizes) < sum(sizes)
     pairs = mine.view(np.uint64).reshape(-1, 2)
     assert [tuple(p) for p in pairs.tolist()] == [replicas.fingerprint(v) for _, v in prints.named]
+
+
+@pytest.mark.parametrize("keras", KERASES)
+def test_variables_in_host_memory_are_read_one_at_a_time_without_a_traced_function(
+    keras, monkeypatch
+) -> None:
+    """A CPU worker's variables are already in host memory: each is read as it is, with no
+    function traced to join them (tracing cost a CPU worker's first check more than the check),
+    and the fingerprints are those the joined groups give."""
+    tf = pytest.importorskip("tensorflow")
+    from hvd_train.runtime import replicas
+
+    _, model = _model(keras, 1, False)
+    expected = replicas.Fingerprints(model, joined=True).mine()
+    traced: list[object] = []
+    function = tf.function
+    monkeypatch.setattr(tf, "function", lambda *a, **k: traced.append(a) or function(*a, **k))
+    prints = replicas.Fingerprints(model)
+    assert prints.mine().tolist() == expected.tolist()
+    assert traced == [] and len(prints.named) > 2
 
 
 def test_a_disagreement_names_the_first_variable_that_differs_and_the_ranks() -> None:

@@ -105,9 +105,17 @@ def average_moving_statistics(model: Model) -> None:
 
 
 def fingerprint(variable: tf.Variable) -> tuple[int, int]:
-    """One variable's fingerprint (`Fingerprints` computes all of a model's at once)."""
-    data = np.ascontiguousarray(variable.numpy()).reshape(-1).view(np.uint8)
-    return _sums(np.pad(data, (0, -data.size % 8)).view(np.uint64))
+    """One variable's fingerprint (`Fingerprints` takes every variable's, as this does)."""
+    return _sums(_host_words(variable))
+
+
+def _host_words(variable: tf.Variable) -> np.ndarray:
+    """The bytes of a variable's value as 64-bit words, the last zero-padded: a view of the
+    value's own memory where its size is whole words (a read-only view, no copy)."""
+    data = np.asarray(variable.value()).reshape(-1).view(np.uint8)
+    if data.size % 8:
+        data = np.pad(data, (0, -data.size % 8))
+    return data.view(np.uint64)
 
 
 # A longer variable is summed CHUNK words at a time, so the position weights `_sums` keeps
@@ -151,29 +159,41 @@ class Fingerprints:
     """The fingerprints of a model's replicated variables (`replicated_variables`, found once):
     two 64-bit sums of each one's bytes (`_sums`).
 
-    The variables' bytes are copied to host memory a group at a time: consecutive variables
-    joined on the device by one traced function per group (one dispatch and one copy each, not
-    one of each per variable), each group no larger than the largest variable (`groups`). So
-    a check needs at most one variable's worth of extra memory on the device and on the host,
-    not a copy of the whole model.
+    Variables in host memory (a CPU worker's) are read one at a time, as numpy views of their
+    values. Variables on a device (a GPU worker's) are copied to host memory a group at a time:
+    consecutive variables joined on the device by one traced function per group (one dispatch
+    and one copy each, not one of each per variable), each group no larger than the largest
+    variable (`groups`); `joined=True` takes that path for any variables. Either way a check
+    needs at most one variable's worth of extra memory on the device and on the host, not a
+    copy of the whole model. Tracing the groups' functions is the first device check's cost,
+    which host memory does not need to pay.
     """
 
-    def __init__(self, model: Model):
+    def __init__(self, model: Model, joined: bool | None = None):
         self.named = replicated_variables(model)
         variables = [v for _, v in self.named]
+        if joined is None:
+            joined = not all(_in_host_memory(v) for v in variables)
         self._words = [-(-v.shape.num_elements() * v.dtype.size // 8) for v in variables]
-        self._groups = [
-            (group, _joined([variables[i] for i in group]))
-            for group in groups(self._words, max(self._words, default=0))
-        ]
+        self._groups = (
+            [
+                (group, _joined([variables[i] for i in group]))
+                for group in groups(self._words, max(self._words, default=0))
+            ]
+            if joined
+            else None
+        )
 
     def mine(self) -> np.ndarray:
         """This rank's fingerprints: two int64 per variable, in `named`'s order."""
-        sums: list[tuple[int, int]] = []
-        for group, joined in self._groups:
-            words = joined().numpy().view(np.uint64)
-            ends = np.cumsum([self._words[i] for i in group])
-            sums += [_sums(words[a:b]) for a, b in zip([0, *ends[:-1]], ends, strict=True)]
+        if self._groups is None:
+            sums = [_sums(_host_words(v)) for _, v in self.named]
+        else:
+            sums = []
+            for group, joined in self._groups:
+                words = joined().numpy().view(np.uint64)
+                ends = np.cumsum([self._words[i] for i in group])
+                sums += [_sums(words[a:b]) for a, b in zip([0, *ends[:-1]], ends, strict=True)]
         return np.array(sums, np.uint64).reshape(-1).view(np.int64)
 
     def gather(self) -> list[np.ndarray]:
@@ -198,6 +218,10 @@ def groups(sizes: list[int], limit: int) -> list[list[int]]:
         found[-1].append(i)
         total += size
     return found
+
+
+def _in_host_memory(variable: tf.Variable) -> bool:
+    return tf.DeviceSpec.from_string(variable.device).device_type in (None, "CPU")
 
 
 def _joined(variables: list[tf.Variable]) -> Any:
