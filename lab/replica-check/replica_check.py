@@ -12,7 +12,10 @@ then times, on the trained model, what an epoch's end does with and without the 
   the check makes of an epoch's end; its cost is the difference from `gather` (each repeat's
   pair, then their median);
 - `check alone`: the fingerprints all-gathered by themselves and compared, as at a step that
-  `runtime.check_replicas_every_steps` adds.
+  `runtime.check_replicas_every_steps` adds;
+- `hash, joined` and `gather + check, joined`: the same with the fingerprints a GPU worker takes
+  (`Fingerprints(model, joined=True)`: the variables joined a group at a time by traced
+  functions, then copied to host memory), here on the CPU, its tracing done before the repeats.
 Rank 0 prints the medians and their share of the median epoch's training time (metrics.csv
 `epoch_time_s`, the first epoch left out: it traces the step).
 """
@@ -49,6 +52,8 @@ def main() -> None:
 
     model, _ = train(cfg)
     prints = replicas.Fingerprints(model)  # made once a `fit`, as the callback does
+    joined = replicas.Fingerprints(model, joined=True)
+    joined.mine()  # traced once a process
     names = [n for n, _ in prints.named]
 
     def gather(also):
@@ -63,6 +68,10 @@ def main() -> None:
             names, [also for _, _, also in gather(prints.mine)]
         ),
         "check alone": lambda: replicas.disagreement(names, prints.gather()),
+        "hash, joined": joined.mine,
+        "gather + check, joined": lambda: replicas.disagreement(
+            names, [also for _, _, also in gather(joined.mine)]
+        ),
     }
     timings: dict[str, list[float]] = {name: [] for name in steps}
     for _ in range(args.repeats):
@@ -83,8 +92,10 @@ def main() -> None:
     print("|---|---:|---:|")
     medians = {name: 1000 * statistics.median(values) for name, values in timings.items()}
     # What the check adds to an epoch's end: each repeat's pair, then their median.
-    added = [c - g for c, g in zip(timings["gather + check"], timings["gather"], strict=True)]
-    medians["the check at an epoch's end"] = 1000 * statistics.median(added)
+    for suffix in ("", ", joined"):
+        pairs = zip(timings[f"gather + check{suffix}"], timings["gather"], strict=True)
+        added = [c - g for c, g in pairs]
+        medians[f"the check at an epoch's end{suffix}"] = 1000 * statistics.median(added)
     for name, ms in medians.items():
         print(f"| {name} | {ms:.2f} | {ms / 1000 / epoch_s:.2%} |")
 
