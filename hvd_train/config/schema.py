@@ -221,9 +221,9 @@ class RuntimeConfig:
     # tf.keras on 2.15; a factory's tf.keras is then Keras 2 too). docs/models.md.
     keras: Literal["auto", "keras", "tf_keras"] = "auto"
     # Every rank compares a fingerprint of every replicated variable (weights, optimizer state,
-    # loss scale), carried in the all-gather an epoch's end does anyway: epoch (at each epoch's end and before each
-    # checkpoint), or off (YAML's false). A mismatch ends the run with exit code 3
-    # (docs/faults.md).
+    # loss scale), carried in the all-gather an epoch's end does anyway: epoch (at each epoch's
+    # end and before each checkpoint), or off (YAML's false). A mismatch ends the run with exit
+    # code 3 (docs/faults.md).
     check_replicas: Literal["epoch", "off"] = field(
         default="epoch", metadata={"bool_as": {False: "off", True: "epoch"}}
     )
