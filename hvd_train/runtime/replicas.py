@@ -105,7 +105,8 @@ def average_moving_statistics(model: Model) -> None:
 
 
 def fingerprint(variable: tf.Variable) -> tuple[int, int]:
-    """One variable's fingerprint (`Fingerprints` takes every variable's, as this does)."""
+    """One variable's fingerprint, its value read in place (as `Fingerprints` reads a CPU
+    worker's variables)."""
     return _sums(_host_words(variable))
 
 
