@@ -105,3 +105,44 @@ def test_keras3_list_converts_nothing_when_only_ours_have_batch_hooks(monkeypatc
     assert len(ours.seen) == 5
     # Keras converts the logs of the epoch's end and of the training's end; of no step.
     assert len([logs for logs in converted if logs]) == 2, converted
+
+
+def test_keras2_list_calls_at_a_step_only_the_hooks_that_act() -> None:
+    """Keras 2 calls every callback's batch hooks at every step once any callback has one; the
+    binding's list calls only the hooks that do something, in list order, at every step (the
+    first ones, which Keras times for its slow-callback warning, included): ours with the logs
+    as tensors, and a Keras callback written the old way (`on_batch_end`). A hook marked as a
+    default, as Keras and hvd_train mark the ones that do nothing, is not called."""
+    from hvd_train.runtime.keras import v2
+
+    keras = v2.keras
+    seen: list[tuple[str, int, bool]] = []
+
+    class Ours(Callback):
+        def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+            seen.append(("ours", batch, isinstance(logs["loss"], tf.Tensor)))
+
+    class OldStyle(keras.callbacks.Callback):
+        def on_batch_end(self, batch: int, logs: dict | None = None) -> None:
+            seen.append(("old style", batch, isinstance(logs["loss"], tf.Tensor)))
+
+    def marked(self, batch: int, logs: dict | None = None) -> None:
+        seen.append(("marked default", batch, False))
+
+    marked._is_default = True  # type: ignore[attr-defined]
+    idle = type("Idle", (Callback,), {"on_train_batch_end": marked})
+
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    data = tf.data.Dataset.from_tensors((np.zeros((4, 2)), np.zeros((4, 1)))).repeat()
+    steps = 8  # past the 5 batches Keras 2 times
+    ours = [Ours(), idle()]
+    listed = v2.fit_callbacks(ours, model, 0, epochs=1, steps=steps)
+    model.fit(data, epochs=1, steps_per_epoch=steps, callbacks=listed, verbose=0)
+    assert seen == [("ours", b, True) for b in range(steps)], seen
+
+    seen.clear()
+    listed = v2.fit_callbacks([OldStyle(), *ours], model, 0, epochs=1, steps=steps)
+    model.fit(data, epochs=1, steps_per_epoch=steps, callbacks=listed, verbose=0)
+    # A callback that takes numbers has them, and so has ours, as in Keras 2's own list.
+    assert seen == [(who, b, False) for b in range(steps) for who in ("old style", "ours")], seen

@@ -14,6 +14,7 @@ Every function here has its twin in v3.py (binding.py says which runs).
 from __future__ import annotations
 
 import sys
+import time
 from types import ModuleType
 from typing import Any
 
@@ -269,10 +270,63 @@ def broadcast_callback() -> Any:
     return _BroadcastAfterFirstBatch()
 
 
+# Each batch hook, and the older hook Keras 2's default of it calls (`on_batch_end` for
+# `on_train_batch_end`); test and predict have none.
+_BATCH_HOOKS = {
+    f"on_{mode}_batch_{when}": (f"on_batch_{when}",) if mode == "train" else ()
+    for mode in ("train", "test", "predict")
+    for when in ("begin", "end")
+}
+
+
+class CallbackList(keras.callbacks.CallbackList):
+    """Keras 2's CallbackList, but a batch hook calls only the callbacks that act on it.
+
+    Once any callback has a batch hook, Keras 2 calls every callback's hook at every step, and
+    most of those are defaults that do nothing (Keras' own History, Horovod's metric average,
+    hvd_train's callbacks that act at an epoch's end): about two dozen Python calls a step.
+    Here the hooks that act are found once. Keras' timing of the first batches, for its
+    slow-callback warning, and its conversion of the logs stay as Keras 2 does them (no
+    conversion where every callback with a batch hook takes tensor logs, `_supports_tf_logs`)."""
+
+    def __init__(self, callbacks: list[Any] | None = None, **kwargs: Any) -> None:
+        super().__init__(callbacks, **kwargs)
+        self._find_acting()
+
+    def append(self, callback: Any) -> None:
+        super().append(callback)
+        self._find_acting()
+
+    def _find_acting(self) -> None:
+        self._acting = {
+            hook: [getattr(cb, hook) for cb in self.callbacks if _acts(cb, hook, *older)]
+            for hook, older in _BATCH_HOOKS.items()
+        }
+
+    def _call_batch_hook_helper(self, hook_name: str, batch: int, logs: Any) -> None:
+        # Keras 2's own helper, with the hooks that act in place of every callback's.
+        start = time.time() if self._check_timing else None
+        logs = self._process_logs(logs, is_batch_hook=True)
+        for hook in self._acting[hook_name]:
+            hook(batch, logs)
+        if start is not None:  # Keras' first batches, timed for its warning
+            self._hook_times.setdefault(hook_name, []).append(time.time() - start)
+
+
+def _acts(callback: Any, *hooks: str) -> bool:
+    """Whether any of `callback`'s `hooks` is more than a default that does nothing (Keras'
+    marker, `_is_default`, which hvd_train's base callback sets on its own defaults too)."""
+    return not all(getattr(getattr(callback, h), "_is_default", False) for h in hooks)
+
+
 def fit_callbacks(callbacks: list[Any], model: Any, verbose: int, epochs: int, steps: int) -> Any:
-    """What `fit` takes as `callbacks=`: the list itself (Keras 2's own CallbackList gives the
-    callbacks that take tensor logs, `_supports_tf_logs`, the logs as tensors)."""
-    return list(callbacks)
+    """What `fit` takes as `callbacks=`: `CallbackList` (Keras' History added, and its bar when
+    `verbose`), made for `epochs` and `steps` as Keras 2's `fit` makes its own. Its callbacks
+    that take tensor logs (`_supports_tf_logs`) get the logs as tensors, as in Keras' own."""
+    return CallbackList(
+        callbacks, add_history=True, add_progbar=verbose != 0, model=model, verbose=verbose,
+        epochs=epochs, steps=steps,
+    )  # fmt: skip
 
 
 def metric_average_callback() -> Any:

@@ -18,7 +18,14 @@ ReduceLROnPlateau): those are made from the active Keras' class (see their modul
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
+
+
+def _default(method: Callable[..., None]) -> Callable[..., None]:
+    """Marks a hook as one that does nothing, as Keras' own `default` decorator does."""
+    method._is_default = True  # type: ignore[attr-defined]
+    return method
 
 
 class Callback:
@@ -37,21 +44,39 @@ class Callback:
     def set_params(self, params: dict[str, Any]) -> None:
         self.params = params
 
+    # The hooks below do nothing until overridden; each is marked as Keras marks its own
+    # defaults (`_is_default`), so Keras 2's batch hooks skip it (runtime/keras/v2.py).
+    @_default
     def on_train_begin(self, logs: dict | None = None) -> None: ...
+    @_default
     def on_train_end(self, logs: dict | None = None) -> None: ...
+    @_default
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None: ...
+    @_default
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None: ...
+    @_default
     def on_batch_begin(self, batch: int, logs: dict | None = None) -> None: ...
+    @_default
     def on_batch_end(self, batch: int, logs: dict | None = None) -> None: ...
+    @_default
     def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None: ...
+    @_default
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None: ...
+    @_default
     def on_test_begin(self, logs: dict | None = None) -> None: ...
+    @_default
     def on_test_end(self, logs: dict | None = None) -> None: ...
+    @_default
     def on_test_batch_begin(self, batch: int, logs: dict | None = None) -> None: ...
+    @_default
     def on_test_batch_end(self, batch: int, logs: dict | None = None) -> None: ...
+    @_default
     def on_predict_begin(self, logs: dict | None = None) -> None: ...
+    @_default
     def on_predict_end(self, logs: dict | None = None) -> None: ...
+    @_default
     def on_predict_batch_begin(self, batch: int, logs: dict | None = None) -> None: ...
+    @_default
     def on_predict_batch_end(self, batch: int, logs: dict | None = None) -> None: ...
 
     def steps_done(self, batch: int) -> int:
