@@ -107,6 +107,7 @@ def test_keras3_list_converts_nothing_when_only_ours_have_batch_hooks(monkeypatc
     assert len([logs for logs in converted if logs]) == 2, converted
 
 
+@pytest.mark.stack  # in process, and Keras 2 is TensorFlow 2.15's own Keras
 def test_keras2_list_calls_at_a_step_only_the_hooks_that_act() -> None:
     """Keras 2 calls every callback's batch hooks at every step once any callback has one; the
     binding's list calls only the hooks that do something, in list order, at every step (the
