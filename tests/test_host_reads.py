@@ -113,7 +113,8 @@ def test_keras2_list_calls_at_a_step_only_the_hooks_that_act() -> None:
     binding's list calls only the hooks that do something, in list order, at every step (the
     first ones, which Keras times for its slow-callback warning, included): ours with the logs
     as tensors, and a Keras callback written the old way (`on_batch_end`). A hook marked as a
-    default, as Keras and hvd_train mark the ones that do nothing, is not called."""
+    default, as Keras and hvd_train mark the ones that do nothing, is not called, nor one of a
+    callback that says it cannot act mid-epoch in this run."""
     from hvd_train.runtime.keras import v2
 
     keras = v2.keras
@@ -133,11 +134,21 @@ def test_keras2_list_calls_at_a_step_only_the_hooks_that_act() -> None:
     marked._is_default = True  # type: ignore[attr-defined]
     idle = type("Idle", (Callback,), {"on_train_batch_end": marked})
 
+    class NotInThisRun(Callback):
+        """A hook that acts only at mid-epoch points this run does not set (a checkpoint's
+        `every_steps`, say), which says so."""
+
+        def acts_mid_epoch(self) -> bool:
+            return False
+
+        def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+            seen.append(("not in this run", batch, False))
+
     model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
     model.compile(optimizer="sgd", loss="mse")
     data = tf.data.Dataset.from_tensors((np.zeros((4, 2)), np.zeros((4, 1)))).repeat()
     steps = 8  # past the 5 batches Keras 2 times
-    ours = [Ours(), idle()]
+    ours = [Ours(), idle(), NotInThisRun()]
     listed = v2.fit_callbacks(ours, model, 0, epochs=1, steps=steps)
     model.fit(data, epochs=1, steps_per_epoch=steps, callbacks=listed, verbose=0)
     assert seen == [("ours", b, True) for b in range(steps)], seen

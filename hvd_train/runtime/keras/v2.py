@@ -313,10 +313,15 @@ class CallbackList(keras.callbacks.CallbackList):
             self._hook_times.setdefault(hook_name, []).append(time.time() - start)
 
 
-def _acts(callback: Any, *hooks: str) -> bool:
-    """Whether any of `callback`'s `hooks` is more than a default that does nothing (Keras'
-    marker, `_is_default`, which hvd_train's base callback sets on its own defaults too)."""
-    return not all(getattr(getattr(callback, h), "_is_default", False) for h in hooks)
+def _acts(callback: Any, hook: str, *older: str) -> bool:
+    """Whether `hook` (or an `older` one its default calls) is more than a default that does
+    nothing (Keras' marker, `_is_default`, which hvd_train's base callback sets on its own
+    defaults too). A training hook never acts where the callback answers Keras' own question,
+    `_implements_train_batch_hooks`, with no (hvd_train's checkpoint and sync points, when the
+    config sets no mid-epoch point)."""
+    if hook.startswith("on_train_") and not callback._implements_train_batch_hooks():
+        return False
+    return not all(getattr(getattr(callback, h), "_is_default", False) for h in (hook, *older))
 
 
 def fit_callbacks(callbacks: list[Any], model: Any, verbose: int, epochs: int, steps: int) -> Any:

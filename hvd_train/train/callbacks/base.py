@@ -86,10 +86,17 @@ class Callback:
         end of its data), never past the epoch (`params["steps"]`)."""
         return min(batch + 1, self.params.get("steps") or batch + 1)
 
-    # Keras 2's CallbackList asks these to skip the batch hooks no callback implements.
+    def acts_mid_epoch(self) -> bool:
+        """Whether the training batch hooks can do anything in this run: a callback whose
+        hooks act only at mid-epoch points that the config may leave unset says when."""
+        return True
+
+    # Keras 2's CallbackList asks these to skip the batch hooks no callback implements (the
+    # binding's list, runtime/keras/v2.py, asks callback by callback).
     def _implements_train_batch_hooks(self) -> bool:
-        return self._overrides("on_batch_begin", "on_batch_end", "on_train_batch_begin",
-                               "on_train_batch_end")  # fmt: skip
+        return self.acts_mid_epoch() and self._overrides(
+            "on_batch_begin", "on_batch_end", "on_train_batch_begin", "on_train_batch_end"
+        )
 
     def _implements_test_batch_hooks(self) -> bool:
         return self._overrides("on_test_batch_begin", "on_test_batch_end")

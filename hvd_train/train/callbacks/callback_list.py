@@ -99,8 +99,16 @@ def build_callbacks(
     )  # fmt: skip
     timer = perf.StepTimer(plan)
     evaluator = Evaluator(model, source, plan.per_worker_batch, cfg.model.from_logits)
-    random = RandomStates(functools.partial(control.passed, cfg.checkpoint.every_steps))
+    saving_mid_epoch = bool(cfg.checkpoint.every_steps)
+    random = RandomStates(
+        functools.partial(control.passed, cfg.checkpoint.every_steps), saving_mid_epoch
+    )
     checking = cfg.runtime.check_replicas != "off"
+    # Whether sync_due below can hold mid-epoch in this run: when not, the callbacks that act
+    # there have no batch hook to call (Keras 2's list leaves them out: runtime/keras/v2.py).
+    syncing_mid_epoch = saving_mid_epoch or (
+        checking and bool(cfg.runtime.check_replicas_every_steps)
+    )
 
     def sync_due() -> bool:
         """Mid-epoch, where the replicated state must be every rank's alike: a checkpoint,
@@ -145,7 +153,7 @@ def build_callbacks(
         timer,
         # BatchNormalization's moving statistics averaged over the ranks (a collective) before
         # the validation reads them and the checkpoint saves them: each rank's own until then.
-        AverageMovingStatistics(control, sync_due),
+        AverageMovingStatistics(control, sync_due, syncing_mid_epoch),
         # Validation sums and counts all-reduced: exact, and identical on every rank.
         ExactValidation(evaluator, control.stopped_mid_epoch),
         # The users' callbacks after the averaging and the exact validation: every rank's
@@ -157,7 +165,7 @@ def build_callbacks(
         random,
         # Every rank holds the same replicated state (a collective), checked before the
         # checkpoint writes it: a mismatch ends the run on every rank, with nothing written.
-        *([CheckReplicas(control, sync_due, random)] if checking else []),
+        *([CheckReplicas(control, sync_due, random, syncing_mid_epoch)] if checking else []),
         # The learning-rate warm-up is not a callback: it lives in the optimizer's schedule
         # (schedules.WarmupScaled), scaled by the worker count and stepped per batch.
         # Side effects on rank 0 only (none is a collective): console, files, TensorBoard,
@@ -165,7 +173,11 @@ def build_callbacks(
         *chief,
         # Last: the record follows what the callbacks before it wrote.
         *(
-            [RecordProgress(record, control, checkpointer and (lambda: checkpointer.last))]
+            [
+                RecordProgress(
+                    record, control, checkpointer and (lambda: checkpointer.last), saving_mid_epoch
+                )
+            ]
             if record
             else []
         ),

@@ -73,6 +73,9 @@ class Checkpointer(Callback):
         found = [p for p in exported if os.path.exists(p)] if self.last is not None else []
         self.best_model: str | None = found[-1] if found else None
 
+    def acts_mid_epoch(self) -> bool:
+        return bool(self.k.every_steps)
+
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
         c = self.control
         if c.stopping or c.step_in_epoch == self.plan.steps_per_epoch:

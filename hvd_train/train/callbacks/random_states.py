@@ -83,17 +83,21 @@ class RandomStates(Callback):
     rank; `sums` the ranks' running gradient sums when an accumulation window is part-way,
     else None."""
 
-    def __init__(self, due: Callable[[], bool]):
+    def __init__(self, due: Callable[[], bool], mid_epoch: bool = True):
         """`due`: whether a checkpoint may be written after this call into TensorFlow (the run's
-        `RunControl.passed(checkpoint.every_steps)`)."""
+        `RunControl.passed(checkpoint.every_steps)`); `mid_epoch`: whether it can hold in this
+        run (`checkpoint.every_steps` is set). Defaults to True."""
         super().__init__()
-        self.due = due
+        self.due, self.mid_epoch = due, mid_epoch
         self.gathered: list[State] | None = None
         self.sums: list[list[np.ndarray]] | None = None
         # What else each rank sends in the same all-gather (the replica check's fingerprints,
         # set by sync_points.CheckReplicas), and every rank's of it, gathered at the last point.
         self.also: Callable[[], Any] | None = None
         self.also_gathered: list[Any] | None = None
+
+    def acts_mid_epoch(self) -> bool:
+        return self.mid_epoch
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
         if self.due():

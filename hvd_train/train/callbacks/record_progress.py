@@ -14,13 +14,22 @@ class RecordProgress(Callback):
     ended by the stop watcher or the keeper says how far the run got."""
 
     def __init__(
-        self, record: RunRecord, control: RunControl, latest: Callable[[], str | None] | None
+        self,
+        record: RunRecord,
+        control: RunControl,
+        latest: Callable[[], str | None] | None,
+        mid_epoch: bool = True,
     ):
         """`latest`: the Checkpointer's latest checkpoint (`Checkpointer.last`); None where
-        no checkpoints are written."""
+        no checkpoints are written. `mid_epoch`: whether one may be written mid-epoch in this
+        run (`checkpoint.every_steps` is set). Defaults to True."""
         super().__init__()
         self.record, self.control, self.latest = record, control, latest
+        self.mid_epoch = mid_epoch
         self._last = latest() if latest else None
+
+    def acts_mid_epoch(self) -> bool:
+        return self.mid_epoch and self.latest is not None
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
         if self.latest and self.latest() != self._last:  # a mid-epoch one

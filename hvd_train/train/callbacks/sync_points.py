@@ -17,9 +17,14 @@ class _AtSyncPoints(Callback):
     and after each call into TensorFlow where `due()` holds (a checkpoint, a replica check). A
     collective: every rank at the same steps."""
 
-    def __init__(self, control: RunControl, due: Callable[[], bool]):
+    def __init__(self, control: RunControl, due: Callable[[], bool], mid_epoch: bool = True):
+        """`mid_epoch`: whether `due()` can hold in this run (a mid-epoch checkpoint or check
+        is set). Defaults to True."""
         super().__init__()
-        self.control, self.due = control, due
+        self.control, self.due, self.mid_epoch = control, due, mid_epoch
+
+    def acts_mid_epoch(self) -> bool:
+        return self.mid_epoch
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
         if self.due():
@@ -48,8 +53,14 @@ class CheckReplicas(_AtSyncPoints):
     all-gathered alone. A mismatch raises ReplicaMismatch on every rank alike (exit code 3),
     so none is left waiting."""
 
-    def __init__(self, control: RunControl, due: Callable[[], bool], carrier: RandomStates):
-        super().__init__(control, due)
+    def __init__(
+        self,
+        control: RunControl,
+        due: Callable[[], bool],
+        carrier: RandomStates,
+        mid_epoch: bool = True,
+    ):
+        super().__init__(control, due, mid_epoch)
         self.carrier = carrier
 
     def on_train_begin(self, logs: dict | None = None) -> None:
