@@ -105,7 +105,8 @@ class Callback:
         return self._overrides("on_predict_batch_begin", "on_predict_batch_end")
 
     def _overrides(self, *hooks: str) -> bool:
-        return any(getattr(type(self), h) is not getattr(Callback, h) for h in hooks)
+        """Whether any of `hooks` is more than a default that does nothing (the marker above)."""
+        return not all(getattr(getattr(self, h), "_is_default", False) for h in hooks)
 
 
 def passes(every: int | None, before: int, after: int) -> bool:

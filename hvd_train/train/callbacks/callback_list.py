@@ -99,22 +99,18 @@ def build_callbacks(
     )  # fmt: skip
     timer = perf.StepTimer(plan)
     evaluator = Evaluator(model, source, plan.per_worker_batch, cfg.model.from_logits)
-    saving_mid_epoch = bool(cfg.checkpoint.every_steps)
-    random = RandomStates(
-        functools.partial(control.passed, cfg.checkpoint.every_steps), saving_mid_epoch
-    )
+    save_every = cfg.checkpoint.every_steps
+    random = RandomStates(functools.partial(control.passed, save_every), bool(save_every))
     checking = cfg.runtime.check_replicas != "off"
+    check_every = cfg.runtime.check_replicas_every_steps if checking else None
     # Whether sync_due below can hold mid-epoch in this run: when not, the callbacks that act
     # there have no batch hook to call (Keras 2's list leaves them out: runtime/keras/v2.py).
-    syncing_mid_epoch = saving_mid_epoch or (
-        checking and bool(cfg.runtime.check_replicas_every_steps)
-    )
+    syncing_mid_epoch = bool(save_every or check_every)
 
     def sync_due() -> bool:
         """Mid-epoch, where the replicated state must be every rank's alike: a checkpoint,
         and the replica checks asked for."""
-        every = cfg.runtime.check_replicas_every_steps if checking else None
-        return control.passed(cfg.checkpoint.every_steps) or control.passed(every)
+        return control.passed(save_every) or control.passed(check_every)
 
     checkpointer = None
     if distributed.is_chief():
@@ -175,7 +171,7 @@ def build_callbacks(
         *(
             [
                 RecordProgress(
-                    record, control, checkpointer and (lambda: checkpointer.last), saving_mid_epoch
+                    record, control, checkpointer and (lambda: checkpointer.last), bool(save_every)
                 )
             ]
             if record
