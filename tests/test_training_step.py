@@ -1,7 +1,8 @@
 """The first step's cost: the train step is traced once, and autograph leaves Horovod's code and
 hvd_train's own alone, with the same results as before (the seconds these save are in
 docs/benchmarks.md; that hvd_train's dataset and evaluation functions trace as graph code
-unconverted, every job of the suite shows)."""
+unconverted, every job of the suite shows); and a run without validation examples traces no
+validation step."""
 
 from __future__ import annotations
 
@@ -74,3 +75,38 @@ def test_autograph_converts_neither_horovods_functions_nor_hvd_trains() -> None:
     # The rules name Horovod and hvd_train, not everyone: a user's code (a model factory, a
     # callback) is converted as before.
     assert not conversion.is_allowlisted(_fit_one_step)
+
+
+class _CountedModel:
+    """What `Evaluator` reads of a model (a call, its `losses`), noting each call: a trace of
+    the validation step calls it."""
+
+    def __init__(self, active) -> None:
+        self.calls = 0
+        self.losses: list = []
+        self.flat = active.keras.layers.Flatten()
+        self.dense = active.keras.layers.Dense(CLASSES)
+
+    def __call__(self, x, training: bool = False):
+        self.calls += 1
+        return self.dense(self.flat(x))
+
+
+def test_a_run_without_validation_examples_traces_no_validation_step(each_keras) -> None:
+    """`data.val_examples: 0` (or a validation_fraction of 0): every rank holds no validation
+    example, so none traces the validation step or all-reduces its empty sums; the epoch's
+    logs get no val_ metrics. A batch of examples is traced through the same model, so the
+    count would see a trace."""
+    from hvd_train.data.sources import Source
+    from hvd_train.train import evaluation
+
+    rng = np.random.default_rng(0)
+    x = rng.random((4, 8, 8, 1), dtype=np.float32)
+    y = rng.integers(0, CLASSES, 4).astype(np.int32)
+    model = _CountedModel(each_keras)
+    evaluation.batch_sums(model, from_logits=True)(x, y, np.ones(4, np.float32))
+    assert model.calls > 0, "the count sees a traced validation step"
+    model.calls = 0
+    none = Source(x, y, x[:0], y[:0], CLASSES)
+    assert evaluation.Evaluator(model, none, 16, from_logits=True).evaluate() == {}
+    assert model.calls == 0

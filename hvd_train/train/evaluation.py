@@ -27,13 +27,18 @@ class Evaluator:
     def __init__(self, model: Any, source: Source, batch: int, from_logits: bool):
         self.model = model
         self.num_examples = len(source.x_val)
+        if not self.num_examples:  # every rank holds the same source: none of them validates
+            return
         self.dataset, self.num_batches = val_shard(
             source, batch, distributed.rank(), distributed.size()
         )
         self._step = batch_sums(model, from_logits)
 
     def evaluate(self) -> dict[str, float]:
-        """`{"val_loss": ..., "val_accuracy": ...}`, identical on every rank; {} without data."""
+        """`{"val_loss": ..., "val_accuracy": ...}`, identical on every rank; {} without data,
+        where nothing is traced, run or all-reduced."""
+        if not self.num_examples:
+            return {}
         totals = tf.zeros([3], tf.float64)
         for x, y, w in self.dataset:
             totals += self._step(x, y, w)
