@@ -86,10 +86,12 @@ class Callback:
         end of its data), never past the epoch (`params["steps"]`)."""
         return min(batch + 1, self.params.get("steps") or batch + 1)
 
+    # Whether the training batch hooks can do anything in this run: a callback whose hooks act
+    # only at mid-epoch points that the config may leave unset sets it from the config.
+    mid_epoch = True
+
     def acts_mid_epoch(self) -> bool:
-        """Whether the training batch hooks can do anything in this run: a callback whose
-        hooks act only at mid-epoch points that the config may leave unset says when."""
-        return True
+        return self.mid_epoch
 
     # Keras 2's CallbackList asks these to skip the batch hooks no callback implements (the
     # binding's list, runtime/keras/v2.py, asks callback by callback).

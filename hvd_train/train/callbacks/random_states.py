@@ -96,9 +96,6 @@ class RandomStates(Callback):
         self.also: Callable[[], Any] | None = None
         self.also_gathered: list[Any] | None = None
 
-    def acts_mid_epoch(self) -> bool:
-        return self.mid_epoch
-
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
         if self.due():
             self._gather()

@@ -23,9 +23,6 @@ class _AtSyncPoints(Callback):
         super().__init__()
         self.control, self.due, self.mid_epoch = control, due, mid_epoch
 
-    def acts_mid_epoch(self) -> bool:
-        return self.mid_epoch
-
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
         if self.due():
             self.act()
