@@ -249,15 +249,16 @@ def test_pretrained_weights_file_loads_and_predictions_match(tmp_path) -> None:
     _randomise(base, seed=3)  # stands in for pretrained weights
     base.save_weights(str(tmp_path / "base.weights.h5"))  # Keras 3 names it so; 2 reads it
     base.save(str(tmp_path / "base.keras"))
-    expected = trained.predict(x, verbose=0)
+    expected = trained(x, training=False).numpy()  # called, not predict(): nothing to trace
 
     tf.keras.utils.set_random_seed(7)  # same head as `trained`; only the base differs
-    fresh = application("mobilenet_v2", (32, 32, 3), 5).predict(x, verbose=0)
+    fresh = application("mobilenet_v2", (32, 32, 3), 5)(x, training=False).numpy()
     assert np.abs(fresh - expected).max() > 1e-3  # without the file the predictions differ
     for name in ("base.weights.h5", "base.keras"):
         tf.keras.utils.set_random_seed(7)
         loaded = application("mobilenet_v2", (32, 32, 3), 5, weights=str(tmp_path / name))
-        np.testing.assert_allclose(loaded.predict(x, verbose=0), expected, atol=1e-6, err_msg=name)
+        predicted = loaded(x, training=False).numpy()
+        np.testing.assert_allclose(predicted, expected, atol=1e-6, err_msg=name)
 
 
 def test_missing_weights_file_says_where_weights_come_from(tmp_path) -> None:
