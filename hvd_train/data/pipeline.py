@@ -160,27 +160,24 @@ def model_input(x: tf.Tensor) -> tf.Tensor:
     return tf.cast(x, tf.float32) / 255.0 if x.dtype == tf.uint8 else x
 
 
-def val_shard(source: Source, batch: int, rank: int, world: int) -> tuple[tf.data.Dataset, int]:
-    """This worker's validation examples (every world-th, from rank), in fixed-size batches.
-
-    Returns the dataset of `(x, y, weight)` and the number of batches. Padding examples carry
-    weight 0, so sums over all workers count each validation example exactly once.
+def val_shard(source: Source, batch: int, rank: int, world: int) -> tf.data.Dataset:
+    """This worker's validation examples (every world-th, from rank), in fixed-size batches of
+    `(x, y, weight)`: as many batches on every worker, the last filled up with weight-0 copies
+    of example 0, so sums over all workers count each validation example exactly once. The
+    source holds at least one validation example (a run without any validates nothing:
+    train/evaluation.py).
     """
     n = len(source.x_val)
     mine = np.arange(rank, n, world)
     per_worker = -(-n // world)  # ceil: the most any worker holds
-    batches = max(1, -(-per_worker // batch))
+    batches = -(-per_worker // batch)
     pad = batches * batch - len(mine)
     weight = np.concatenate([np.ones(len(mine)), np.zeros(pad)]).astype(np.float32)
-    if n:
-        idx = np.concatenate([mine, np.zeros(pad, dtype=mine.dtype)])
-        ds = tf.data.Dataset.from_tensor_slices((source.x_val[idx], source.y_val[idx], weight))
-    else:
-        zeros = np.zeros((pad, *source.input_shape), np.float32)
-        ds = tf.data.Dataset.from_tensor_slices((zeros, np.zeros(pad, np.int32), weight))
-    ds = source.decoded_batches(ds, batch) if source.decode and n else ds.batch(batch)
+    idx = np.concatenate([mine, np.zeros(pad, dtype=mine.dtype)])
+    ds = tf.data.Dataset.from_tensor_slices((source.x_val[idx], source.y_val[idx], weight))
+    ds = source.decoded_batches(ds, batch) if source.decode else ds.batch(batch)
     ds = ds.map(lambda x, y, w: (model_input(x), y, w))
-    return ds.prefetch(tf.data.AUTOTUNE), batches
+    return ds.prefetch(tf.data.AUTOTUNE)
 
 
 def batch_shard(

@@ -29,9 +29,7 @@ class Evaluator:
         self.num_examples = len(source.x_val)
         if not self.num_examples:  # every rank holds the same source: none of them validates
             return
-        self.dataset, self.num_batches = val_shard(
-            source, batch, distributed.rank(), distributed.size()
-        )
+        self.dataset = val_shard(source, batch, distributed.rank(), distributed.size())
         self._step = batch_sums(model, from_logits)
 
     def evaluate(self) -> dict[str, float]:

@@ -56,7 +56,7 @@ def check_source(source_name: str, folder: str, remainder: str) -> None:
     done = d.steps_per_epoch // 2
     resumed = [i for x, _ in train_dataset(source, cfg, d, rank, 1).skip(done) for i in ids_of(x)]
     mine_resumed = resumed == epochs[1][done * d.per_worker_batch :]
-    val, _ = val_shard(source, d.per_worker_batch, rank, world)
+    val = val_shard(source, d.per_worker_batch, rank, world)
     val_ids = [i for x, _, w in val for i, wi in zip(ids_of(x), w.numpy(), strict=True) if wi > 0]
     mine = {"batches": batches, "epochs": epochs, "val": val_ids, "resumed": mine_resumed}
     everyone = distributed.allgather_object(mine, name=f"ids_{source_name}_{remainder}")
@@ -101,7 +101,7 @@ def check_stream(source_name: str, folder: str) -> None:
         assert x.shape[0] == d.per_worker_batch, f"rank {rank}: short batch {x.shape}"
         seen.extend(ids_of(x))
         batches += 1
-    val, _ = val_shard(source, d.per_worker_batch, rank, world)
+    val = val_shard(source, d.per_worker_batch, rank, world)
     val_ids = [i for x, _, w in val for i, wi in zip(ids_of(x), w.numpy(), strict=True) if wi > 0]
     everyone = distributed.allgather_object(
         {"batches": batches, "seen": seen, "val": val_ids}, name=f"stream_{source_name}"

@@ -23,7 +23,7 @@ def batches(source_name: str, folder: str) -> list[np.ndarray]:
     ])  # fmt: skip
     source = load_source(cfg)
     d = derive(cfg, 1, source.num_train)
-    val, _ = val_shard(source, 8, 0, 1)
+    val = val_shard(source, 8, 0, 1)
     return [x.numpy() for x, _ in train_dataset(source, cfg, d, 0)] + [x.numpy() for x, _, _ in val]
 
 
