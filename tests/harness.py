@@ -9,6 +9,7 @@ import concurrent.futures
 import ipaddress
 import os
 import pathlib
+import re
 import signal
 import socket
 import subprocess
@@ -185,17 +186,39 @@ def listening(root: int) -> set[Listener]:
     return found
 
 
+def open_mpi_transports(root: int) -> set[str]:
+    """The Open MPI transports (btl components: vader, tcp, ofi, ...) that `root` and its
+    descendants have loaded, from the `mca_btl_NAME.so` each maps (/proc/PID/maps)."""
+    found = set()
+    for pid in _tree(root):
+        try:
+            maps = pathlib.Path(f"/proc/{pid}/maps").read_text()
+        except OSError:  # the process ended meanwhile
+            continue
+        found.update(re.findall(r"/mca_btl_(\w+)\.so$", maps, re.MULTILINE))
+    return found
+
+
 def finish_listening(proc: subprocess.Popen, timeout: float):
     """`finish` a `start`ed job, reading what its processes listen on every 0.2 s meanwhile.
 
     Returns (the CompletedProcess, every Listener seen while the job ran): a socket that
     listens for less than the interval between two readings may be missed (Gloo's, while the
     ranks connect), one that listens while the job runs is not (a rendezvous server)."""
-    seen: set[Listener] = set()
+    done, (seen,) = finish_watching(proc, timeout, listening)
+    return done, seen
+
+
+def finish_watching(proc: subprocess.Popen, timeout: float, *readers):
+    """`finish` a `start`ed job, calling each reader (`listening`, `open_mpi_transports`) on
+    its process tree every 0.2 s meanwhile; returns (the CompletedProcess, each reader's
+    findings over the job's life, as one set a reader)."""
+    seen: list[set] = [set() for _ in readers]
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         done = pool.submit(finish, proc, timeout)  # reads the output: no pipe fills up
         while not done.done():
-            seen |= listening(proc.pid)
+            for found, read in zip(seen, readers, strict=True):
+                found |= read(proc.pid)
             time.sleep(0.2)
         return done.result(), seen
 

@@ -8,11 +8,22 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import re
 import socket
 import subprocess
 
 import pytest
-from harness import BIN, PYTHON, QUICKSTART, check, finish_listening, start, two_local_hosts
+from harness import (
+    BIN,
+    PYTHON,
+    QUICKSTART,
+    check,
+    finish_watching,
+    listening,
+    open_mpi_transports,
+    start,
+    two_local_hosts,
+)
 
 from hvd_train.config import load_config
 from hvd_train.launcher.horovodrun import command, mpi_note, probe_note
@@ -23,14 +34,15 @@ SETS = ["train.epochs=1", "train.steps_per_epoch=4", "train.verbose=false",
 TRAIN = ["--config", str(QUICKSTART), *(arg for s in SETS for arg in ("--set", s))]
 
 
-def trains(cmd: list[str], tmp_path: pathlib.Path) -> tuple[set, str, dict]:
+def trains(cmd: list[str], tmp_path: pathlib.Path) -> tuple[set, set, str, dict]:
     """Runs the job to completion; returns every socket its processes listened on meanwhile,
-    the job's stderr and its summary.json."""
-    proc, seen = finish_listening(start(cmd, tmp_path), 300)
+    the Open MPI transports they loaded, the job's stderr and its summary.json."""
+    proc, (seen, transports) = finish_watching(start(cmd, tmp_path), 300, listening,
+                                               open_mpi_transports)  # fmt: skip
     check(proc)
     s = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert (s["status"], s["world_size"], s["epochs_completed"]) == ("completed", 2, 1), s
-    return seen, proc.stderr, s
+    return seen, transports, proc.stderr, s
 
 
 @pytest.mark.multiworker
@@ -48,8 +60,11 @@ def test_a_job_on_one_host_listens_on_loopback_only(tmp_path, launcher, controll
                PYTHON, "-m", "hvd_train", *TRAIN]  # fmt: skip
     else:
         cmd = [PYTHON, "-m", "hvd_train", "launch", "--np", "2", controller, *TRAIN]
-    seen, stderr, s = trains(cmd, tmp_path)
+    seen, transports, stderr, s = trains(cmd, tmp_path)
     assert [x for x in seen if not x.on_loopback()] == [], seen
+    # Under MPI the ranks load shared memory's transport, and not libfabric's, whose close
+    # sleeps 1 s at every rank's end (patches/horovod-0.28.1/0016); under Gloo, neither.
+    assert ({"vader", "ofi"} & transports) == ({"vader"} if controller == "--mpi" else set())
     # Seen for sure, there for the job's life: horovodrun's rendezvous server (Gloo), mpirun's
     # listeners (MPI). Gloo's own listeners live only while the ranks connect: seen or not,
     # they are in the check above.
@@ -75,7 +90,7 @@ def test_an_elastic_job_on_one_host_listens_on_loopback_only(tmp_path) -> None:
                f"elastic.discovery_script={discover}", "optimizer.warmup_epochs=0"]  # fmt: skip
     cmd = [PYTHON, "-m", "hvd_train", "launch", "--np", "2", *TRAIN,
            *(arg for s in elastic for arg in ("--set", s))]  # fmt: skip
-    seen, _, _ = trains(cmd, tmp_path)
+    seen, _, _, _ = trains(cmd, tmp_path)
     assert [x for x in seen if not x.on_loopback()] == [], seen
     assert any(x.process == "horovodrun" for x in seen), seen
     # The two workers' notification services, there for each worker's life.
@@ -149,6 +164,37 @@ def test_horovodrun_keeps_an_open_mpi_job_on_one_host_on_loopback(monkeypatch, t
     assert err.startswith("horovodrun: mpirun listens on all interfaces, not on loopback alone: "
                           f"{tmp_path / 'not-built.so'} was not built"), err  # fmt: skip
     assert err.count("\n") == 1, err
+
+
+def test_horovodrun_leaves_open_mpis_libfabric_transport_closed_on_one_host(monkeypatch) -> None:
+    """patches/horovod-0.28.1/0016, mpirun's start faked: every host this machine, horovodrun's
+    `-mca btl ^openib` becomes `-mca btl ^openib,ofi` (the launchers' btl_base_include in
+    --mpi-args too); a btl list or an ofi transport that the user chose stays, and so does a
+    job with a host elsewhere."""
+    from horovod.runner import mpi_run as m
+    from horovod.runner.common.util.settings import Settings
+
+    monkeypatch.setattr(m, "_get_mpi_implementation_flags",
+                        lambda tcp_flag, env=None: (list(m._OMPI_FLAGS), [], m._OMPI_IMPL))  # fmt: skip
+    started = []
+    monkeypatch.setattr(
+        m.safe_shell_exec, "execute", lambda cmd, env, **_: started.append(cmd) or 0
+    )
+
+    def btl(hosts: str, mpi_args: str = "", env: dict | None = None) -> list[str]:
+        """The btl lists of the mpirun command horovodrun starts."""
+        started.clear()
+        settings = Settings(num_proc=2, hosts=hosts, extra_mpi_args=mpi_args, run_func_mode=True)
+        m.mpi_run(settings, ["lo"], dict(env or {}), ["true"])
+        return re.findall(r"-?-mca btl (\S+)", started[0])
+
+    assert btl("localhost:2") == ["^openib,ofi"]
+    assert btl("localhost:1,127.0.0.1:1", "--mca btl_base_include self,vader") == ["^openib,ofi"]
+    assert btl("localhost:1,192.0.2.99:1") == ["^openib"]  # a host elsewhere (TEST-NET-1)
+    assert btl("localhost:2", "--mca btl self,tcp") == ["^openib", "self,tcp"]
+    assert btl("localhost:2", "--mca btl_base_include self,ofi") == ["^openib"]
+    assert btl("localhost:2", env={"OMPI_MCA_btl": "self,vader"}) == ["^openib"]
+    assert btl("localhost:2", env={"OMPI_MCA_btl_base_include": "ofi"}) == ["^openib"]
 
 
 def test_the_library_binds_to_loopback_in_mpirun_alone_and_leaves_the_ranks(tmp_path) -> None:
