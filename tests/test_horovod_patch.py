@@ -237,7 +237,9 @@ def _installed(metadata, name: str) -> bool:
 def test_a_failed_worker_ends_horovodrun_in_one_line(tmp_path) -> None:
     """Rank 1 killed: horovodrun's last line names it, its code and its signal, and no
     traceback of horovodrun's own code follows; horovodrun exits with that code."""
-    die = 'if [ "$HOROVOD_RANK" = 1 ]; then kill -9 $$; fi; sleep 5'
+    # Rank 0 waits as `sleep` itself (exec), which horovodrun's SIGTERM ends at once: a shell's
+    # `sleep` child would hold the output open until it ended by itself.
+    die = 'if [ "$HOROVOD_RANK" = 1 ]; then kill -9 $$; fi; exec sleep 5'
     job = [str(BIN / "horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo", "sh", "-c", die]
     proc = run(job, tmp_path)
     assert proc.returncode == 137, proc.stderr[-3000:]
