@@ -124,12 +124,11 @@ def test_horovods_servers_listen_where_they_are_told_and_elsewhere_as_before() -
         worker.shutdown(), other.shutdown()
 
 
-def test_horovodrun_keeps_an_open_mpi_job_on_one_host_on_loopback(monkeypatch, tmp_path, capsys):
-    """Horovod's mpi_run as patches/horovod-0.28.1/0010 leaves it, mpirun's start
-    faked: every host this machine, `-mca btl_base_include self,vader` (not twice: the
-    launchers pass it in --mpi-args) and the library first in mpirun's LD_PRELOAD, a user's
-    entry kept; a host elsewhere, neither; the library not built, one line, and mpirun starts
-    as before."""
+@pytest.fixture
+def mpirun(monkeypatch):
+    """Horovod's mpi_run as the install patches it, mpirun's start faked: a function of
+    (hosts, --mpi-args, environment) returning the mpirun command horovodrun would start and
+    the environment it would start it with."""
     from horovod.runner import mpi_run as m
     from horovod.runner.common.util.settings import Settings
 
@@ -142,51 +141,55 @@ def test_horovodrun_keeps_an_open_mpi_job_on_one_host_on_loopback(monkeypatch, t
         m.safe_shell_exec, "execute", lambda cmd, env, **_: started.append((cmd, env)) or 0
     )
 
-    def mpirun(hosts: str, mpi_args: str = "", env: dict | None = None) -> tuple[str, str]:
+    def start(hosts: str, mpi_args: str = "", env: dict | None = None) -> tuple[str, dict]:
         started.clear()
         settings = Settings(num_proc=2, hosts=hosts, extra_mpi_args=mpi_args, run_func_mode=True)
         m.mpi_run(settings, ["lo"], dict(env or {}), ["true"])
-        [(cmd, env)] = started
-        return cmd, env.get("LD_PRELOAD", "")
+        [(cmd, job_env)] = started
+        return cmd, job_env
 
-    cmd, preload = mpirun("localhost:1,127.0.0.1:1", env={"LD_PRELOAD": "libuser.so"})
+    return start
+
+
+def test_horovodrun_keeps_an_open_mpi_job_on_one_host_on_loopback(
+    mpirun, monkeypatch, tmp_path, capsys
+) -> None:
+    """Horovod's mpi_run as patches/horovod-0.28.1/0010 leaves it, mpirun's start
+    faked: every host this machine, `-mca btl_base_include self,vader` (not twice: the
+    launchers pass it in --mpi-args) and the library first in mpirun's LD_PRELOAD, a user's
+    entry kept; a host elsewhere, neither; the library not built, one line, and mpirun starts
+    as before."""
+    from horovod.runner import mpi_run as m
+
+    def preload(env: dict) -> str:
+        return env.get("LD_PRELOAD", "")
+
+    cmd, env = mpirun("localhost:1,127.0.0.1:1", env={"LD_PRELOAD": "libuser.so"})
     assert cmd.count("-mca btl_base_include self,vader") == 1, cmd
-    assert preload == f"{m._LOOPBACK_BIND}:libuser.so" and os.path.isfile(m._LOOPBACK_BIND)
+    assert preload(env) == f"{m._LOOPBACK_BIND}:libuser.so" and os.path.isfile(m._LOOPBACK_BIND)
     cmd, _ = mpirun("localhost:2", mpi_args="--mca btl_base_include self,vader")
     assert cmd.count("btl_base_include") == 1, cmd
-    cmd, preload = mpirun("localhost:1,192.0.2.99:1")  # a host elsewhere (TEST-NET-1)
-    assert ("btl_base_include" in cmd, preload) == (False, ""), cmd
+    cmd, env = mpirun("localhost:1,192.0.2.99:1")  # a host elsewhere (TEST-NET-1)
+    assert ("btl_base_include" in cmd, preload(env)) == (False, ""), cmd
     capsys.readouterr()
     monkeypatch.setattr(m, "_LOOPBACK_BIND", str(tmp_path / "not-built.so"))
-    cmd, preload = mpirun("localhost:2")
-    assert ("-mca btl_base_include self,vader" in cmd, preload) == (True, ""), cmd
+    cmd, env = mpirun("localhost:2")
+    assert ("-mca btl_base_include self,vader" in cmd, preload(env)) == (True, ""), cmd
     err = capsys.readouterr().err
     assert err.startswith("horovodrun: mpirun listens on all interfaces, not on loopback alone: "
                           f"{tmp_path / 'not-built.so'} was not built"), err  # fmt: skip
     assert err.count("\n") == 1, err
 
 
-def test_horovodrun_leaves_open_mpis_libfabric_transport_closed_on_one_host(monkeypatch) -> None:
+def test_horovodrun_leaves_open_mpis_libfabric_transport_closed_on_one_host(mpirun) -> None:
     """patches/horovod-0.28.1/0016, mpirun's start faked: every host this machine, horovodrun's
     `-mca btl ^openib` becomes `-mca btl ^openib,ofi` (the launchers' btl_base_include in
     --mpi-args too); a btl list or an ofi transport that the user chose stays, and so does a
     job with a host elsewhere."""
-    from horovod.runner import mpi_run as m
-    from horovod.runner.common.util.settings import Settings
-
-    monkeypatch.setattr(m, "_get_mpi_implementation_flags",
-                        lambda tcp_flag, env=None: (list(m._OMPI_FLAGS), [], m._OMPI_IMPL))  # fmt: skip
-    started = []
-    monkeypatch.setattr(
-        m.safe_shell_exec, "execute", lambda cmd, env, **_: started.append(cmd) or 0
-    )
 
     def btl(hosts: str, mpi_args: str = "", env: dict | None = None) -> list[str]:
         """The btl lists of the mpirun command horovodrun starts."""
-        started.clear()
-        settings = Settings(num_proc=2, hosts=hosts, extra_mpi_args=mpi_args, run_func_mode=True)
-        m.mpi_run(settings, ["lo"], dict(env or {}), ["true"])
-        return re.findall(r"-?-mca btl (\S+)", started[0])
+        return re.findall(r"-?-mca btl (\S+)", mpirun(hosts, mpi_args, env)[0])
 
     assert btl("localhost:2") == ["^openib,ofi"]
     assert btl("localhost:1,127.0.0.1:1", "--mca btl_base_include self,vader") == ["^openib,ofi"]
