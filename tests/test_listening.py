@@ -196,6 +196,9 @@ def test_horovodrun_leaves_open_mpis_libfabric_transport_closed_on_one_host(mpir
     assert btl("localhost:1,192.0.2.99:1") == ["^openib"]  # a host elsewhere (TEST-NET-1)
     assert btl("localhost:2", "--mca btl self,tcp") == ["^openib", "self,tcp"]
     assert btl("localhost:2", "--mca btl_base_include self,ofi") == ["^openib"]
+    assert btl("localhost:2", "--mca btl_ofi_mode 2") == ["^openib"]
+    # "ofi" inside another word names no transport
+    assert btl("localhost:2", "--mca orte_tmpdir_base /tmp/profiles") == ["^openib,ofi"]
     assert btl("localhost:2", env={"OMPI_MCA_btl": "self,vader"}) == ["^openib"]
     assert btl("localhost:2", env={"OMPI_MCA_btl_base_include": "ofi"}) == ["^openib"]
 
