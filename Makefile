@@ -28,13 +28,14 @@ demo: install
 # Two test files at a time (pytest-xdist; a file's tests stay together, so a fixture that trains
 # once serves the whole file): most of a job's time is start-up and waiting, which leaves a core
 # idle. The end of the output: the 30 slowest tests, then the time, processes and jobs of each file.
-# Beside Keras 3, the binding tests' runs on tf_keras (marked second_keras) are left to CI's short
-# suite on Python 3.13 (tests/harness.py, BINDING_RUNS).
+# Beside Keras 3, the binding tests' runs on tf_keras (marked second_keras), and the matrix tests'
+# runs whose every value their other runs cover (marked variant), are left to CI's suite on
+# Python 3.13, the same TensorFlow and Kerases (tests/harness.py: BINDING_RUNS, variant).
 test: export HVD_TRAIN_WITH_SSHD = 1
 test: export HVD_TRAIN_KERAS_HUB ?= $(if $(filter 2.15,$(HVD_TRAIN_TF)),0,1)
 test: export HVD_TRAIN_MLFLOW ?= server
 test: install
-	$(PY) -m pytest -q -ra --durations=30 -n 2 --dist loadfile -m "not second_keras" tests
+	$(PY) -m pytest -q -ra --durations=30 -n 2 --dist loadfile -m "not second_keras and not variant" tests
 
 # The edit loop's tier: every test that runs in the test process alone (one that starts Python
 # or a job is skipped when it would: tests/conftest.py). Not a substitute for `make test`.
@@ -44,9 +45,11 @@ test-quick: install
 
 # The short suite (tests marked `stack`: 2-worker training, resume, faults, evaluate, the Keras
 # choice, the doctor, the speed knobs): what CI runs on the oldest stack,
-# `HVD_TRAIN_TF=2.15 make test-stack`, and on the newest Python, `PYENV_VERSION=3.13.0 make test-stack`.
+# `HVD_TRAIN_TF=2.15 make test-stack`, and on the newest Python, with what `make test` leaves out,
+# `PYENV_VERSION=3.13.0 make test-stack STACK_TESTS="stack or variant"`.
+STACK_TESTS ?= stack
 test-stack: install
-	$(PY) -m pytest -q -ra --durations=15 -n 2 --dist loadfile -m stack tests
+	$(PY) -m pytest -q -ra --durations=15 -n 2 --dist loadfile -m "$(STACK_TESTS)" tests
 
 # The Docker image built and run for real (CPU image, its quickstart, a two-container multi-node
 # job, a lost host): the image's build took 12 min here with apt's layer cached (54 min with no

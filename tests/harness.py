@@ -52,6 +52,15 @@ BINDING_RUNS = [k if k == KERASES[0] else pytest.param(k, marks=pytest.mark.seco
                 for k in KERASES]  # fmt: skip
 
 
+def variant(*values: object) -> object:
+    """One run of a matrix test (controller x rank, launcher x controller, ...) that `make test`
+    leaves out, marked `variant`: each of its values is still run there by another of the
+    test's runs (every value of every factor once, not every combination). CI's Python 3.13
+    leg, the same TensorFlow and Kerases, runs them all (`make test-stack
+    STACK_TESTS="stack or variant"`): it keeps `make test` within its time."""
+    return pytest.param(*values, marks=pytest.mark.variant)
+
+
 def load_model(path: pathlib.Path):
     """A saved model, loaded by the Keras that wrote it (Keras 3 reads no Keras 2 file, nor the
     reverse), uncompiled; without hvd_train's own code (the exports load without it)."""

@@ -18,7 +18,10 @@ HEADER = """\
 # What the suite proves, and where
 
 `make test` runs every test below (CI runs it; real horovodrun jobs under Gloo and MPI, real
-signals, kills and full disks). `make test-quick` runs the ones that need no second process (a
+signals, kills and full disks), but for two kinds of case that CI's suite on Python 3.13 (the
+same TensorFlow and Kerases) runs: a matrix test's *variant* cases, each of whose values another
+of its cases runs (tests/harness.py, `variant`), and the tf_keras runs of the binding's tests
+(*second_keras*). `make test-quick` runs the ones that need no second process (a
 test that would start Python or a job is skipped at that moment; tests/conftest.py) in a few
 minutes, for the edit loop. `make test-stack` runs the tests marked *stack* on another
 TensorFlow stack.
@@ -51,12 +54,15 @@ def main() -> None:
 def _row(fn: ast.FunctionDef, module_marks: set[str], shared_fixtures: set[str]) -> str:
     doc = ast.get_docstring(fn)
     scenario = _sentence(doc) if doc else fn.name.removeprefix("test_").replace("_", " ")
-    cases = 1
+    cases, variants = 1, 0
     for dec in fn.decorator_list:
         if _call_name(dec) == "pytest.mark.parametrize" and len(dec.args) > 1:
             values = dec.args[1]
-            cases *= len(values.elts) if isinstance(values, (ast.List, ast.Tuple)) else 1
+            listed = values.elts if isinstance(values, (ast.List, ast.Tuple)) else [values]
+            cases *= len(listed)
+            variants += sum(isinstance(v, ast.Call) and _call_name(v) == "variant" for v in listed)
     marks = sorted(module_marks | _marks(fn.decorator_list))
+    marks += [f"{variants} variant"] if variants else []
     shared = [a.arg for a in fn.args.args if a.arg in shared_fixtures]
     return (f"| {scenario.replace('|', '/')} | `{fn.name}` | {cases} | {', '.join(marks)} | "
             f"{', '.join(shared)} |")  # fmt: skip

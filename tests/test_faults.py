@@ -28,6 +28,7 @@ from harness import (
     run,
     start,
     two_local_hosts,
+    variant,
     workers,
 )
 
@@ -361,7 +362,8 @@ def _sets(*overrides: str) -> list[str]:
 @pytest.mark.timeout(1200)  # a wait and a job, each bounded on its own below
 @pytest.mark.parametrize(
     ("keras", "rank"),
-    [(KERASES[0], 0), (KERASES[0], 1),
+    # Rank 0, Horovod's coordinator, lost; rank 1 lost is CI's (harness.variant).
+    [(KERASES[0], 0), variant(KERASES[0], 1),
      *([pytest.param("tf_keras", 1, marks=pytest.mark.second_keras)] if len(KERASES) > 1 else [])],
 )  # fmt: skip
 def test_elastic_goes_on_with_one_worker_after_one_is_killed(tmp_path, keras, rank) -> None:
