@@ -118,22 +118,35 @@ import os, signal, sys, time
 sys.path.insert(0, {root!r})
 from hvd_train.record import stops
 from hvd_train.config import load_config
+if {at_install!r}:  # the signal the moment its handler is in place (SigCgt), as a launcher sees
+    install = signal.signal
+    def signalled_at_install(sig, handler):
+        previous = install(sig, handler)
+        if sig == signal.{signal}:
+            os.kill(os.getpid(), sig)
+        return previous
+    signal.signal = signalled_at_install
 signals = stops.installed(load_config({config!r}, ["run.dir={run_dir}"]))
 if {claimed!r}:  # rank 0 claimed run.dir, then died in the collective that shares the claim
     from hvd_train.record import rundir
     claim = rundir.claim({run_dir!r}, overwrite=False, config_path=None)
     signals.before_exit.append(claim.release)  # as the trainer's Run does (run_state.running)
-os.kill(os.getpid(), signal.{signal})
+if not {at_install!r}:
+    os.kill(os.getpid(), signal.{signal})
 time.sleep(60)  # TensorFlow's import, say: the watcher must end the process long before this
 print("NOT ENDED", flush=True)
 """
 
 
 def before_the_record(
-    run_dir: pathlib.Path, sig: str = "SIGTERM", claimed: bool = False, **env: str
+    run_dir: pathlib.Path,
+    sig: str = "SIGTERM",
+    claimed: bool = False,
+    at_install: bool = False,
+    **env: str,
 ):
     code = BEFORE_THE_RECORD.format(root=str(ROOT), config=str(QUICKSTART), run_dir=str(run_dir),
-                                    signal=sig, claimed=claimed)  # fmt: skip
+                                    signal=sig, claimed=claimed, at_install=at_install)  # fmt: skip
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
                           text=True, timeout=120, env={**os.environ, **env})  # fmt: skip
 
@@ -174,6 +187,29 @@ def test_a_signal_in_an_mpi_workers_start_up_is_a_stop_only_from_the_launcher(
     else:
         assert s["status"] == "failed" and s["error"].startswith("mpirun ended the job"), s
         assert "stopped_by" not in s, s
+
+
+@pytest.mark.parametrize("sender", ["a user's stop", "mpirun, supervised"])
+def test_a_signal_the_moment_it_is_caught_is_recorded_by_rank_0_itself(tmp_path, sender) -> None:
+    """A launcher or a test may signal a worker as soon as the worker is seen to catch the
+    signal (SigCgt in /proc, as tests/test_stops.py waits for it): the watcher and the
+    start-up's recorder are in place from that moment. A SIGTERM that came between the
+    handler's and the watcher's start ended the process unrecorded (seen once in `make test`:
+    test_stops.py's SIGTERM after a rank's death, the record then the launcher's)."""
+    d = tmp_path / "run"
+    if sender == "a user's stop":
+        env = {"HOROVOD_RANK": "0", "HOROVOD_SIZE": "2"}
+    else:  # hvd-train launch's MPI worker, which the supervisor noted no stop for
+        env = {"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "2", SUPERVISED: "1",
+               STOP_NOTE: str(tmp_path / "stops")}  # fmt: skip
+    proc = before_the_record(d, at_install=True, **env)
+    assert proc.returncode == 143, proc.stdout + proc.stderr
+    s = json.loads((d / "summary.json").read_text())
+    assert s["recorded_by"] == "start-up", s
+    if sender == "a user's stop":
+        assert s["status"] == "interrupted" and s["stopped_by"] == "SIGTERM", s
+    else:
+        assert s["status"] == "failed" and s["error"].startswith("mpirun ended the job"), s
 
 
 def test_rank_0_that_holds_run_dir_already_writes_its_ending(tmp_path) -> None:

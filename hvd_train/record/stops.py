@@ -99,15 +99,17 @@ class StopSignals:
             self._on_signal = on_signal
 
     def install(self) -> None:
+        """The watcher first, the handlers last: a launcher sends its signal the moment this
+        process is seen to catch it (SigCgt), and the watcher must be there to act on it."""
         if threading.current_thread() is not threading.main_thread():
             return  # signals reach only the main thread: a caller's thread trains unguarded
-        for sig in (*STOP_SIGNALS, signal.SIGCONT):
-            self._previous[sig] = signal.signal(sig, self._handle)
         r, w = os.pipe()
         os.set_blocking(w, False)
         self._wakeup = (r, w)
         self._old_wakeup = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
         threading.Thread(target=self._watch, args=(r,), name="hvd_train-stop", daemon=True).start()
+        for sig in (*STOP_SIGNALS, signal.SIGCONT):
+            self._previous[sig] = signal.signal(sig, self._handle)
 
     def uninstall(self) -> None:
         for sig, handler in self._previous.items():
@@ -285,8 +287,9 @@ def installed(cfg: Config) -> StopSignals:
     rank 0 starts summary.json (RunRecord), a stop or a failure elsewhere is recorded by
     `_end_in_start_up`. The trainer hands the recording on once its record exists."""
     signals = StopSignals()
-    signals.install()
+    # Who records, before any signal is heard: a stop at the first moment is written too.
     signals.recorded_by(functools.partial(_end_in_start_up, cfg.run, cfg.train.epochs))
+    signals.install()
     return signals
 
 
