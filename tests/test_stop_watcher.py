@@ -193,9 +193,10 @@ def test_a_signal_in_an_mpi_workers_start_up_is_a_stop_only_from_the_launcher(
 def test_a_signal_the_moment_it_is_caught_is_recorded_by_rank_0_itself(tmp_path, sender) -> None:
     """A launcher or a test may signal a worker as soon as the worker is seen to catch the
     signal (SigCgt in /proc, as tests/test_stops.py waits for it): the watcher and the
-    start-up's recorder are in place from that moment. A SIGTERM that came between the
-    handler's and the watcher's start ended the process unrecorded (seen once in `make test`:
-    test_stops.py's SIGTERM after a rank's death, the record then the launcher's)."""
+    start-up's recorder are in place from that moment. Before d9a4948, a signal that came after
+    the handler and before the watcher was lost (the process trained on), and one before the
+    recorder ended the process unrecorded (seen once in `make test`: test_stops.py's SIGTERM
+    after a rank's death, the record then the launcher's)."""
     d = tmp_path / "run"
     if sender == "a user's stop":
         env = {"HOROVOD_RANK": "0", "HOROVOD_SIZE": "2"}
