@@ -66,8 +66,12 @@ export HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITH_MPI=1 \
 . scripts/gpu_toolkit.sh
 GPU_IDENTITY=""
 if [ "$device" = gpu ]; then
-  gpu_toolkit "$VENV" || die "$GPU_ERROR"
-  say "gpu: CUDA $CUDA_FOUND_VERSION ($CUDA_FOUND/bin/nvcc) and NCCL $NCCL_FOUND_VERSION ($NCCL_FOUND) for Horovod's build"
+  # 1: no toolkit or NCCL found; 2: what is there is refused (the host compiler, the architectures)
+  gpu_rc=0
+  gpu_toolkit "$VENV" || gpu_rc=$?
+  [ "$gpu_rc" = 0 ] || { printf '[install] error: %s\n' "$GPU_ERROR" >&2; exit "$gpu_rc"; }
+  say "gpu: CUDA $CUDA_FOUND_VERSION ($CUDA_FOUND/bin/nvcc) and NCCL $NCCL_FOUND_VERSION ($NCCL_FOUND, $NCCL_FOUND_LIB) for Horovod's build, its kernels for compute capability $HOROVOD_BUILD_CUDA_CC_LIST ($CUDA_ARCHS_FROM)"
+  [ -z "$CUDA_JIT_NOTE" ] || say "gpu: $CUDA_JIT_NOTE"
 fi
 # What the compiled Horovod wheel's cache key is made of (below), with $1 the Python it is for:
 # the series, TensorFlow, the Python and machine, the build flags, and on GPU the CUDA and NCCL
@@ -82,6 +86,7 @@ wheel_key() { wheel_key_input "$VENV/bin/python" | sha256sum | cut -c1-16; }
 if [ "$mode" = --check-gpu-toolkit ]; then
   [ "$device" = gpu ] || say "cpu: no CUDA toolkit needed (HVD_TRAIN_DEVICE=gpu, or an nvidia-smi that lists a GPU, asks for one)"
   env | grep -E '^HOROVOD_' | sort
+  [ "$device" = cpu ] || echo "nvcc for Horovod's build: $(PATH=$(gpu_build_path "$PATH") command -v nvcc)"
   key_python="$VENV/bin/python"
   [ -x "$key_python" ] || key_python=$PY
   echo "wheel cache key $(wheel_key_input "$key_python" | sha256sum | cut -c1-16), of:"
@@ -234,7 +239,7 @@ if [ "$held_horovod" != "$HOROVOD_LABELLED" ] || [ "$(built_against)" != "$TF_VE
     tmp=$(mktemp -d "$wheels/.build.XXXXXX")
     tar -xzf "$sdist" -C "$tmp" --no-same-owner
     quietly bash scripts/horovod_series.sh apply "$tmp/horovod-$HOROVOD_VERSION"
-    PATH="$PWD/$VENV/bin:$PATH" pip wheel -q --no-deps --no-cache-dir --no-build-isolation \
+    PATH="$(gpu_build_path "$PWD/$VENV/bin:$PATH")" pip wheel -q --no-deps --no-cache-dir --no-build-isolation \
       -w "$tmp" "$tmp/horovod-$HOROVOD_VERSION"
     built=$(ls "$tmp"/horovod-*.whl)
     mv "$built" "$wheels/"  # a rename: another install never sees half a wheel
@@ -298,7 +303,7 @@ fi
 ops=$(sed -n '/Tensor Operations/,$p' "$check" | grep -o '\[X\] [A-Za-z]*' | cut -c5- | tr '\n' ' ' | sed 's/ $//')
 if [ "$device" = gpu ]; then
   # Every time, not once: a driver or library that changed since shows here first.
-  gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)
+  gpus=$(nvidia-smi -L 2>/dev/null | cuda_visible_gpus)
   gpu_install_check "$VENV/bin/python" "${gpus:-0}" || die "$GPU_ERROR"
   [ "${gpus:-0}" -gt 0 ] || say "gpu: Horovod has NCCL; TensorFlow's GPUs not checked (nvidia-smi lists none here)"
 fi

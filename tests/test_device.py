@@ -119,6 +119,24 @@ def test_cpu_hides_the_gpus_before_tensorflow_looks(nvidia_smi) -> None:
     device.require("cpu")
 
 
+def test_a_gpu_worker_keeps_the_drivers_jit_compiles_a_users_cache_size_wins(
+    monkeypatch,
+) -> None:
+    """A worker that will train on a GPU sizes the driver's JIT cache before CUDA loads
+    (TensorFlow 2.21 has PTX alone for GPUs newer than sm_90: every kernel is compiled at first
+    use, and what the cache cannot hold is compiled again next run); a value already set is
+    kept, and a CPU worker's environment is left alone."""
+    monkeypatch.delenv("CUDA_CACHE_MAXSIZE", raising=False)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    device_choice.prepare("cpu", 8)
+    assert "CUDA_CACHE_MAXSIZE" not in os.environ
+    device_choice.prepare("auto", 1)
+    assert os.environ["CUDA_CACHE_MAXSIZE"] == str(4 * 1024**3)
+    monkeypatch.setenv("CUDA_CACHE_MAXSIZE", "1073741824")
+    device_choice.prepare("gpu", 0)
+    assert os.environ["CUDA_CACHE_MAXSIZE"] == "1073741824"
+
+
 def test_the_launcher_shapes_a_cpu_job_on_a_gpu_host_as_on_a_host_without_one(
     nvidia_smi, capsys
 ) -> None:

@@ -17,14 +17,26 @@ import sysconfig
 from collections.abc import Callable
 from typing import Any
 
+# CUDA's largest JIT cache (CUDA_CACHE_MAXSIZE, bytes). TensorFlow 2.21's CUDA wheel carries
+# machine code for sm_60, 70, 80, 89 and 90 and PTX for compute_90 alone: on a newer GPU (a
+# B200, sm_100) the driver compiles every kernel from that PTX at first use, and keeps what
+# fits in its cache (~/.nv/ComputeCache, or CUDA_CACHE_PATH), whose default is far smaller than
+# TensorFlow's kernels; too small, the compile is repeated in every run. Where the GPU has its
+# machine code, the cache is never used.
+JIT_CACHE_BYTES = 4 << 30
+
 
 def prepare(choice: str, listed: int) -> bool:
     """Before TensorFlow is imported: with `cpu` hides the GPUs (CUDA_VISIBLE_DEVICES=-1:
-    TensorFlow, Horovod and their CUDA libraries then find none); returns whether this worker
+    TensorFlow, Horovod and their CUDA libraries then find none), else, for a GPU, sizes the
+    driver's JIT cache (JIT_CACHE_BYTES; a value set already wins); returns whether this worker
     will train on a GPU, `listed`: the devices nvidia-smi lists for it (base/gpus.py)."""
     if choice == "cpu":
         os.environ["CUDA_VISIBLE_DEVICES"] = "-1"
-    return expects_gpu(choice, listed)
+    gpu = expects_gpu(choice, listed)
+    if gpu:
+        os.environ.setdefault("CUDA_CACHE_MAXSIZE", str(JIT_CACHE_BYTES))
+    return gpu
 
 
 def expects_gpu(choice: str, listed: int) -> bool:
