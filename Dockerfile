@@ -4,7 +4,9 @@
 #
 #   CPU:        docker build -t hvd_train:cpu --build-arg BASE_IMAGE=debian:bookworm-slim --build-arg DEVICE=cpu .
 #   CPU, TF 2.15: the same with --build-arg TF=2.15
-#   GPU:        docker build -t hvd_train:gpu .
+#   GPU:        docker build -t hvd_train:gpu --build-arg RUNTIME_IMAGE=nvidia/cuda:12.5.1-runtime-ubuntu22.04 .
+#               (the runtime stage on CUDA's runtime image: no nvcc, headers or cuDNN, which
+#               TensorFlow's CUDA wheels bring; --build-arg CUDA_ARCHS=90 for H100s alone)
 #   Quickstart: docker run --rm --user "$(id -u):$(id -g)" -v "$PWD/runs:/opt/hvd_train/runs" hvd_train:cpu
 #   On GPUs:    docker run --rm --gpus all --ipc=host --user "$(id -u):$(id -g)" -v "$PWD/runs:/opt/hvd_train/runs" hvd_train:gpu
 #               (--ipc=host, or --shm-size=8g: NCCL and the all-reduce keep their buffers in
@@ -38,6 +40,9 @@ ARG DEVICE=gpu
 ARG TF=2.21
 # GPU only: the CUDA toolkit Horovod compiles its kernels with (bin/nvcc must exist there).
 ARG CUDA_HOME=/usr/local/cuda
+# GPU only: the compute capabilities Horovod's kernels are compiled for, as HVD_TRAIN_CUDA_ARCHS
+# takes them (no GPU is visible to `docker build`): A100, A10/A40, L4/L40 and H100/H200.
+ARG CUDA_ARCHS=80;86;89;90
 ENV DEBIAN_FRONTEND=noninteractive PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=2 HVD_TRAIN_TF=${TF}
 
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
@@ -67,7 +72,7 @@ COPY patches/ patches/
 # Python 3.10: scripts/stack.sh) is also reachable as .venv, the one name PATH holds. pip's cache and the compiled Horovod wheel stay in this stage.
 RUN mkdir hvd_train && touch hvd_train/__init__.py README.md \
  && if [ "$DEVICE" = gpu ]; then export HOROVOD_CUDA_HOME="$CUDA_HOME"; fi \
- && HVD_TRAIN_DEVICE=${DEVICE} bash scripts/install.sh \
+ && HVD_TRAIN_CUDA_ARCHS="${CUDA_ARCHS}" HVD_TRAIN_DEVICE=${DEVICE} bash scripts/install.sh \
  && { [ -e .venv ] || ln -s "$(bash scripts/stack.sh venv)" .venv; } \
  && rm -rf build
 
@@ -75,6 +80,7 @@ RUN mkdir hvd_train && touch hvd_train/__init__.py README.md \
 FROM ${RUNTIME_IMAGE}
 
 ARG TF=2.21
+ARG DEVICE=gpu
 # Port of the workers' sshd when running as the non-root user (2222: no privilege needed).
 ARG SSH_PORT=2222
 ENV DEBIAN_FRONTEND=noninteractive PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=2 HVD_TRAIN_TF=${TF}
@@ -82,11 +88,16 @@ ENV DEBIAN_FRONTEND=noninteractive PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=2 HVD
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 
 # Open MPI's mpirun and libraries, ssh, and the Python the virtualenv was made with: no
-# compilers, headers or build caches.
+# compilers, headers or build caches. On GPU, the InfiniBand user-space libraries NCCL opens for
+# its IB transport (libibverbs, the adapters' providers, librdmacm): without them NCCL sends
+# between hosts over TCP sockets without a word (run with --device /dev/infiniband:
+# docs/docker.md).
 # hadolint ignore=DL3008
-RUN apt-get update \
+RUN rdma=() \
+ && if [ "$DEVICE" = gpu ]; then rdma=(libibverbs1 ibverbs-providers librdmacm1); fi \
+ && apt-get update \
  && apt-get install -y --no-install-recommends \
-      openmpi-bin openssh-server openssh-client python3 ca-certificates procps \
+      openmpi-bin openssh-server openssh-client python3 ca-certificates procps "${rdma[@]}" \
  && rm -rf /var/lib/apt/lists/*
 
 # ssh for the MPI Operator. The launcher reaches workers it has never seen, with keys the

@@ -91,6 +91,9 @@ def test_image_installs_with_the_readmes_install_script() -> None:
         assert package in build, package
     for package in ("openmpi-bin", "openssh-server", "openssh-client", "python3 "):
         assert package in runtime, package
+    # On GPU, what NCCL's InfiniBand transport opens; without it NCCL falls back to sockets.
+    assert 'if [ "$DEVICE" = gpu ]; then rdma=(libibverbs1 ibverbs-providers librdmacm1)' in runtime
+    assert '"${rdma[@]}"' in runtime
 
 
 def test_the_image_is_a_runtime_stage_with_the_built_virtualenv_and_no_compilers() -> None:

@@ -5,12 +5,15 @@ the launcher's decisions run in-process."""
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import socket
+import sys
 
+import harness
 import pytest
-from harness import QUICKSTART
+from harness import QUICKSTART, WORKERS
 
 from hvd_train import cli
 from hvd_train.base import gpus
@@ -120,10 +123,40 @@ def test_cuda_visible_devices_names_mig_instances_by_uuid(nvidia_smi, monkeypatc
     assert [d.index for d in gpus.devices()] == [1, 3]
 
 
-def test_launch_starts_one_worker_per_mig_instance(nvidia_smi, capsys) -> None:
-    nvidia_smi(MIG_A100)
+def test_instances_of_one_gpu_never_each_get_a_worker(nvidia_smi, capsys) -> None:
+    """Three MIG instances of one A100 would be three ranks on one GPU to NCCL, which ends
+    such a job in "Duplicate GPU detected" (it has no MIG support: NVIDIA/nccl#1716): refused
+    in one line naming MIG and the CUDA_VISIBLE_DEVICES that works, exit 2, before any job."""
+    nvidia_smi(MIG_A100 + gpu_lines(2)[1:])  # GPU 0 split in three, GPU 1 whole
+    code, argv, err = launch(capsys)
+    assert (code, argv) == (2, [])
+    assert err.splitlines() == [
+        "hvd_train: error: MIG: 3 workers would train on instances of one GPU (GPU 0, "
+        "GPU-5d5ba0d6-d33d-2b2c-524d-9e3d8d2b8a77), and NCCL runs one rank per physical GPU "
+        '(it ends such a job in "Duplicate GPU detected"); give each worker an instance of its '
+        f"own GPU (CUDA_VISIBLE_DEVICES={MIG_UUIDS[0]},GPU-10000000-aaaa-bbbb-cccc-dddddddddddd) "
+        "or train on whole GPUs"
+    ], err
+
+
+def test_one_mig_instance_per_gpu_gets_a_worker_each(nvidia_smi, monkeypatch, capsys) -> None:
+    """Narrowed to one instance of each GPU (or --np that takes one), every worker has a GPU
+    of its own: one worker each, each pinned to its instance."""
+    second = [line.replace("GPU 0:", "GPU 1:").replace("GPU-5d5b", "GPU-6e6c")
+              .replace("MIG-", "MIG-2") for line in MIG_A100]  # fmt: skip
+    nvidia_smi(MIG_A100 + second)
+    own = [MIG_UUIDS[0], "MIG-2" + MIG_UUIDS[1][4:]]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", ",".join(own))
     code, argv, _ = launch(capsys)
-    assert code == 0 and flag(argv, "-np") == "3" and flag(argv, "-H") == "localhost:3"
+    assert code == 0 and flag(argv, "-np") == "2" and flag(argv, "-H") == "localhost:2"
+    monkeypatch.setenv("HOROVOD_LOCAL_SIZE", "2")
+    for local in (0, 1):
+        monkeypatch.setenv("HOROVOD_LOCAL_RANK", str(local))
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", ",".join(own))
+        assert gpus.pin_mig_device().uuid == own[local]
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    code, argv, _ = launch(capsys, "--np", "1")  # the first instance of GPU 0 alone
+    assert code == 0 and flag(argv, "-np") == "1"
 
 
 @pytest.mark.parametrize("local", [0, 1, 2])
@@ -267,3 +300,96 @@ def test_bind_cores_takes_the_gpus_cores_on_a_gpu_host_else_a_block(
     assert distributed.worker_cores(6, 8) == [*range(16, 32), *range(48, 64)]
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))  # no nvidia-smi: a block, as before
     assert distributed.worker_cores(5, 8) == [40, 41, 42, 43, 44, 45, 46, 47]
+
+
+def test_every_rank_refuses_a_gpu_another_rank_holds(tmp_path) -> None:
+    """The ranks all-gather their GPU's identity (its machine and PCI bus id, as NCCL tells
+    GPUs apart) before any collective that could reach NCCL: two ranks on one GPU, as a
+    scheduler that sets each rank's CUDA_VISIBLE_DEVICES can place them, end on every rank in
+    the same line naming both ranks and the GPU, and no rank is left waiting. The same bus id
+    on two machines, or a rank that cannot read its GPU's, passes. Stand-in identities per
+    rank (tests/workers/gpu_identity.py); no GPU here."""
+    job = [sys.executable, str(WORKERS / "gpu_identity.py"), str(tmp_path)]
+    harness.check(harness.horovodrun(2, job, tmp_path, timeout=180))
+    seen = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in (0, 1)]
+    assert seen[0] == seen[1], seen
+    assert seen[0] == {
+        "own gpus, two hosts": None,
+        "own gpus, one host": None,
+        "one gpu": "rank 0 and rank 1 both train on the GPU at PCI 00000000:2A:00.0 on gpu-a: "
+        'one GPU per rank, never two ranks on one (NCCL would end the job in "Duplicate GPU '
+        'detected"; MIG instances of one GPU are one GPU to it); give each rank its own GPU '
+        "(CUDA_VISIBLE_DEVICES), or let hvd-train launch start one worker per GPU",
+        "no driver on one": None,
+    }
+
+
+def test_the_worker_checks_the_gpu_it_chose(monkeypatch) -> None:
+    """configure_devices, once it has chosen this worker's GPU by local rank, checks that GPU
+    (its CUDA ordinal) against the other ranks'. TensorFlow's GPU list is stood in."""
+    import tensorflow as tf
+
+    from hvd_train.runtime import distributed
+
+    listed = [tf.config.PhysicalDevice(f"/physical_device:GPU:{i}", "GPU") for i in range(4)]
+    checked = []
+    monkeypatch.setattr(tf.config, "list_physical_devices", lambda kind=None: listed)
+    monkeypatch.setattr(tf.config.experimental, "set_memory_growth", lambda d, on: None)
+    monkeypatch.setattr(tf.config, "set_visible_devices", lambda d, kind=None: None)
+    monkeypatch.setattr(tf.config.threading, "set_intra_op_parallelism_threads", lambda n: None)
+    monkeypatch.setattr(tf.config.threading, "set_inter_op_parallelism_threads", lambda n: None)
+    monkeypatch.setattr(distributed, "local_rank", lambda: 2)
+    monkeypatch.setattr(distributed, "local_size", lambda: 4)
+    monkeypatch.setattr(distributed, "refuse_shared_gpu", checked.append)
+    assert distributed.configure_devices(0, 0) == "gpu"
+    assert checked == [2]
+
+
+@pytest.mark.parametrize(
+    ("adapters", "ib_disable", "why"),
+    [([], None, "no InfiniBand or RoCE adapter in {sys}"),
+     (["mlx5_0"], "1", "NCCL_IB_DISABLE=1"),
+     (["mlx5_0", "mlx5_1"], None, None)],
+)  # fmt: skip
+def test_a_gpu_job_across_hosts_over_sockets_is_said_in_one_line(
+    nvidia_smi, monkeypatch, capsys, tmp_path, adapters, ib_disable, why
+) -> None:
+    """NCCL falls back to TCP sockets without a word where this host has no RDMA adapter (or
+    NCCL_IB_DISABLE=1): the launcher says so once, before the job; with adapters, nothing.
+    /sys/class/infiniband is stood in."""
+    sys_ib = tmp_path / "infiniband"
+    sys_ib.mkdir()
+    for name in adapters:
+        (sys_ib / name).mkdir()
+    monkeypatch.setattr(horovodrun, "INFINIBAND", str(sys_ib))
+    if ib_disable:
+        monkeypatch.setenv("NCCL_IB_DISABLE", ib_disable)
+    else:
+        monkeypatch.delenv("NCCL_IB_DISABLE", raising=False)
+    nvidia_smi(gpu_lines(8))
+    code, argv, err = launch(capsys, "--hosts", f"{socket.gethostname()}:8,node-b:8")
+    assert code == 0 and flag(argv, "-np") == "16"
+    said = [line for line in err.splitlines() if "TCP sockets" in line]
+    expected = (
+        f"NCCL will send the all-reduce between hosts over TCP sockets "
+        f"({(why or '').format(sys=sys_ib)}): it runs, several times slower than over InfiniBand; in a "
+        "container pass the adapters (--device /dev/infiniband, "
+        "docs/launching.md#gpus-across-hosts)"
+    )
+    assert [line.split("] ", 1)[-1] for line in said] == ([expected] if why else []), err
+    code, _, err = launch(capsys)  # one host: no NCCL between hosts
+    assert code == 0 and "TCP sockets" not in err
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [({"SLURM_LOCALID": "3", "SLURM_STEP_TASKS_PER_NODE": "8(x2)", "SLURM_NODEID": "1"}, (3, 8)),
+     ({"SLURM_LOCALID": "1", "SLURM_STEP_TASKS_PER_NODE": "8(x2),4", "SLURM_NODEID": "2"}, (1, 4)),
+     # horovodrun's own variables win: the batch step's SLURM_LOCALID=0 reaches its workers too
+     ({"SLURM_LOCALID": "0", "SLURM_STEP_TASKS_PER_NODE": "1(x2)", "HOROVOD_LOCAL_RANK": "5",
+       "HOROVOD_LOCAL_SIZE": "8"}, (5, 8))],
+)  # fmt: skip
+def test_a_worker_srun_started_takes_its_gpu_by_slurm_localid(env, expected) -> None:
+    """A worker Slurm started itself (srun, one task per GPU) has no launcher's local rank:
+    Slurm's SLURM_LOCALID and this node's task count pick its GPU and cores."""
+    assert gpus.launcher_local_rank(env) == expected

@@ -1,17 +1,21 @@
 """This host's GPUs as the driver lists them (`nvidia-smi`), before TensorFlow loads.
 
-One worker runs on each device listed here: a whole GPU, or each MIG instance of a GPU split
-into them (CUDA shows a process one MIG instance at most, so such a worker is pinned to its
-instance by UUID: `pin_mig_device`). The launcher counts them to choose the worker count; the
-worker pins itself and, with `runtime.bind_cores`, finds the cores nearest its GPU
-(`nvidia-smi topo -m`). Standard library only: the launcher side imports it.
+One worker runs on each device listed here: a whole GPU, or a MIG instance of a GPU split into
+them (CUDA shows a process one MIG instance at most, so such a worker is pinned to its instance
+by UUID: `pin_mig_device`). NCCL runs one rank per physical GPU, so two instances of one GPU
+never each get a worker (`shared_by_mig`). The launcher counts the devices to choose the worker
+count; the worker pins itself and, with `runtime.bind_cores`, finds the cores nearest its GPU
+(`nvidia-smi topo -m`); once started, the ranks compare the GPUs they hold (`identity`).
+Standard library only: the launcher side imports it.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import re
 import shutil
+import socket
 import subprocess
 from dataclasses import dataclass
 
@@ -100,6 +104,63 @@ def devices(environ: dict[str, str] | None = None) -> list[Device]:
     return visible(listed(nvidia_smi("-L")), env.get("CUDA_VISIBLE_DEVICES"))
 
 
+def shared_by_mig(found: list[Device]) -> list[Device]:
+    """The MIG instances of the first GPU that gives `found` (one worker each) two or more of
+    its instances; [] when every worker has a physical GPU of its own.
+
+    NCCL identifies a rank's GPU by its PCI bus id, which every instance of a GPU shares: two
+    ranks on instances of one GPU end the job in "Duplicate GPU detected", as two ranks on one
+    whole GPU do (NCCL has no MIG support: NVIDIA/nccl#1716).
+    """
+    for device in found:
+        same = [d for d in found if d.gpu_uuid == device.gpu_uuid]
+        if len(same) > 1:
+            return same
+    return []
+
+
+def one_instance_per_gpu(found: list[Device]) -> list[Device]:
+    """The first of `found`'s devices on each physical GPU, in order: a CUDA_VISIBLE_DEVICES
+    that gives every worker a GPU of its own."""
+    seen: set[str] = set()
+    first = []
+    for device in found:
+        if device.gpu_uuid not in seen:
+            seen.add(device.gpu_uuid)
+            first.append(device)
+    return first
+
+
+def identity(ordinal: int) -> tuple[str, str, str] | None:
+    """The GPU this process's CUDA device `ordinal` is, as NCCL tells ranks' GPUs apart: (this
+    machine, the GPU's PCI bus id, the host's name for messages); None without CUDA's driver.
+
+    The machine is the kernel's boot id, which containers on one host share and hosts do not
+    (NCCL hashes the host name with it); the bus id is CUDA's (`cuDeviceGetPCIBusId`), the
+    parent GPU's for a MIG instance. Read through the driver library TensorFlow has loaded.
+    """
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
+    device, bus = ctypes.c_int(), ctypes.create_string_buffer(32)
+    if (
+        cuda.cuInit(0)
+        or cuda.cuDeviceGet(ctypes.byref(device), ordinal)
+        or cuda.cuDeviceGetPCIBusId(bus, len(bus), device)
+    ):
+        return None
+    return _machine(), bus.value.decode(), socket.gethostname()
+
+
+def _machine() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return socket.gethostname()
+
+
 def launcher_local_rank(environ: dict[str, str] | None = None) -> tuple[int, int]:
     """(local rank, local size) from the launcher's environment, readable before hvd.init()."""
     env = os.environ if environ is None else environ
@@ -109,7 +170,20 @@ def launcher_local_rank(environ: dict[str, str] | None = None) -> tuple[int, int
     ):
         if rank_key in env and size_key in env:
             return int(env[rank_key]), int(env[size_key])
+    if "SLURM_LOCALID" in env and "SLURM_STEP_TASKS_PER_NODE" in env:  # a task srun started
+        return int(env["SLURM_LOCALID"]), _slurm_tasks_here(env)
     return 0, 1
+
+
+def _slurm_tasks_here(env: dict[str, str]) -> int:
+    """This node's tasks from Slurm's SLURM_STEP_TASKS_PER_NODE (`8(x2),4`: 8 on each of the
+    first two nodes, then 4), indexed by SLURM_NODEID."""
+    counts: list[int] = []
+    for part in env["SLURM_STEP_TASKS_PER_NODE"].split(","):
+        count, _, times = part.partition("(x")
+        counts += [int(count)] * int(times.rstrip(")") or 1)
+    node = int(env.get("SLURM_NODEID", "0"))
+    return counts[node] if node < len(counts) else 1
 
 
 def pin_mig_device() -> Device | None:

@@ -83,6 +83,7 @@ def main(argv: list[str], prog: str) -> int:
         horovodrun.refuse_shared_gpus(np_, args.hosts, gpus)
     notes = [horovodrun.shared_cpu_note(cfg, np_, args.hosts, gpus, args.controller),
              horovodrun.probe_note(cfg.elastic, args.hosts, args.nics or ""),
+             horovodrun.sockets_note(gpus, args.hosts),
              horovodrun.mpi_note(horovodrun.chosen_controller(cfg, args.hosts, gpus,
                                                               args.controller), args.hosts)]  # fmt: skip
     for note in filter(None, notes):

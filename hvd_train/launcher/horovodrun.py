@@ -144,6 +144,7 @@ def refuse_shared_gpus(np: int, hosts: str | None, gpus: int) -> None:
         return
     here = np if not hosts else sum(n for h, n in placed(np, hosts) if is_this_host(h))
     if here <= gpus:
+        refuse_mig_sharing(gpu_devices.devices()[:here])
         return
     given, fix = (
         (f"--np {np}", f"--np {gpus} or fewer")
@@ -153,6 +154,21 @@ def refuse_shared_gpus(np: int, hosts: str | None, gpus: int) -> None:
     raise UserError(
         f"{given}: {here} workers on this host, which has {gpus} GPU(s): one worker per GPU, "
         f"never two on one (NCCL refuses it); give {fix}"
+    )
+
+
+def refuse_mig_sharing(found: list[gpu_devices.Device]) -> None:
+    """Raises UserError when two of this host's workers (one on each of `found`) would train on
+    MIG instances of one GPU, which NCCL refuses as it refuses two ranks on one GPU."""
+    shared = gpu_devices.shared_by_mig(found)
+    if not shared:
+        return
+    own = ",".join(d.uuid for d in gpu_devices.one_instance_per_gpu(found))
+    raise UserError(
+        f"MIG: {len(shared)} workers would train on instances of one GPU (GPU {shared[0].index}, "
+        f"{shared[0].gpu_uuid}), and NCCL runs one rank per physical GPU (it ends such a job in "
+        f'"Duplicate GPU detected"); give each worker an instance of its own GPU '
+        f"(CUDA_VISIBLE_DEVICES={own}) or train on whole GPUs"
     )
 
 
@@ -213,6 +229,33 @@ def probe_note(elastic: ElasticConfig, hosts: str | None, nics: str) -> str | No
         "their common interface through services listening on all interfaces of every host "
         "while it starts (docs/security.md#what-listens-where); --network-interface IF "
         "skips that"
+    )
+
+
+# Where the kernel lists RDMA adapters (InfiniBand, RoCE): NCCL's IB transport opens these.
+INFINIBAND = "/sys/class/infiniband"
+
+
+def sockets_note(gpus: int, hosts: str | None, environ: dict[str, str] | None = None) -> str | None:
+    """One line before a GPU job across hosts whose NCCL will talk over TCP sockets, else None.
+
+    NCCL uses InfiniBand (or RoCE) where it finds an adapter and its user-space library
+    (libibverbs: the GPU image has it), else falls back to sockets without a word: the job
+    runs, its all-reduce between hosts several times slower. Judged from this host, which
+    horovodrun starts from and which is one of the job's in a cluster: no adapter listed in
+    /sys/class/infiniband, or NCCL_IB_DISABLE=1.
+    """
+    env = os.environ if environ is None else environ
+    if not gpus or not hosts or on_loopback(hosts) or len(host_slots(hosts)) < 2:
+        return None
+    adapters = sorted(os.listdir(INFINIBAND)) if os.path.isdir(INFINIBAND) else []
+    if adapters and env.get("NCCL_IB_DISABLE", "0") in ("", "0"):
+        return None
+    why = "NCCL_IB_DISABLE=1" if adapters else f"no InfiniBand or RoCE adapter in {INFINIBAND}"
+    return (
+        f"NCCL will send the all-reduce between hosts over TCP sockets ({why}): it runs, "
+        "several times slower than over InfiniBand; in a container pass the adapters "
+        "(--device /dev/infiniband, docs/launching.md#gpus-across-hosts)"
     )
 
 

@@ -281,6 +281,7 @@ def configure_devices(intra_op_threads: int, inter_op_threads: int, use_gpus: bo
         gpu = gpus[local_rank() if len(gpus) > 1 else 0]
         tf.config.experimental.set_memory_growth(gpu, True)
         tf.config.set_visible_devices(gpu, "GPU")
+        refuse_shared_gpu(int(gpu.name.rsplit(":", 1)[1]))
     # After bind_cores the affinity mask already is this worker's share.
     intra, inter = thread_counts(
         intra_op_threads, inter_op_threads, len(os.sched_getaffinity(0)), local_size(),
@@ -289,6 +290,36 @@ def configure_devices(intra_op_threads: int, inter_op_threads: int, use_gpus: bo
     tf.config.threading.set_intra_op_parallelism_threads(intra)
     tf.config.threading.set_inter_op_parallelism_threads(inter)
     return "gpu" if gpus else "cpu"
+
+
+def refuse_shared_gpu(ordinal: int) -> None:
+    """Raises UserError on every rank when two ranks train on one GPU: the ranks all-gather
+    their GPU's identity (base/gpus.py `identity`, of CUDA device `ordinal`) before any
+    collective that could reach NCCL.
+
+    The launchers never place two workers on one GPU, but a scheduler that sets each rank's
+    CUDA_VISIBLE_DEVICES can, as can a plain horovodrun on a GPU split into MIG instances;
+    NCCL would then end the job in "Duplicate GPU detected" at the first all-reduce. Every rank
+    sees the same list, so every rank raises the same error: none is left waiting.
+    """
+    if not hvd_tf.is_initialized() or size() == 1:
+        return
+    with tf.device("/cpu:0"):  # the gather itself must not go through NCCL
+        every = allgather_object(host_gpus.identity(ordinal), name="hvd_train.gpu_identity")
+    holder: dict[tuple[str, str], int] = {}
+    for r, held in enumerate(every):
+        if held is None:
+            continue
+        machine, bus, host = held
+        if (machine, bus) in holder:
+            raise UserError(
+                f"rank {holder[machine, bus]} and rank {r} both train on the GPU at PCI "
+                f"{bus} on {host}: one GPU per rank, never two ranks on one (NCCL would end "
+                'the job in "Duplicate GPU detected"; MIG instances of one GPU are one GPU to '
+                "it); give each rank its own GPU (CUDA_VISIBLE_DEVICES), or let hvd-train "
+                "launch start one worker per GPU"
+            )
+        holder[machine, bus] = r
 
 
 def thread_counts(
