@@ -5,10 +5,16 @@
 #
 #   1. the install with HVD_TRAIN_DEVICE=gpu (it finds the CUDA 12 toolkit and NCCL before any
 #      download, and checks after it that TensorFlow lists the GPUs and Horovod has NCCL);
-#   2. `hvd-train doctor`;
+#   2. `hvd-train doctor`, the driver's and CUDA's versions (nvidia-smi's, TensorFlow's
+#      build's), and `horovodrun --check-build`, which must list NCCL;
 #   3. the quickstart on one GPU, then on every GPU (the launcher's default: one worker a GPU),
-#      then on every GPU with mixed precision (runtime.mixed_precision: mixed_float16) and with
-#      XLA (runtime.jit_compile: true), each in runs/gpu-test/<name> (GPU_TEST_DIR), anew;
+#      watched: every worker's process must hold a context on one GPU only and no GPU two
+#      workers' (nvidia-smi's compute apps, by pid, sampled while it runs), and NCCL must
+#      initialise once per rank (NCCL_DEBUG=INFO's "Init COMPLETE" lines); with 2 GPUs or more,
+#      a 2-worker run, whose ranks' replicated state runtime.check_replicas compares at each
+#      epoch's end (exit 3 on a difference: docs/faults.md); then every GPU with mixed
+#      precision (runtime.mixed_precision: mixed_float16) and with XLA (runtime.jit_compile:
+#      true), each in runs/gpu-test/<name> (GPU_TEST_DIR), anew;
 #   4. a table of the runs: status, workers, device, examples/s (summary.json's
 #      train_examples_per_sec) and the last val_accuracy. Each run must record `completed` on
 #      the GPU, or the script exits 1.
@@ -29,6 +35,9 @@ HVD_TRAIN_DEVICE=gpu bash scripts/install.sh
 venv=$(bash scripts/stack.sh venv)
 export PATH="$PWD/$venv/bin:$PATH"
 hvd-train doctor
+say "driver $(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -n 1), its CUDA $(nvidia-smi | sed -nE 's/.*CUDA Version: *([0-9.]+).*/\1/p' | head -n 1); TensorFlow built for CUDA $(python -c 'import tensorflow as tf; print(tf.sysconfig.get_build_info().get("cuda_version"))' 2>/dev/null)"
+horovodrun --check-build | tee "${TMPDIR:-/tmp}/gpu-test-check-build.txt"
+grep -q '\[X\] NCCL' "${TMPDIR:-/tmp}/gpu-test-check-build.txt" || { echo "[gpu-test] error: horovodrun --check-build lists no NCCL" >&2; exit 1; }
 
 out=${GPU_TEST_DIR:-runs/gpu-test}
 names=()
@@ -41,8 +50,56 @@ quickstart() {
   hvd-train launch --config configs/quickstart.yaml --set "run.dir=$out/$name" "$@"
   names+=("$name")
 }
+# The quickstart on every GPU, watched (above): NAME, then what `quickstart` takes.
+watched() {
+  local name=$1 apps="$out/$1.compute-apps.txt" log="$out/$1.console.txt" job
+  mkdir -p "$out"
+  : > "$apps"
+  NCCL_DEBUG=INFO quickstart "$@" > "$log" 2>&1 &
+  job=$!
+  while kill -0 "$job" 2>/dev/null; do
+    nvidia-smi --query-compute-apps=pid,gpu_uuid --format=csv,noheader >> "$apps" 2>/dev/null || true
+    sleep 1
+  done
+  wait "$job" || { cat "$log" >&2; echo "[gpu-test] error: $name failed (its console above)" >&2; exit 1; }
+  names+=("$name")
+  python - "$apps" "$log" "$gpus" "$name" "$out/$name" <<'PYEOF'
+import collections
+import glob
+import re
+import sys
+
+apps, log, gpus, name, run_dir = sys.argv[1:6]
+gpus = int(gpus)
+held = collections.defaultdict(set)  # pid -> GPUs its process holds a context on
+for line in open(apps):
+    pid, _, uuid = line.strip().partition(", ")
+    if pid.isdigit():
+        held[int(pid)].add(uuid)
+workers = collections.defaultdict(set)  # GPU -> pids
+for pid, uuids in held.items():
+    for uuid in uuids:
+        workers[uuid].add(pid)
+problems = [f"pid {p} holds {len(u)} GPUs" for p, u in held.items() if len(u) > 1]
+problems += [f"GPU {u} holds {len(p)} processes" for u, p in workers.items() if len(p) > 1]
+if len(held) < gpus:
+    problems.append(f"{len(held)} processes seen on the GPUs, {gpus} expected")
+# NCCL's lines: each rank's log (run.dir/logs/rank-N.log, its whole output), else the console.
+text = "".join(open(f).read() for f in glob.glob(f"{run_dir}/logs/rank-*.log") or [log])
+inits = collections.Counter(
+    m.group(1) for m in re.finditer(r"rank (\d+) nranks \d+ .*Init COMPLETE", text)
+)
+if sorted(inits) != sorted(str(r) for r in range(gpus)) or set(inits.values()) != {1}:
+    problems.append(f"NCCL initialised per rank: {dict(inits)} (once each of {gpus} expected)")
+print(f"[gpu-test] {name}: {len(held)} worker processes, one GPU each; NCCL initialised once per rank"
+      if not problems else f"[gpu-test] error: {name}: " + "; ".join(problems))
+sys.exit(1 if problems else 0)
+PYEOF
+}
+
 quickstart one-gpu --np 1
-quickstart every-gpu
+watched every-gpu
+[ "$gpus" -lt 2 ] || quickstart two-workers --np 2
 quickstart mixed-float16 --set runtime.mixed_precision=mixed_float16
 quickstart xla --set runtime.jit_compile=true
 
