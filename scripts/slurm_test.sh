@@ -10,10 +10,10 @@
 # The cluster, started by every step below: three containers on the host's network (all on
 # loopback), each with its own munged (the image's key): `ctl` runs slurmctld (port 6817) and is
 # where sbatch and scontrol run, as mpiuser (uid 1000); `node1` and `node2` each run
-# `slurmd -N <name>` (ports 6818 and 6819) and mpiuser's sshd (127.0.0.2:2222, 127.0.0.3:2223),
-# which horovodrun reaches the other node through. Each node's own name is 127.0.0.1 in its
+# `slurmd -N <name>` (ports 6818 and 6819) and no sshd: horovodrun's workers on the other node
+# are started by srun (hvd_train/launcher/srun_ssh.py). Each node's own name is 127.0.0.1 in its
 # /etc/hosts, as a real node's name is one of its own addresses: horovodrun starts the batch
-# node's workers itself and the other node's over ssh. /results is shared, as a cluster's
+# node's workers itself and the other node's through its `ssh`, which is srun. /results is shared, as a cluster's
 # file system is.
 # same:      a 2-node job of launch/slurm.sbatch (--nodes=2 --ntasks-per-node=1) trains the
 #            quickstart (3 epochs); the same script on one node with 2 workers (--nodes=1
@@ -21,7 +21,7 @@
 # preempt:   a 2-node job of 40 epochs; after epoch 5, `scancel --signal=USR1 --batch`: the record
 #            must say interrupted, stopped_by SIGUSR1, with a checkpoint; the script requeues the
 #            job, which must resume from that checkpoint and complete (Slurm: COMPLETED, 1 restart).
-# lost-node: a 2-node job of 40 epochs; after epoch 5, `docker kill node2` (its slurmd, sshd and
+# lost-node: a 2-node job of 40 epochs; after epoch 5, `docker kill node2` (its slurmd and
 #            worker): the job must end by itself within 60 s, recorded failed.
 # up:        the cluster alone, until Ctrl-C, to submit jobs to by hand.
 #
@@ -124,9 +124,18 @@ daemon() {
     "install -d -o munge -g munge /run/munge && runuser -u munge -- /usr/sbin/munged && $*" >/dev/null
 }
 
-# node NAME ADDRESS SSH_PORT SLURMD_PORT
+# node NAME: slurmd alone, no sshd: Slurm starts the other node's workers (srun, in place of
+# horovodrun's ssh: hvd_train/launcher/srun_ssh.py), as on clusters that block ssh between nodes.
 node() {
-  daemon "$1" "runuser -u mpiuser -- /usr/sbin/sshd -e -f /home/mpiuser/.sshd_config -o ListenAddress=$2 -p $3 && exec slurmd -D -N $1"
+  daemon "$1" "exec slurmd -D -N $1"
+}
+
+# no_sshd: no sshd runs in any container of the cluster (what `same` and the others rely on).
+no_sshd() {
+  local name
+  for name in ctl node1 node2; do
+    ! docker exec "hvd_train-slurm-$name-$$" pgrep -x sshd >/dev/null || die "an sshd runs in $name"
+  done
 }
 
 cluster_up() {
@@ -136,8 +145,8 @@ cluster_up() {
   [ -s "$OUT/keys/id_rsa" ] || ssh_keys
   slurm_conf >"$OUT/etc/slurm.conf"
   daemon ctl "exec slurmctld -D -i"
-  node node1 127.0.0.2 2222 6818
-  node node2 127.0.0.3 2223 6819
+  node node1
+  node node2
   local _ state
   for _ in $(seq 60); do
     state=$(on_ctl sinfo -h -N -o '%N=%T' 2>/dev/null | sort | tr '\n' ' ' || true)
@@ -209,6 +218,7 @@ check_completed() {  # check_completed JOB RUN: Slurm and the record both say co
 # --- the scenarios --------------------------------------------------------------------------
 same() {
   local two one out t0 hosts2 hosts1
+  no_sshd
   t0=$(date +%s)
   two=$(submit two --nodes=2 --ntasks-per-node=1 -- --set train.epochs=3)
   check_completed "$two" two
@@ -218,6 +228,7 @@ same() {
   hosts2=$(grep -o -- '-H [^ ]*' "$RESULTS/slurm-$two.out" | head -n1 || true)
   hosts1=$(grep -o -- '-H [^ ]*' "$RESULTS/slurm-$one.out" | head -n1 || true)
   [ "$hosts2" = "-H node1:1,node2:1" ] || die "the 2-node job ran horovodrun $hosts2, not -H node1:1,node2:1"
+  no_sshd  # still none: node2's worker was a step of the job (srun)
   [[ $hosts1 =~ ^-H\ node[12]:2$ ]] || die "the 1-node job ran horovodrun $hosts1"
   out=$(same_result one two) || die "the 2-node job and the 1-node job differ: $out"
   figure "same: sbatch --nodes=2 --ntasks-per-node=1 (horovodrun $hosts2; job $two, $((t1 - t0)) s from sbatch to COMPLETED) vs --nodes=1 --ntasks-per-node=2 ($hosts1; job $one, $(($(date +%s) - t1)) s): $out"
@@ -263,7 +274,7 @@ preempt() {
 lost_node() {
   local job t0 failed_s state ended_s out
   job=$(submit lost --nodes=2 --ntasks-per-node=1 -- --set train.epochs=40)
-  say "lost node: job $job; docker kill node2 (slurmd, sshd, its worker) after epoch 5/40"
+  say "lost node: job $job; docker kill node2 (slurmd, its worker) after epoch 5/40"
   wait_for "$job" 'epoch 5/40' 300
   docker kill "hvd_train-slurm-node2-$$" >/dev/null
   t0=$(date +%s.%N)

@@ -321,12 +321,14 @@ def test_every_rank_refuses_a_gpu_another_rank_holds(tmp_path) -> None:
         'detected"; MIG instances of one GPU are one GPU to it); give each rank its own GPU '
         "(CUDA_VISIBLE_DEVICES), or let hvd-train launch start one worker per GPU",
         "no driver on one": None,
+        "one on the cpu": None,
     }
 
 
 def test_the_worker_checks_the_gpu_it_chose(monkeypatch) -> None:
     """configure_devices, once it has chosen this worker's GPU by local rank, checks that GPU
-    (its CUDA ordinal) against the other ranks'. TensorFlow's GPU list is stood in."""
+    (its CUDA ordinal) against the other ranks'; a CPU worker joins the check with none.
+    TensorFlow's GPU list is stood in."""
     import tensorflow as tf
 
     from hvd_train.runtime import distributed
@@ -343,6 +345,10 @@ def test_the_worker_checks_the_gpu_it_chose(monkeypatch) -> None:
     monkeypatch.setattr(distributed, "refuse_shared_gpu", checked.append)
     assert distributed.configure_devices(0, 0) == "gpu"
     assert checked == [2]
+    # A rank on the CPU takes part too (None): a collective the others would wait in otherwise.
+    monkeypatch.setattr(tf.config, "list_physical_devices", lambda kind=None: [])
+    assert distributed.configure_devices(0, 0) == "cpu"
+    assert checked == [2, None]
 
 
 @pytest.mark.parametrize(

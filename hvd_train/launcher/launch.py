@@ -24,9 +24,12 @@ failed attempt ends in one verdict line naming the rank, its host, its log and w
 from __future__ import annotations
 
 import argparse
+import atexit
+import functools
 import os
 import re
 import shlex
+import shutil
 import signal
 import sys
 import time
@@ -43,7 +46,7 @@ from hvd_train.base.errors import (
     exit_description,
 )
 from hvd_train.config import Config
-from hvd_train.launcher import horovodrun
+from hvd_train.launcher import horovodrun, srun_ssh
 from hvd_train.launcher.horovodrun import on_loopback
 from hvd_train.launcher.supervise import Supervisor
 from hvd_train.record import mlflow_run, rundir
@@ -133,12 +136,27 @@ def _exit_code(failure: dict[str, Any], stop_signal: int) -> int:
 def command(
     cfg: Config, args: argparse.Namespace, np_: int, overrides: list[str]
 ) -> tuple[list[str], dict[str, str]]:
-    """One attempt's horovodrun command and environment (horovodrun.command, as every launcher)."""
+    """One attempt's horovodrun command and environment (horovodrun.command, as every launcher).
+
+    Under `--slurm`, horovodrun's `ssh` is srun (launcher/srun_ssh.py): Slurm starts the other
+    nodes' workers, inside the job, with no ssh between the nodes.
+    """
     ssh = ["--ssh-port", str(args.ssh_port)] if args.ssh_port else []
     ssh += ["--ssh-identity-file", args.ssh_identity_file] if args.ssh_identity_file else []
-    return horovodrun.command(
+    cmd, env = horovodrun.command(
         cfg, args.config, overrides, np_, args.hosts, args.controller, args.nics or "", ssh
     )
+    if getattr(args, "slurm", False):
+        env["PATH"] = f"{_srun_ssh_folder()}{os.pathsep}{env['PATH']}"
+    return cmd, env
+
+
+@functools.cache
+def _srun_ssh_folder() -> str:
+    """The folder of this launcher's `ssh` that runs srun, removed when the launcher exits."""
+    folder = srun_ssh.install()
+    atexit.register(shutil.rmtree, folder, True)
+    return folder
 
 
 def _held_by_another_job(run_dir: str, before: dict[str, Any] | None) -> bool:

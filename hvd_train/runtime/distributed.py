@@ -270,6 +270,7 @@ def configure_devices(intra_op_threads: int, inter_op_threads: int, use_gpus: bo
     if gpus and not use_gpus:  # TensorFlow was imported before CUDA_VISIBLE_DEVICES hid them
         tf.config.set_visible_devices([], "GPU")
         gpus = []
+    ordinal = None  # this worker's GPU, as CUDA numbers it
     if gpus:
         # Horovod: one GPU per process, chosen by local rank. A launcher that already narrowed
         # CUDA_VISIBLE_DEVICES to one GPU per process leaves exactly one visible.
@@ -281,7 +282,8 @@ def configure_devices(intra_op_threads: int, inter_op_threads: int, use_gpus: bo
         gpu = gpus[local_rank() if len(gpus) > 1 else 0]
         tf.config.experimental.set_memory_growth(gpu, True)
         tf.config.set_visible_devices(gpu, "GPU")
-        refuse_shared_gpu(int(gpu.name.rsplit(":", 1)[1]))
+        ordinal = int(gpu.name.rsplit(":", 1)[1])
+    refuse_shared_gpu(ordinal)  # on every rank, a GPU or not: a collective
     # After bind_cores the affinity mask already is this worker's share.
     intra, inter = thread_counts(
         intra_op_threads, inter_op_threads, len(os.sched_getaffinity(0)), local_size(),
@@ -292,20 +294,24 @@ def configure_devices(intra_op_threads: int, inter_op_threads: int, use_gpus: bo
     return "gpu" if gpus else "cpu"
 
 
-def refuse_shared_gpu(ordinal: int) -> None:
+def refuse_shared_gpu(ordinal: int | None) -> None:
     """Raises UserError on every rank when two ranks train on one GPU: the ranks all-gather
-    their GPU's identity (base/gpus.py `identity`, of CUDA device `ordinal`) before any
-    collective that could reach NCCL.
+    their GPU's identity (base/gpus.py `identity`, of CUDA device `ordinal`; None for a rank
+    on the CPU) before any collective that could reach NCCL.
 
     The launchers never place two workers on one GPU, but a scheduler that sets each rank's
     CUDA_VISIBLE_DEVICES can, as can a plain horovodrun on a GPU split into MIG instances;
     NCCL would then end the job in "Duplicate GPU detected" at the first all-reduce. Every rank
     sees the same list, so every rank raises the same error: none is left waiting.
+
+    Not in a Horovod Elastic job: a worker that joins it later starts alone, while the others
+    go on from their reset, so a gather at its start would have no partner.
     """
-    if not hvd_tf.is_initialized() or size() == 1:
+    if not hvd_tf.is_initialized() or size() == 1 or os.environ.get("HOROVOD_ELASTIC"):
         return
     with tf.device("/cpu:0"):  # the gather itself must not go through NCCL
-        every = allgather_object(host_gpus.identity(ordinal), name="hvd_train.gpu_identity")
+        mine = None if ordinal is None else host_gpus.identity(ordinal)
+        every = allgather_object(mine, name="hvd_train.gpu_identity")
     holder: dict[tuple[str, str], int] = {}
     for r, held in enumerate(every):
         if held is None:

@@ -5,7 +5,8 @@ CUDA's answer, as a scheduler would place them.
     gpu_identity.py OUT
 
 In turn: each rank on a GPU of its own (the same bus id on two machines, as two 8-GPU hosts
-have); both ranks on one GPU; one rank without CUDA's driver (identity None). Each rank writes
+have); both ranks on one GPU; one rank without CUDA's driver (identity None); one rank on the
+CPU (no GPU to check, yet in the gather: the other rank waits in it). Each rank writes
 OUT/rank-<r>.json: {case: the error's message, or null}.
 """
 
@@ -33,6 +34,7 @@ CASES = {
                            ("boot-a", "00000000:2A:00.0", "gpu-a")],
     "one gpu": [("boot-a", "00000000:2A:00.0", "gpu-a"), ("boot-a", "00000000:2A:00.0", "gpu-a")],
     "no driver on one": [("boot-a", "00000000:2A:00.0", "gpu-a"), None],
+    "one on the cpu": [("boot-a", "00000000:2A:00.0", "gpu-a"), "cpu"],
 }  # fmt: skip
 
 
@@ -42,7 +44,7 @@ def main(out: pathlib.Path) -> None:
     for case, identities in CASES.items():
         gpus.identity = lambda ordinal, mine=identities[rank]: mine  # CUDA's answer, stood in
         try:
-            distributed.refuse_shared_gpu(0)
+            distributed.refuse_shared_gpu(None if identities[rank] == "cpu" else 0)
             seen[case] = None
         except UserError as e:
             seen[case] = str(e)
