@@ -33,9 +33,11 @@ binding.require_keras3("hvd_train.horovod")
 import horovod.tensorflow as _hvd  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from horovod.tensorflow import (  # noqa: E402
+    Adasum,
     Average,
     Compression,
     Sum,
+    alltoall,
     cross_rank,
     cross_size,
     gloo_built,
@@ -55,7 +57,12 @@ from horovod.tensorflow import (  # noqa: E402
 )
 from horovod.tensorflow.mpi_ops import global_process_set  # noqa: E402
 
-from hvd_train.runtime import distributed  # noqa: E402
+from hvd_train.horovod import tape as _tape  # noqa: E402
+from hvd_train.horovod.tape import (  # noqa: E402
+    DistributedGradientTape,
+    PartialDistributedGradientTape,
+)
+from hvd_train.runtime import distributed, replicas  # noqa: E402
 from hvd_train.runtime.keras import v3 as _core  # noqa: E402
 from hvd_train.runtime.keras.v3 import SyncBatchNormalization, keras  # noqa: E402
 
@@ -63,9 +70,11 @@ __all__ = [
     "init", "shutdown", "is_initialized", "size", "rank", "local_rank", "local_size",
     "cross_rank", "cross_size", "mpi_built", "mpi_enabled", "mpi_threads_supported",
     "gloo_built", "gloo_enabled", "nccl_built", "start_timeline", "stop_timeline",
-    "allreduce", "allgather", "broadcast", "reducescatter", "broadcast_global_variables",
-    "Average", "Sum",
-    "Compression", "DistributedOptimizer", "load_model", "SyncBatchNormalization",
+    "allreduce", "allgather", "broadcast", "reducescatter", "alltoall",
+    "broadcast_global_variables", "broadcast_variables", "broadcast_object",
+    "broadcast_object_fn", "allgather_object", "Average", "Sum", "Adasum",
+    "Compression", "DistributedOptimizer", "DistributedGradientTape",
+    "PartialDistributedGradientTape", "load_model", "SyncBatchNormalization",
     "callbacks", "elastic",
 ]  # fmt: skip
 
@@ -123,12 +132,88 @@ def reducescatter(value: Any, name: str | None = None, op: Any = Average) -> tf.
     )
 
 
+def broadcast_variables(
+    variables: Any, root_rank: int, process_set: Any = global_process_set, inplace: bool = False
+) -> Any:
+    """Horovod's `broadcast_variables` for Keras 3 variables (a model's, an optimizer's
+    `.variables`) as well as TensorFlow's: `root_rank`'s values assigned on every rank, eagerly
+    or inside a `tf.function`. The dropout layers' seed states (Keras 3 puts them in
+    `model.variables`) are left each rank's own, as Keras 2 had none: every rank draws its own
+    masks.
+
+    Raises:
+        ValueError: another process set than the global one; something that is not a variable.
+    """
+    if process_set is not global_process_set:
+        raise ValueError("broadcast_variables: only the global process_set is supported")
+    chosen = []
+    for v in variables:
+        found = replicas.tf_variable(v)
+        if found is None:
+            raise ValueError(
+                f"broadcast_variables: expected variables; received: {type(v).__name__}"
+            )
+        if getattr(v, "name", "") != "seed_generator_state":
+            chosen.append(found)
+    if not chosen or size() == 1:
+        return None
+    return _hvd.broadcast_variables(chosen, root_rank, inplace=inplace)
+
+
+def broadcast_object(
+    obj: Any, root_rank: int = 0, session: Any = None, name: str | None = None,
+    process_set: Any = global_process_set,
+) -> Any:  # fmt: skip
+    """Horovod's `broadcast_object`: `root_rank`'s picklable object on every rank (eager).
+
+    Raises:
+        ValueError: a `session` (TensorFlow 1), another process set than the global one.
+    """
+    _eager_only("broadcast_object", session, process_set)
+    return _hvd.broadcast_object(obj, root_rank=root_rank, name=name)
+
+
+def broadcast_object_fn(
+    root_rank: int = 0, session: Any = None, name: str | None = None,
+    process_set: Any = global_process_set,
+) -> Any:  # fmt: skip
+    """Horovod's `broadcast_object_fn`: a function that broadcasts the object it is given from
+    `root_rank`. Horovod's builds TensorFlow 1 placeholders (it has none in TensorFlow 2); this
+    one calls `broadcast_object` eagerly.
+
+    Raises:
+        ValueError: a `session` (TensorFlow 1), another process set than the global one.
+    """
+    _eager_only("broadcast_object_fn", session, process_set)
+    name = name or "broadcast_object_fn"
+    return lambda obj: _hvd.broadcast_object(obj, root_rank=root_rank, name=name)
+
+
+def allgather_object(
+    obj: Any, session: Any = None, name: str | None = None, process_set: Any = global_process_set
+) -> list[Any]:
+    """Horovod's `allgather_object`: every rank's picklable object, in rank order (eager).
+
+    Raises:
+        ValueError: a `session` (TensorFlow 1), another process set than the global one.
+    """
+    _eager_only("allgather_object", session, process_set)
+    return _hvd.allgather_object(obj, name=name)
+
+
+def _eager_only(api: str, session: Any, process_set: Any) -> None:
+    if session is not None:
+        raise ValueError(f"{api}: session= is TensorFlow 1's; TensorFlow 2 runs it eagerly")
+    if process_set is not global_process_set:
+        raise ValueError(f"{api}: only the global process_set is supported")
+
+
 def broadcast_global_variables(root_rank: int) -> None:
     """Horovod's TensorFlow 1 call, which has no global variables to find in TensorFlow 2."""
     raise ValueError(
         "broadcast_global_variables: TensorFlow 2 has no global variables; use "
         "callbacks.BroadcastGlobalVariablesCallback(root_rank) in fit, or "
-        "horovod.tensorflow.broadcast_variables(model.variables, root_rank)"
+        "hvd_train.horovod.broadcast_variables(model.variables, root_rank)"
     )
 
 
@@ -165,36 +250,14 @@ def DistributedOptimizer(  # noqa: N802 - a class to its caller, as Horovod's
             process set than the global one, or `groups` that is neither a positive number
             nor a list of lists of variables.
     """
-    if op not in (Average, Sum):
-        raise ValueError("DistributedOptimizer: op must be Average or Sum (Adasum is not built)")
-    if gradient_predivide_factor != 1.0 and op != Average:
-        raise ValueError("DistributedOptimizer: gradient_predivide_factor needs op=Average")
-    if process_set is not global_process_set:
-        raise ValueError("DistributedOptimizer: only the global process_set is supported")
-    if num_groups and groups is None:
-        groups = num_groups
-    if groups is not None and not (
-        (isinstance(groups, int) and groups > 0)
-        or (isinstance(groups, list) and all(isinstance(g, (list, tuple)) for g in groups))
-    ):
-        raise ValueError(
-            "DistributedOptimizer: groups must be a positive number or a list of lists of "
-            f"variables; received: groups={groups!r}"
-        )
-    copy = _core.DistributedOptimizer(optimizer, accumulation=int(backward_passes_per_step))
-    copy._hvd_compression = compression
-    copy._hvd_window_mean = bool(average_aggregated_gradients)
-    # Past Keras' attribute tracking: lists of variables would become the optimizer's own.
-    object.__setattr__(copy, "_hvd_groups", groups)
-    copy._hvd_device = device_dense
-    copy._hvd_name = name
-    copy._hvd_scale_local = bool(scale_local_gradients)
-    if gradient_predivide_factor != 1.0:
-        copy._hvd_op = Sum
-        copy._hvd_prescale = 1.0 / gradient_predivide_factor
-        copy._hvd_postscale = gradient_predivide_factor / size()
-    else:
-        copy._hvd_op = op
+    how = _tape.reduction(
+        "DistributedOptimizer", name, device_dense, compression, op, gradient_predivide_factor,
+        groups if groups is not None else num_groups or None, process_set, scale_local_gradients,
+    )  # fmt: skip
+    copy = _core.DistributedOptimizer(
+        optimizer, accumulation=int(backward_passes_per_step), reduction=how,
+        window_mean=bool(average_aggregated_gradients),
+    )  # fmt: skip
     return copy
 
 
@@ -227,7 +290,7 @@ def _distributed_class(base: type, compression: Any) -> type:
     cls = _core._averaging_class(base)
 
     class Loaded(cls):  # type: ignore[misc, valid-type]
-        _hvd_compression = compression
+        _hvd_reduction = _core.Reduction(compression=compression)
         _hvd_window_mean = False
 
     Loaded.__name__, Loaded.__qualname__, Loaded.__module__ = (

@@ -26,6 +26,7 @@ which XLA cannot do with this Horovod: hvd_train always passes it explicitly.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import warnings
 from typing import Any
@@ -81,6 +82,125 @@ def init() -> None:
 # --------------------------------------------------------------------------- the optimizer
 
 
+@dataclasses.dataclass(frozen=True)
+class Reduction:
+    """How gradients are all-reduced: Horovod's DistributedOptimizer and DistributedGradientTape
+    arguments, one value for both (`reduce_gradients`).
+
+    `op` None is Average; `compression` None is float16 when `fp16` else none; `prescale` and
+    `postscale` scale before and after the sum; `groups` None is one all-reduce group, a
+    number N is N groups of consecutive gradients, a tuple of tuples of variables each a group
+    (the rest a group each); `device` and `name` place and name the all-reduces; `local` holds
+    the variables whose gradient is each rank's own (not all-reduced), scaled by 1/size when
+    `scale_local`.
+    """
+
+    op: Any = None
+    compression: Any = None
+    fp16: bool = False
+    prescale: float = 1.0
+    postscale: float = 1.0
+    groups: Any = None
+    device: str = ""
+    name: str | None = None
+    local: tuple[Any, ...] = ()
+    scale_local: bool = True
+
+    def with_local(self, var: Any) -> Reduction:
+        """This reduction with `var`'s gradient kept each rank's own."""
+        return dataclasses.replace(self, local=(*self.local, var))
+
+
+def reduce_gradients(grads: list[Any], variables: list[Any] | None, how: Reduction) -> list[Any]:
+    """`grads` (of `variables`, in order; None stays None) all-reduced over the workers as `how`
+    says: one grouped all-reduce, or one per tensor in a step XLA compiles whole. Sparse
+    gradients are all-reduced dense (the sums are the same). At one worker nothing is
+    all-reduced, but the gradients wait for each other (`_after_all`)."""
+    present = [i for i, g in enumerate(grads) if g is not None]
+    if not present:
+        return list(grads)
+    if hvd_tf.size() == 1:
+        return _after_all(grads, present)
+    if how.local and (own := _local_positions(grads, variables, how.local)):
+        out = reduce_gradients([None if i in own else g for i, g in enumerate(grads)], variables,
+                               how)  # fmt: skip
+        scale = 1.0 / hvd_tf.size() if how.scale_local else 1.0
+        for i in own:
+            out[i] = _scaled(grads[i], scale)
+        return out
+    dense = [tf.convert_to_tensor(grads[i]) for i in present]  # IndexedSlices: dense
+    compression = how.compression or (
+        hvd_tf.Compression.fp16 if how.fp16 else hvd_tf.Compression.none
+    )
+    kwargs = {"op": how.op or hvd_tf.Average, "compression": compression}
+    if (how.prescale, how.postscale) != (1.0, 1.0):
+        kwargs.update(prescale_factor=how.prescale, postscale_factor=how.postscale)
+    averaged: list[Any] = [None] * len(dense)
+    # Named as Horovod's own names its all-reduces (in its timeline).
+    with tf.name_scope(f"{how.name or 'DistributedGradientTape'}_Allreduce"), tf.device(how.device):
+        if _compiled_by_xla():  # XLA has a kernel for HorovodAllreduce alone
+            averaged = [hvd_tf.allreduce(g, **kwargs) for g in dense]
+        else:
+            for group in _group_positions(present, variables, how.groups):
+                reduced = hvd_tf.grouped_allreduce([dense[k] for k in group], **kwargs)
+                for k, g in zip(group, reduced, strict=True):
+                    averaged[k] = g
+    out = list(grads)
+    for i, g in zip(present, averaged, strict=True):
+        out[i] = g
+    return out
+
+
+def _scaled(g: Any, scale: float) -> Any:
+    if scale == 1.0:
+        return g
+    if isinstance(g, tf.IndexedSlices):
+        return tf.IndexedSlices(g.values * scale, g.indices, g.dense_shape)
+    return tf.convert_to_tensor(g) * scale
+
+
+def ids_of(variables: Any) -> set[int]:
+    """The ids of `variables` and of the TensorFlow variables they hold (a Keras 3 Variable's
+    `.value`): either may be what a caller or a tape holds."""
+    return {id(v) for v in variables} | {id(replicas.tf_variable(v)) for v in variables} - {
+        id(None)
+    }
+
+
+def _local_positions(grads: list[Any], variables: list[Any] | None, local: Any) -> set[int]:
+    """The positions in `grads` of the variables in `local` that have a gradient."""
+    ids = ids_of(local)
+    return {
+        i for i, v in enumerate(variables or [])
+        if grads[i] is not None and ids_of([v]) & ids
+    }  # fmt: skip
+
+
+def _group_positions(
+    present: list[int], variables: list[Any] | None, groups: Any
+) -> list[list[int]]:
+    """The positions in `present` of each all-reduce group: one group, or Horovod's `groups` (a
+    number of groups of consecutive gradients, or lists of variables, each a group, the rest
+    a group each). Grouping changes how tensors are fused, not the sums."""
+    if not groups:
+        return [list(range(len(present)))]
+    if isinstance(groups, int):
+        size = -(-len(present) // groups)
+        return [list(range(k, min(k + size, len(present)))) for k in range(0, len(present), size)]
+    where = {i: k for k, i in enumerate(present)}
+    found, taken = [], set()
+    for members in groups:
+        ids = ids_of(members)
+        group = [
+            where[i] for i, v in enumerate(variables or []) if i in where and ids_of([v]) & ids
+        ]
+        group = [k for k in group if k not in taken]
+        if group:
+            found.append(group)
+            taken.update(group)
+    return found + [[k] for k in range(len(present)) if k not in taken]
+
+
 class Averaging:
     """Mixed in before a Keras 3 optimizer class: `apply` averages the gradients over the
     workers, then the optimizer's own `apply` runs on the averages. With `accumulation` A > 1,
@@ -97,28 +217,19 @@ class Averaging:
     nor decayed.
     """
 
-    _hvd_fp16 = False
     _hvd_accumulation = 1
-    # Horovod's DistributedOptimizer arguments (hvd_train.horovod sets them; the trainer's
-    # optimizer keeps these defaults): the reduction, its compression (None: from _hvd_fp16),
-    # the scaling before and after the sum, the window's mean (False: Horovod's sum), the
-    # all-reduce groups (None: one group), the device and name scope of the all-reduces.
-    _hvd_op = None
-    _hvd_compression = None
-    _hvd_prescale = 1.0
-    _hvd_postscale = 1.0
+    # How the gradients are all-reduced (`Reduction`: Horovod's DistributedOptimizer
+    # arguments; the trainer's optimizer keeps the defaults and its fp16), and whether the
+    # window applies its mean (True) or its sum (Horovod's default without
+    # average_aggregated_gradients).
+    _hvd_reduction = Reduction()
     _hvd_window_mean = True
-    _hvd_groups: Any = None
-    _hvd_device = ""
-    _hvd_name: str | None = None
     _hvd_variables: list[Any] | None = None
-    _hvd_local: tuple[Any, ...] = ()  # register_local_var's: each rank's own, not all-reduced
-    _hvd_scale_local = True
 
     def register_local_var(self, var: Any) -> None:
         """Horovod's: a variable whose gradient is this rank's own (not all-reduced), scaled
         by 1/size unless `scale_local_gradients=False`."""
-        object.__setattr__(self, "_hvd_local", (*self._hvd_local, var))
+        object.__setattr__(self, "_hvd_reduction", self._hvd_reduction.with_local(var))
 
     def build(self, variables: Any) -> None:
         super().build(variables)
@@ -139,7 +250,8 @@ class Averaging:
         # Keras 2: the schedule and the checkpoints count batches, which an overflow on one
         # rank must not shift (Keras 3's LossScaleOptimizer leaves a skipped step uncounted).
         before = tf.identity(self.iterations)
-        if isinstance(self._hvd_groups, list) or self._hvd_local:  # by variable: at tracing
+        how = self._hvd_reduction
+        if isinstance(how.groups, (list, tuple)) or how.local:  # by variable: at tracing
             chosen = trainable_variables if trainable_variables is not None else None
             object.__setattr__(self, "_hvd_variables", list(chosen or self._trainable_variables))
         self._hvd_apply(grads, trainable_variables)
@@ -171,79 +283,11 @@ class Averaging:
         tf.cond(self._hvd_count % self._hvd_accumulation == 0, update, lambda: None)
 
     def _hvd_average(self, grads: list[Any]) -> list[Any]:
-        """`grads` averaged over the workers (one grouped all-reduce; one all-reduce per tensor
-        in a step XLA compiles whole); None stays None. At one worker there is nothing to
-        average and no all-reduce is built, but the updates still wait for every gradient."""
-        present = [i for i, g in enumerate(grads) if g is not None]
-        if not present:
-            return grads
-        if hvd_tf.size() == 1:
-            return _after_all(grads, present)
-        # register_local_var's: each rank's own, not all-reduced, scaled by 1 / size.
-        if self._hvd_local and (own := self._hvd_local_positions(grads)):
-            out = self._hvd_average([None if i in own else g for i, g in enumerate(grads)])
-            scale = 1.0 / hvd_tf.size() if self._hvd_scale_local else 1.0
-            for i in own:
-                out[i] = tf.convert_to_tensor(grads[i]) * scale
-            return out
-        dense = [tf.convert_to_tensor(grads[i]) for i in present]  # IndexedSlices: dense
-        compression = self._hvd_compression or (
-            hvd_tf.Compression.fp16 if self._hvd_fp16 else hvd_tf.Compression.none
-        )
-        how = {"op": self._hvd_op or hvd_tf.Average, "compression": compression}
-        if (self._hvd_prescale, self._hvd_postscale) != (1.0, 1.0):
-            how.update(prescale_factor=self._hvd_prescale, postscale_factor=self._hvd_postscale)
-        # Named as Horovod's own DistributedOptimizer names its all-reduces (in its timeline).
-        scope = self._hvd_name or f"Distributed{type(self).__name__}"
-        averaged: list[Any] = [None] * len(dense)
-        with tf.name_scope(f"{scope}_Allreduce"), tf.device(self._hvd_device):
-            if _compiled_by_xla():  # XLA has a kernel for HorovodAllreduce alone
-                averaged = [hvd_tf.allreduce(g, **how) for g in dense]
-            else:
-                for group in self._hvd_group_positions(present, len(grads)):
-                    reduced = hvd_tf.grouped_allreduce([dense[k] for k in group], **how)
-                    for k, g in zip(group, reduced, strict=True):
-                        averaged[k] = g
-        out = list(grads)
-        for i, g in zip(present, averaged, strict=True):
-            out[i] = g
-        return out
-
-    def _hvd_local_positions(self, grads: list[Any]) -> set[int]:
-        """The positions in `grads` of register_local_var's variables that have a gradient."""
-        local = {id(v) for v in self._hvd_local} | {
-            id(getattr(v, "value", v)) for v in self._hvd_local
-        }
-        variables = self._hvd_variables or []
-        return {
-            i for i, v in enumerate(variables)
-            if grads[i] is not None and (id(v) in local or id(getattr(v, "value", v)) in local)
-        }  # fmt: skip
-
-    def _hvd_group_positions(self, present: list[int], count: int) -> list[list[int]]:
-        """The positions in `present` of each all-reduce group: one group, or Horovod's
-        `groups` (a number of groups of consecutive gradients, or lists of variables, each a
-        group, the rest a group each). Grouping changes how tensors are fused, not the sums."""
-        groups = self._hvd_groups
-        if not groups:
-            return [list(range(len(present)))]
-        if isinstance(groups, int):
-            size = -(-len(present) // groups)
-            return [
-                list(range(k, min(k + size, len(present)))) for k in range(0, len(present), size)
-            ]
-        where = {v: k for k, v in enumerate(present)}
-        variables = getattr(self, "_hvd_variables", None) or [None] * count
-        index = {id(v): k for k, v in enumerate(variables)}
-        found, taken = [], set()
-        for members in groups:
-            group = [
-                where[index[id(v)]] for v in members if where.get(index.get(id(v), -1)) is not None
-            ]
-            if group:
-                found.append(group)
-                taken.update(group)
-        return found + [[k] for k in range(len(present)) if k not in taken]
+        """`grads` all-reduced over the workers as this optimizer's `Reduction` says."""
+        how = self._hvd_reduction
+        if how.name is None:  # as Horovod's DistributedOptimizer names its all-reduces
+            how = dataclasses.replace(how, name=f"Distributed{type(self).__name__}")
+        return reduce_gradients(grads, self._hvd_variables, how)
 
 
 def _after_all(grads: list[Any], present: list[int]) -> list[Any]:
@@ -292,7 +336,11 @@ def _averaging_class(base: type) -> type:
 
 
 def DistributedOptimizer(  # noqa: N802 - a class to its caller, as Horovod's
-    optimizer: keras.optimizers.Optimizer, fp16: bool = False, accumulation: int = 1
+    optimizer: keras.optimizers.Optimizer,
+    fp16: bool = False,
+    accumulation: int = 1,
+    reduction: Reduction | None = None,
+    window_mean: bool = True,
 ) -> keras.optimizers.Optimizer:
     """A copy of `optimizer` (not built yet) whose updates use the gradients averaged over the
     workers: the one thing every worker's optimizer needs under Horovod.
@@ -306,6 +354,10 @@ def DistributedOptimizer(  # noqa: N802 - a class to its caller, as Horovod's
         fp16: send the gradients as float16 (half the bytes). Defaults to False.
         accumulation: batches whose gradients are summed locally per all-reduce and update.
             Defaults to 1.
+        reduction: how the gradients are all-reduced (Horovod's arguments: `Reduction`).
+            Defaults to their average, sent as float16 when `fp16`.
+        window_mean: with `accumulation` > 1, apply the window's mean gradient (False: its
+            sum, Horovod's default). Defaults to True.
     """
     if optimizer.built:
         raise ValueError(
@@ -319,7 +371,10 @@ def DistributedOptimizer(  # noqa: N802 - a class to its caller, as Horovod's
         # rank would skip a step that the others take into an all-reduce, and the job hang.
         optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
     copy = _averaging_class(type(optimizer)).from_config(optimizer.get_config())
-    copy._hvd_fp16, copy._hvd_accumulation = fp16, int(accumulation)
+    copy._hvd_accumulation = int(accumulation)
+    copy._hvd_window_mean = bool(window_mean)
+    # Past Keras' attribute tracking: a reduction's groups and local variables are the model's.
+    object.__setattr__(copy, "_hvd_reduction", reduction or Reduction(fp16=fp16))
     return copy
 
 
