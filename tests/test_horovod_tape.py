@@ -88,3 +88,16 @@ def test_every_name_of_horovods_tensorflow2_api_is_there() -> None:
         "scale_local_gradients",
     ]  # fmt: skip
     assert local
+
+
+def test_the_unchanged_import_fails_in_one_line_naming_hvd_train(tmp_path) -> None:
+    """Horovod's tensorflow2_mnist.py training step with `import horovod.tensorflow as hvd` left
+    as it is, on Keras 3 (one worker: Horovod's tape keys its sources by `.ref()` at any size):
+    the patched Horovod (patches/horovod-0.28.1/0017) ends it with one TypeError line naming
+    the call and hvd_train.horovod, not upstream's `no attribute 'ref'` from inside the tape."""
+    proc = run([PYTHON, str(WORKERS / "horovod_tape_import_unchanged.py")], tmp_path)
+    assert proc.returncode != 0, proc.stdout
+    last = [line for line in proc.stderr.splitlines() if line.strip()][-1].strip()
+    assert last.startswith("TypeError: horovod.tensorflow.DistributedGradientTape.gradient:"), last
+    assert "import hvd_train.horovod as hvd" in last, last
+    assert "no attribute 'ref'" not in proc.stderr, proc.stderr[-2000:]
