@@ -283,7 +283,6 @@ def configure_devices(intra_op_threads: int, inter_op_threads: int, use_gpus: bo
         tf.config.experimental.set_memory_growth(gpu, True)
         tf.config.set_visible_devices(gpu, "GPU")
         ordinal = int(gpu.name.rsplit(":", 1)[1])
-    refuse_shared_gpu(ordinal)  # on every rank, a GPU or not: a collective
     # After bind_cores the affinity mask already is this worker's share.
     intra, inter = thread_counts(
         intra_op_threads, inter_op_threads, len(os.sched_getaffinity(0)), local_size(),
@@ -291,6 +290,8 @@ def configure_devices(intra_op_threads: int, inter_op_threads: int, use_gpus: bo
     )  # fmt: skip
     tf.config.threading.set_intra_op_parallelism_threads(intra)
     tf.config.threading.set_inter_op_parallelism_threads(inter)
+    # After the pools are sized: a collective runs TensorFlow, which then fixes them.
+    refuse_shared_gpu(ordinal)  # on every rank, a GPU or not: a collective
     return "gpu" if gpus else "cpu"
 
 
