@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import ipaddress
+import json
 import os
 import pathlib
 import re
@@ -82,6 +83,16 @@ def horovodrun(np: int, command: list[str], cwd: pathlib.Path, timeout: float = 
     """`horovodrun -np N -H localhost:N --gloo COMMAND`, as Horovod's own CI runs its tests."""
     cmd = [str(BIN / "horovodrun"), "-np", str(np), "-H", f"localhost:{np}", "--gloo", *command]
     return run(cmd, cwd, timeout)
+
+
+def horovod_cases(worker: str, cwd: pathlib.Path, timeout: float) -> list[dict]:
+    """Every case of `worker` (tests/workers/, run by case_runner.py) in one 2-worker job:
+    each one's outcome (`name`, `ok`, `error`) as rank 0 reported it, in order."""
+    proc = check(horovodrun(2, [PYTHON, str(WORKERS / worker)], cwd, timeout=timeout))
+    found = [json.loads(m) for m in re.findall(r"\[0\]<stdout>:CASE (\{.*\})", proc.stdout)]
+    if not found:
+        raise AssertionError(f"no case reported:\n{proc.stdout[-3000:]}")
+    return found
 
 
 def check(proc: subprocess.CompletedProcess) -> subprocess.CompletedProcess:

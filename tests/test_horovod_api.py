@@ -14,7 +14,7 @@ import pathlib
 import re
 
 import pytest
-from harness import BIN, PYTHON, WORKERS, check, horovodrun, run, two_local_hosts
+from harness import BIN, PYTHON, WORKERS, check, horovod_cases, horovodrun, run, two_local_hosts
 
 from hvd_train.runtime.keras import binding
 
@@ -52,10 +52,8 @@ OWN = ["own_momentum_correction_is_refused_not_ignored",
 def cases(tmp_path_factory) -> dict[str, dict]:
     """Every case, in one 2-worker job (start-up paid once): each one's outcome by name."""
     root = tmp_path_factory.mktemp("horovod_cases")
-    proc = check(horovodrun(2, [PYTHON, str(WORKERS / "horovod_keras_cases.py")], root,
-                            timeout=900))  # fmt: skip
-    found = [json.loads(m) for m in re.findall(r"\[0\]<stdout>:CASE (\{.*\})", proc.stdout)]
-    assert [c["name"] for c in found] == MIRRORED + OWN, proc.stdout[-3000:]
+    found = horovod_cases("horovod_keras_cases.py", root, timeout=900)
+    assert [c["name"] for c in found] == MIRRORED + OWN, found
     return {c["name"]: c for c in found}
 
 

@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import json
 import pathlib
-import re
 
 import pytest
-from harness import PYTHON, WORKERS, check, horovodrun, run
+from harness import PYTHON, WORKERS, check, horovod_cases, run
 
 from hvd_train.runtime.keras import binding
 
@@ -44,10 +43,8 @@ OWN = ["own_tape_arguments_reduce_as_horovod_says"]
 def cases(tmp_path_factory) -> dict[str, dict]:
     """Every case, in one 2-worker job (start-up paid once): each one's outcome by name."""
     root = tmp_path_factory.mktemp("horovod_tape_cases")
-    proc = check(horovodrun(2, [PYTHON, str(WORKERS / "horovod_tape_cases.py")], root,
-                            timeout=600))  # fmt: skip
-    found = [json.loads(m) for m in re.findall(r"\[0\]<stdout>:CASE (\{.*\})", proc.stdout)]
-    assert [c["name"] for c in found] == MIRRORED + OWN, proc.stdout[-3000:]
+    found = horovod_cases("horovod_tape_cases.py", root, timeout=600)
+    assert [c["name"] for c in found] == MIRRORED + OWN, found
     return {c["name"]: c for c in found}
 
 

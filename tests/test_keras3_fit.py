@@ -135,14 +135,14 @@ np.savez("loaded.npz", *model.get_weights())
 @pytest.mark.multiworker
 def test_broadcast_initial_state_turns_off_xla_which_cannot_compile_the_all_reduce(job) -> None:
     """A model compiled with `jit_compile=True` trains at 2 workers, without XLA and with a
-    warning that says why (unguarded, its first step fails: no XLA kernel for
+    warning that names the callback the script gave `fit` and says why (unguarded, its first step fails: no XLA kernel for
     HorovodGroupedAllreduce in this Horovod)."""
     _, reports, _ = job
     for r in reports:
         assert r["xla_after_fit"] is False
         assert r["xla_warnings"] == [
-            "hvd_train.keras3: jit_compile turned off: XLA cannot compile Horovod's all-reduce "
-            "in this build; pass jit_compile=False to compile()"
+            "hvd_train.keras3.BroadcastInitialState: jit_compile turned off: XLA cannot compile "
+            "Horovod's all-reduce in this build; pass jit_compile=False to compile()"
         ]
 
 

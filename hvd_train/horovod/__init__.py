@@ -9,6 +9,10 @@ arguments and defaults, `hvd.callbacks.BroadcastGlobalVariablesCallback(0)`,
 `hvd.callbacks.MetricAverageCallback()`, `hvd.callbacks.LearningRateWarmupCallback(...)`,
 `hvd.load_model(path)`, `hvd.elastic.run`, the collectives, `hvd.SyncBatchNormalization`.
 
+A custom loop written for `import horovod.tensorflow as hvd` changes the same line and keeps
+`hvd.DistributedGradientTape(tape)`, `hvd.broadcast_variables(model.variables, 0)` and the
+object collectives (hvd_train/horovod/tape.py; docs/horovod.md, "Custom training loops").
+
 Horovod's own `horovod.tensorflow.keras` cannot train Keras 3: its optimizer all-reduces in
 methods Keras 3 no longer calls (`get_gradients`, `_compute_gradients`), so it would not even
 average, and its callbacks call `.ref()` and `optimizer.lr`, which Keras 3 removed. This module

@@ -35,7 +35,7 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         self._local.append(var)
 
     def on_train_begin(self, logs: dict | None = None) -> None:
-        _core._no_xla_around_the_all_reduce(self.model)
+        _core.no_xla_around_the_all_reduce(self.model, _core.api_name(self))
         self._done = False
         # A model built at its first batch (a Sequential without an Input) has no variables
         # yet: its broadcast comes after that batch, as Horovod's always does.

@@ -12,27 +12,18 @@ equivalent: the gradients from a GradientTape, and hvd_train's window count
 (`_hvd_count % backward_passes_per_step`). Each case adds one check of its own where it
 trains: every rank ends with the same weights.
 
-Rank 0 prints one line per case: `CASE {"name": ..., "ok": bool, "error": str}`.
+Rank 0 prints one line per case (case_runner.py).
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import sys
-import traceback
-
+import case_runner  # tests/workers/, beside this script
 import keras
 import numpy as np
 import tensorflow as tf
+from case_runner import same_on_every_rank
 
 import hvd_train.horovod as hvd
-
-
-def same_on_every_rank(arrays) -> None:
-    digest = hashlib.sha256(b"".join(np.asarray(a).tobytes() for a in arrays)).hexdigest()
-    every = hvd.allgather(tf.constant([int(digest[:12], 16)], tf.int64)).numpy().tolist()
-    assert len(set(every)) == 1, f"the ranks' weights differ: {every}"
 
 
 def test_train_model_lr_schedule():
@@ -553,22 +544,5 @@ CASES = [
 ]
 
 
-def main() -> None:
-    hvd.init()
-    for case in CASES:
-        try:
-            case()
-            outcome = {"name": case.__name__, "ok": True, "error": ""}
-        except Exception as e:  # noqa: BLE001 - a case's failure is its result
-            lines = traceback.format_exception(e)
-            outcome = {"name": case.__name__, "ok": False, "error": "".join(lines)[-1500:]}
-        # A case that failed on one rank only must fail on every rank's report.
-        oks = hvd.allgather(tf.constant([int(outcome["ok"])])).numpy().tolist()
-        outcome["ok"] = all(oks)
-        if hvd.rank() == 0 or not outcome["ok"]:
-            print(f"CASE {json.dumps(outcome)}", flush=True)
-    sys.exit(0)
-
-
 if __name__ == "__main__":
-    main()
+    case_runner.main(CASES)

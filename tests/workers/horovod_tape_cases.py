@@ -10,40 +10,22 @@ is `opt.variables`, `.ref()`, `tf.keras.losses.MSE` as a model's loss); the Tens
 and session parts. Each case ends asserting the same weights on every rank, and something of
 its own that a wrong implementation would make false.
 
-Rank 0 prints one line per case: `CASE {"name": ..., "ok": bool, "error": str}`.
+Rank 0 prints one line per case (case_runner.py).
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import sys
-import traceback
-
+import case_runner  # tests/workers/, beside this script
 import keras
 import numpy as np
 import tensorflow as tf
+from case_runner import same_on_every_rank
 
 import hvd_train.horovod as hvd
 
 
-def digest(arrays) -> int:
-    return int(
-        hashlib.sha256(b"".join(np.asarray(a).tobytes() for a in arrays)).hexdigest()[:12], 16
-    )
-
-
-def every_rank(value: int) -> list[int]:
-    return hvd.allgather(tf.constant([value], tf.int64)).numpy().tolist()
-
-
-def same_on_every_rank(arrays) -> None:
-    every = every_rank(digest(arrays))
-    assert len(set(every)) == 1, f"the ranks' weights differ: {every}"
-
-
 def differ_between_ranks(arrays, what: str) -> None:
-    every = every_rank(digest(arrays))
+    every = case_runner.on_every_rank(arrays)
     assert len(set(every)) == hvd.size(), f"{what}: the ranks hold the same values: {every}"
 
 
@@ -632,25 +614,5 @@ CASES = [
 ]
 
 
-def main() -> None:
-    hvd.init()
-    only = set(sys.argv[1:])  # names to run (all by default): for a quick rerun by hand
-    for case in CASES:
-        if only and case.__name__ not in only:
-            continue
-        try:
-            case()
-            outcome = {"name": case.__name__, "ok": True, "error": ""}
-        except Exception as e:  # noqa: BLE001 - a case's failure is its result
-            lines = traceback.format_exception(e)
-            outcome = {"name": case.__name__, "ok": False, "error": "".join(lines)[-1500:]}
-        # A case that failed on one rank only must fail on every rank's report.
-        oks = hvd.allgather(tf.constant([int(outcome["ok"])])).numpy().tolist()
-        outcome["ok"] = all(oks)
-        if hvd.rank() == 0 or not outcome["ok"]:
-            print(f"CASE {json.dumps(outcome)}", flush=True)
-    sys.exit(0)
-
-
 if __name__ == "__main__":
-    main()
+    case_runner.main(CASES)

@@ -465,22 +465,29 @@ class BroadcastInitialState(keras.callbacks.Callback):
     """
 
     def on_train_begin(self, logs: dict | None = None) -> None:
-        _no_xla_around_the_all_reduce(self.model)
+        no_xla_around_the_all_reduce(self.model, api_name(self))
         if not self.model.optimizer.built:
             self.model.optimizer.build(self.model.trainable_variables)
         broadcast_model(self.model)
 
 
-def _no_xla_around_the_all_reduce(model: Any) -> None:
+def api_name(obj: Any) -> str:
+    """The name a user called `obj`'s class by (`hvd_train.keras3.BroadcastInitialState`), for
+    a warning to name the API the user called."""
+    return f"{type(obj).__module__}.{type(obj).__qualname__}"
+
+
+def no_xla_around_the_all_reduce(model: Any, api: str) -> None:
     """Turns off a `jit_compile` that would compile Horovod's all-reduce with XLA, which fails
     at the first step in a Horovod without XLA ops (every CPU build; the CUDA builds for
-    TensorFlow 2.19+: base/xla_env.py), and makes `fit` trace its step again. `compile`'s
-    default, "auto", means XLA on a GPU. At one worker nothing is all-reduced."""
+    TensorFlow 2.19+: base/xla_env.py), and makes `fit` trace its step again, with a warning
+    naming `api`, the callback the user gave `fit`. `compile`'s default, "auto", means XLA on a
+    GPU. At one worker nothing is all-reduced."""
     if hvd_tf.size() == 1 or not model.jit_compile or _xla_all_reduce():
         return
     warnings.warn(
-        "hvd_train.keras3: jit_compile turned off: XLA cannot compile Horovod's all-reduce in "
-        "this build; pass jit_compile=False to compile()",
+        f"{api}: jit_compile turned off: XLA cannot compile Horovod's all-reduce in this "
+        "build; pass jit_compile=False to compile()",
         stacklevel=2,
     )
     model.jit_compile = False
