@@ -283,24 +283,11 @@ def load_model(
         c for c in vars(keras.optimizers).values()
         if isinstance(c, type) and issubclass(c, keras.optimizers.Optimizer)
     ] + list(custom_optimizers or [])  # fmt: skip
-    wrapped = {c.__name__: _distributed_class(c, compression) for c in classes}
+    # Horovod's defaults: the window (backward_passes_per_step) applies its sum.
+    how = _core.Reduction(compression=compression)
+    wrapped = {c.__name__: _core.loading_class(c, how, window_mean=False) for c in classes}
     model = keras.models.load_model(filepath, custom_objects={**wrapped, **(custom_objects or {})})
     return model
-
-
-def _distributed_class(base: type, compression: Any) -> type:
-    """`base` as DistributedOptimizer makes it, for Keras to deserialize a saved optimizer
-    into (its config, then its variables)."""
-    cls = _core._averaging_class(base)
-
-    class Loaded(cls):  # type: ignore[misc, valid-type]
-        _hvd_reduction = _core.Reduction(compression=compression)
-        _hvd_window_mean = False
-
-    Loaded.__name__, Loaded.__qualname__, Loaded.__module__ = (
-        base.__name__, base.__qualname__, base.__module__,
-    )  # fmt: skip
-    return Loaded
 
 
 from hvd_train.horovod import callbacks, elastic  # noqa: E402

@@ -335,6 +335,18 @@ def _averaging_class(base: type) -> type:
     return cls
 
 
+def loading_class(base: type, reduction: Reduction, window_mean: bool = True) -> type:
+    """`base` as `DistributedOptimizer` makes it, with `reduction` and `window_mean`, for Keras
+    to deserialize a saved optimizer into (its config, then its variables: `load_model`'s
+    `custom_objects`)."""
+    cls = type(
+        base.__name__, (_averaging_class(base),),
+        {"_hvd_reduction": reduction, "_hvd_window_mean": window_mean},
+    )  # fmt: skip
+    cls.__module__, cls.__qualname__ = base.__module__, base.__qualname__
+    return cls
+
+
 def DistributedOptimizer(  # noqa: N802 - a class to its caller, as Horovod's
     optimizer: keras.optimizers.Optimizer,
     fp16: bool = False,
