@@ -10,6 +10,9 @@ scripts (docs/models.md, examples/keras3_fit.py):
 - `DistributedOptimizer(optimizer)`: the same optimizer class (name, module, config), whose
   `apply` averages the gradients over the workers first, so clipping, weight decay and the
   loss scaler's finiteness check all see the averaged gradients;
+- `reduce_gradients(grads, variables, Reduction(...))`: that all-reduce, with Horovod's
+  arguments (groups, local variables, compression, scaling), which `hvd_train.horovod`'s
+  DistributedGradientTape calls too;
 - `BroadcastInitialState()`: rank 0's weights and optimizer state on every rank, as training
   begins;
 - `MetricAverage()`: each epoch's training metrics averaged over the workers;
