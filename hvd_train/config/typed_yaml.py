@@ -4,13 +4,15 @@
 `--set a.b=value` override in order, and builds `cls`: every key must be a field (an unknown
 one fails with a did-you-mean), every value is coerced to its field's type and checked
 against the field's metadata (`min`, `min_exclusive`, `max`, `bool_as_int`, `executable`,
-`aliases` for old names of a choice, `parse` for a field that reads its own YAML, and `key`
-for a YAML key that is not the field's name, such as `class`). Every
-leaf keeps the file or override it came from, so an error names it with the dotted key.
+`aliases` for old names of a choice, `parse` for a field that reads its own YAML, `key` for a
+YAML key that is not the field's name, such as `class`, and `pattern`, the JSON Schema's form
+of a check that such a parser makes). Every leaf keeps the file or override it came from, so
+an error names it with the dotted key.
 
 `reference(cls)` writes the schema as Markdown tables: every key with its type, default,
 allowed values and the comment the source puts beside its field (the comment lines right above
-it and the one at the end of its line), so the reference is the code's own words.
+it and the one at the end of its line), so the reference is the code's own words. The JSON
+Schema for editors (json_schema.py) walks the same fields through `described_fields`.
 
 The schema (which sections and keys, their defaults) is in schema.py, the rules that span keys
 in rules.py.
@@ -337,7 +339,7 @@ def _coerce(value: Any, tp: Any, fld: dataclasses.Field, path: str, source: str)
             raise fail()
         if len(value) > MAX_STRING:
             raise fail(f"a string of at most {MAX_STRING} characters (a name or a path)")
-        if fld.metadata.get("executable") and value and not _ONE_PATH.fullmatch(value):
+        if fld.metadata.get("executable") and value and not ONE_PATH.fullmatch(value):
             raise fail(
                 "the path of one executable (no spaces, arguments or shell syntax: put those "
                 "inside the script)"
@@ -350,7 +352,14 @@ def _coerce(value: Any, tp: Any, fld: dataclasses.Field, path: str, source: str)
 _UNIONS = (typing.Union, types.UnionType)
 # A path a shell reads as one plain word (shlex's safe characters): no spaces, quotes, `;`, `|`,
 # `$`, backquotes, globs or `~`, so a config cannot smuggle a command into horovodrun's shell.
-_ONE_PATH = re.compile(r"[\w@%+=:,./-]+")
+ONE_PATH = re.compile(r"[\w@%+=:,./-]+")
+
+
+def non_null(tp: Any) -> tuple[Any, bool]:
+    """`X | None` -> (X, True); any other type -> (it, False)."""
+    if typing.get_origin(tp) in _UNIONS:
+        return next(a for a in typing.get_args(tp) if a is not type(None)), True
+    return tp, False
 
 
 def _is_int(v: Any) -> bool:
@@ -495,7 +504,7 @@ def _keys(cls: type, prefix: str, only: str | None = None) -> list[Key]:
 
 @dataclass(frozen=True)
 class Described:
-    """One field of a schema dataclass, as a reference of the schema describes it."""
+    """One field of a schema dataclass, as docs/config.md and the JSON Schema describe it."""
 
     key: str  # the YAML key: the field's name, or its metadata's `key` (`class`)
     type: Any  # the field's type, resolved
@@ -505,7 +514,7 @@ class Described:
 
 def described_fields(cls: type) -> list[Described]:
     """The fields of dataclass `cls` in order, each with its YAML key, type and comment: the
-    one walk of the schema that a reference of it makes."""
+    one walk of the schema that both references (Markdown and JSON Schema) make."""
     hints = typing.get_type_hints(cls)
     comments = field_comments(cls)
     return [
