@@ -1,6 +1,6 @@
-"""The README and docs/ say what the code does: the config reference is the one the schema
-generates, every command they show is one the CLI accepts (the cheap ones are run), every
-config they show loads, and every link between the pages leads somewhere."""
+"""The README and docs/ say what the code does: the config reference and its JSON Schema are the
+ones the schema generates, every command they show is one the CLI accepts (the cheap ones are
+run), every config they show loads, and every link between the pages leads somewhere."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import pytest
 from harness import ROOT
 
 from hvd_train import cli
-from hvd_train.config import load_config, reference
+from hvd_train.config import load_config, reference, schema_text
 
 README = ROOT / "README.md"
 LAB = ROOT / "lab"
@@ -215,6 +215,14 @@ def test_the_committed_config_reference_is_the_generated_one() -> None:
     assert (
         committed == reference()
     ), "docs/config.md is stale: run `hvd-train config --reference > docs/config.md`"
+
+
+def test_the_committed_config_schema_is_the_generated_one() -> None:
+    """docs/config.schema.json is what `hvd-train config --schema` prints from the schema."""
+    committed = (ROOT / "docs" / "config.schema.json").read_text(encoding="utf-8")
+    assert (
+        committed == schema_text()
+    ), "docs/config.schema.json is stale: run `hvd-train config --schema > docs/config.schema.json`"
 
 
 def test_the_reference_names_every_key_with_its_meaning() -> None:

@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from hvd_train.base.errors import ConfigError
-from hvd_train.config import add_config_arguments, dump_yaml, load_config, reference
+from hvd_train.config import add_config_arguments, dump_yaml, load_config, reference, schema_text
 from hvd_train.config.typed_yaml import get
 
 
@@ -14,13 +14,13 @@ def main(argv: list[str] | None = None, prog: str = "hvd-train config") -> int:
     """`python -m hvd_train.config --config F [--set k=v ...] [--get KEY ...]`, for launch scripts.
 
     Prints the resolved YAML, or with `--get` each key's value on its own line; with
-    `--reference`, docs/config.md.
+    `--reference`, docs/config.md; with `--schema`, docs/config.schema.json.
     """
     p = argparse.ArgumentParser(
         prog=prog,
         description="Print the resolved config (defaults, then the file, then each --set) as "
         "YAML, or with --get the value of each KEY on its own line.",
-        epilog="Docs: docs/config.md (every key: what --reference prints)",
+        epilog="Docs: docs/config.md (every key, as --reference prints; editors: --schema)",
     )
     add_config_arguments(p, required=False)
     p.add_argument(
@@ -31,9 +31,14 @@ def main(argv: list[str] | None = None, prog: str = "hvd-train config") -> int:
         "--reference", action="store_true",
         help="print every key with its type, default and meaning, as Markdown (docs/config.md)",
     )  # fmt: skip
+    p.add_argument(
+        "--schema", action="store_true",
+        help="print the config's JSON Schema (draft 2020-12), for editors "
+        "(docs/config.schema.json)",
+    )  # fmt: skip
     args = p.parse_args(argv)
-    if args.reference:
-        sys.stdout.write(reference())
+    if args.reference or args.schema:
+        sys.stdout.write(reference() if args.reference else schema_text())
         return 0
     if args.config is None:
         p.error("the following arguments are required: --config")

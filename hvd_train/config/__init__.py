@@ -12,6 +12,7 @@ Standard library and PyYAML only: every launcher reads its config without Tensor
 """
 
 from hvd_train.config.derived import Derived, derive
+from hvd_train.config.json_schema import json_schema, schema_text
 from hvd_train.config.loading import add_config_arguments, dump_yaml, load_config, to_dict
 from hvd_train.config.reference import reference
 from hvd_train.config.rules import APPLICATIONS, check
@@ -37,6 +38,6 @@ __all__ = [
     "APPLICATIONS", "REFUSED_CALLBACKS", "AugmentConfig", "CallbackConfig", "CheckpointConfig",
     "Config", "DataConfig", "Derived", "ElasticConfig", "HorovodConfig", "LaunchConfig",
     "LoggingConfig", "ModelConfig", "OptimizerConfig", "RunConfig", "RuntimeConfig",
-    "TrainConfig", "add_config_arguments", "check", "derive", "dump_yaml", "load_config",
-    "reference", "to_dict",
+    "TrainConfig", "add_config_arguments", "check", "derive", "dump_yaml", "json_schema",
+    "load_config", "reference", "schema_text", "to_dict",
 ]  # fmt: skip

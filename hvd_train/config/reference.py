@@ -25,8 +25,9 @@ def reference() -> str:
 REFERENCE_INTRO = f"""\
 # Config: every key
 
-<!-- Generated from hvd_train/config/schema.py by `hvd-train config --reference > docs/config.md`:
-edit the comments beside the fields there. tests/test_docs.py fails when this page is stale. -->
+<!-- Generated from hvd_train/config/schema.py by `hvd-train config --reference > docs/config.md`
+(and config.schema.json by `hvd-train config --schema > docs/config.schema.json`): edit the
+comments beside the fields there. tests/test_docs.py fails when either file is stale. -->
 
 You are writing a config, or reading one, and want to know what a key does. One YAML file
 drives a run, and every key has a default, so a file holds only what it changes:
@@ -67,5 +68,39 @@ aliases are expanded, nested {MAX_YAML_DEPTH} deep; a string {MAX_STRING:,} char
 or a path). [security.md](security.md) says why.
 - **What a run will use:** `hvd-train config --config FILE [--set ...]` prints the resolved
   config, and `--get train.batch_size` one key; every run writes it to `run.dir/config.yaml`.
+
+## In an editor
+
+[config.schema.json](config.schema.json) is this page as a JSON Schema (draft 2020-12),
+printed by `hvd-train config --schema` from the same fields. An editor that reads it completes
+keys, shows each key's meaning and default, and marks an unknown key, a wrong type, a value out
+of range or not among the choices as you type. It checks each key alone: the rules that span
+keys are the loader's, and where an editor and a run disagree, the run's one-line error is the
+one to follow.
+
+VS Code reads it through Red Hat's YAML extension; Neovim, Helix, Emacs and other editors
+through the same yaml-language-server. Either name the schema in a config, in a comment on any
+line (the path is relative to the YAML file, here one in configs/; a URL works too):
+
+```yaml
+# yaml-language-server: $schema=../docs/config.schema.json
+run:
+  dir: runs/my_run
+```
+
+or map it once onto every config of some folders with the `yaml.schemas` setting, in the
+workspace's `.vscode/settings.json` (the schema's path and the globs are relative to the
+workspace's folder):
+
+```json
+{{
+  "yaml.schemas": {{
+    "./docs/config.schema.json": ["configs/*.yaml", "examples/*.yaml"]
+  }}
+}}
+```
+
+Outside this repository, write the schema of the hvd_train you installed beside your configs,
+`hvd-train config --schema > hvd_train.schema.json`, and point at that file instead.
 
 """

@@ -357,6 +357,11 @@ class AugmentConfig:
     contrast: float = field(default=0.0, metadata={"min": 0.0, "max": 1.0})
 
 
+# `callbacks[i].class` as docs/config.schema.json checks it for editors: `_check_spec`'s rule
+# (module:Name, or a bare Name), names in ASCII. The loader's check below is the word.
+CALLBACK_CLASS_PATTERN = r"^(?:.+:)?[A-Za-z_][A-Za-z0-9_]*$"
+
+
 @dataclass(frozen=True)
 class CallbackConfig:
     """One item of `callbacks:`: a Keras callback the trainer builds at training start.
@@ -368,7 +373,7 @@ class CallbackConfig:
 
     # "module:Name" or "path/to/file.py:Name", or a bare tf.keras.callbacks name such as
     # EarlyStopping.
-    cls: str = field(metadata={"key": "class"})
+    cls: str = field(metadata={"key": "class", "pattern": CALLBACK_CLASS_PATTERN})
     args: tuple[tuple[str, Any], ...] = ()  # the constructor's keyword arguments (a mapping)
     # all, or chief (rank 0 only); null: chief for Keras' file writers (ModelCheckpoint,
     # CSVLogger, TensorBoard, RemoteMonitor), all for the rest.

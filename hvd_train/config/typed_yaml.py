@@ -4,13 +4,15 @@
 `--set a.b=value` override in order, and builds `cls`: every key must be a field (an unknown
 one fails with a did-you-mean), every value is coerced to its field's type and checked
 against the field's metadata (`min`, `min_exclusive`, `max`, `bool_as_int`, `executable`,
-`aliases` for old names of a choice, `parse` for a field that reads its own YAML, and `key`
-for a YAML key that is not the field's name, such as `class`). Every
-leaf keeps the file or override it came from, so an error names it with the dotted key.
+`aliases` for old names of a choice, `parse` for a field that reads its own YAML, `key` for a
+YAML key that is not the field's name, such as `class`, and `pattern`, the JSON Schema's form
+of a check that such a parser makes). Every leaf keeps the file or override it came from, so
+an error names it with the dotted key.
 
 `reference(cls)` writes the schema as Markdown tables: every key with its type, default,
 allowed values and the comment the source puts beside its field (the comment lines right above
-it and the one at the end of its line), so the reference is the code's own words.
+it and the one at the end of its line), so the reference is the code's own words. The JSON
+Schema for editors (json_schema.py) walks the same fields through `described_fields`.
 
 The schema (which sections and keys, their defaults) is in schema.py, the rules that span keys
 in rules.py.
@@ -337,7 +339,7 @@ def _coerce(value: Any, tp: Any, fld: dataclasses.Field, path: str, source: str)
             raise fail()
         if len(value) > MAX_STRING:
             raise fail(f"a string of at most {MAX_STRING} characters (a name or a path)")
-        if fld.metadata.get("executable") and value and not _ONE_PATH.fullmatch(value):
+        if fld.metadata.get("executable") and value and not ONE_PATH.fullmatch(value):
             raise fail(
                 "the path of one executable (no spaces, arguments or shell syntax: put those "
                 "inside the script)"
@@ -350,7 +352,14 @@ def _coerce(value: Any, tp: Any, fld: dataclasses.Field, path: str, source: str)
 _UNIONS = (typing.Union, types.UnionType)
 # A path a shell reads as one plain word (shlex's safe characters): no spaces, quotes, `;`, `|`,
 # `$`, backquotes, globs or `~`, so a config cannot smuggle a command into horovodrun's shell.
-_ONE_PATH = re.compile(r"[\w@%+=:,./-]+")
+ONE_PATH = re.compile(r"[\w@%+=:,./-]+")
+
+
+def non_null(tp: Any) -> tuple[Any, bool]:
+    """`X | None` -> (X, True); any other type -> (it, False)."""
+    if typing.get_origin(tp) in _UNIONS:
+        return next(a for a in typing.get_args(tp) if a is not type(None)), True
+    return tp, False
 
 
 def _is_int(v: Any) -> bool:
@@ -452,7 +461,7 @@ def reference(cls: type) -> str:
     for f in dataclasses.fields(cls):
         section = hints[f.name]
         if dataclasses.is_dataclass(section):
-            parts.append(_section(f.name, _docstring(section), _keys(section, f"{f.name}.")))
+            parts.append(_section(f.name, section_doc(section), _keys(section, f"{f.name}.")))
         else:  # a key at the top, such as a list of items
             parts.append(_section(f.name, "", _keys(cls, "", only=f.name)))
     return "\n".join(parts)
@@ -477,22 +486,41 @@ class Key:
 
 
 def _keys(cls: type, prefix: str, only: str | None = None) -> list[Key]:
-    hints = typing.get_type_hints(cls)
-    comments = field_comments(cls)
     out = []
-    for f in dataclasses.fields(cls):
-        if only is not None and f.name != only:
+    for d in described_fields(cls):
+        if only is not None and d.field.name != only:
             continue
-        tp, path = hints[f.name], f"{prefix}{f.metadata.get('key', f.name)}"
-        if dataclasses.is_dataclass(tp):
-            out += _keys(tp, f"{path}.")
+        path = f"{prefix}{d.key}"
+        if dataclasses.is_dataclass(d.type):
+            out += _keys(d.type, f"{path}.")
             continue
-        kind = _type_name(tp)
-        out.append(Key(path, kind, _default(f, kind), _allowed(tp, f), comments.get(f.name, "")))
-        item = _item_class(tp)
+        kind = _type_name(d.type)
+        out.append(Key(path, kind, _default(d.field, kind), _allowed(d.type, d.field), d.doc))
+        item = item_class(d.type)
         if item is not None:
             out += _keys(item, f"{path}[i].")
     return out
+
+
+@dataclass(frozen=True)
+class Described:
+    """One field of a schema dataclass, as docs/config.md and the JSON Schema describe it."""
+
+    key: str  # the YAML key: the field's name, or its metadata's `key` (`class`)
+    type: Any  # the field's type, resolved
+    field: dataclasses.Field
+    doc: str  # the comment beside the field in the source
+
+
+def described_fields(cls: type) -> list[Described]:
+    """The fields of dataclass `cls` in order, each with its YAML key, type and comment: the
+    one walk of the schema that both references (Markdown and JSON Schema) make."""
+    hints = typing.get_type_hints(cls)
+    comments = field_comments(cls)
+    return [
+        Described(f.metadata.get("key", f.name), hints[f.name], f, comments.get(f.name, ""))
+        for f in dataclasses.fields(cls)
+    ]
 
 
 def field_comments(cls: type) -> dict[str, str]:
@@ -524,13 +552,14 @@ def field_comments(cls: type) -> dict[str, str]:
 _PRAGMAS = ("fmt:", "noqa", "type:")
 
 
-def _docstring(cls: type) -> str:
+def section_doc(cls: type) -> str:
+    """The docstring of dataclass `cls`, or "" when it has none of its own."""
     doc = cls.__dict__.get("__doc__") or ""
     # A dataclass without a docstring gets its signature as one: not a description.
     return "" if doc.startswith(f"{cls.__name__}(") else inspect.cleandoc(doc)
 
 
-def _item_class(tp: Any) -> type | None:
+def item_class(tp: Any) -> type | None:
     """The dataclass of a `tuple[Item, ...]` field's items, or None."""
     if typing.get_origin(tp) is tuple:
         item = typing.get_args(tp)[0]
@@ -556,13 +585,17 @@ def _type_name(tp: Any) -> str:
 
 
 def _default(f: dataclasses.Field, kind: str) -> str:
-    if f.default is not dataclasses.MISSING:
-        value = f.default
-    elif f.default_factory is not dataclasses.MISSING:
-        value = f.default_factory()
-    else:
+    value = default_of(f)
+    if value is dataclasses.MISSING:
         return "required"
     return yaml_value(dict(value) if kind == "mapping" else value)
+
+
+def default_of(f: dataclasses.Field) -> Any:
+    """The field's default value (made by its factory if it has one); MISSING when required."""
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return f.default
 
 
 def yaml_value(value: Any) -> str:
