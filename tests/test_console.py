@@ -97,10 +97,11 @@ def test_the_record_holds_only_declared_fields_of_declared_types(quickstart) -> 
         "input_wait_fraction", "skipped_files", "train_examples_per_sec_per_worker",
         "step_time_ms", "warmup_excluded", "accumulation_steps", "effective_batch_size",
         "allreduce_time_share", "negotiation_time_share", "startup_s", "wall_time_s",
-        "best_model_path",
+        "best_model_path", "nccl_network",
     }  # fmt: skip
     assert completed <= set(s), sorted(completed - set(s))
     assert s["status"] == "completed" and s["world_size"] == 2, s
+    assert s["nccl_network"] is None, s  # a CPU run: no NCCL
 
 
 @pytest.mark.multiworker

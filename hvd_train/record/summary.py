@@ -153,6 +153,10 @@ class Summary(TypedDict, total=False):
     allreduce_time_share: float | None  # from the timeline (horovod.timeline: true), rank 0
     negotiation_time_share: float | None  # likewise; None without a timeline
     startup_s: dict[str, float]  # rank 0's seconds from its process's start to each phase's end
+    # The network NCCL's all-reduce took between hosts, from its log (base/nccl_log.py): "IB"
+    # (InfiniBand or RoCE), "Socket" (TCP), a plugin's name; None: no NCCL (a CPU run), or
+    # the user's own NCCL_DEBUG.
+    nccl_network: str | None
     wall_time_s: float  # this job's, from rank 0's start to its end
     best_model_path: str | None  # best.keras (or its SavedModel folder), once written
     # An ending other than `completed`: its cause.

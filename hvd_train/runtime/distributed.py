@@ -206,6 +206,11 @@ def local_size() -> int:
     return hvd_tf.local_size()
 
 
+def hosts() -> int:
+    """The hosts the job spans (Horovod's cross size: the workers of one local rank)."""
+    return hvd_tf.cross_size()
+
+
 def is_chief() -> bool:
     """True on the one worker that writes files and prints progress (rank 0)."""
     return hvd_tf.rank() == 0

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
+from hvd_train.base import nccl_log
 from hvd_train.config import Config
 from hvd_train.runtime import device, distributed, tuning
 from hvd_train.runtime.keras import binding
@@ -30,6 +31,8 @@ def start(cfg: Config, timeline: str | None) -> str:
     kind = distributed.configure_devices(
         cfg.runtime.intra_op_threads, cfg.runtime.inter_op_threads, cfg.runtime.device != "cpu"
     )
+    if kind == "gpu":  # before the first collective on the GPU: which network NCCL takes
+        nccl_log.route(os.environ)
     # Same seed on every rank: identical initial weights, so the broadcast before training is a
     # no-op for built-in models and a guarantee for user factories that draw from other
     # generators.

@@ -10,7 +10,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from hvd_train.base import startup
+from hvd_train.base import nccl_log, startup
 from hvd_train.base.errors import Interrupted
 from hvd_train.config import Config, Derived, HorovodConfig, TrainConfig
 from hvd_train.data.diagnostics import data_summary
@@ -71,7 +71,10 @@ def summarize(
     summary.update(data_summary(history, source.skipped_files, RunDir(cfg.run.dir).summary))
     summary.update(perf.throughput_summary(callbacks.timer, cfg))
     summary["startup_s"] = startup.phases()  # rank 0's: from its process's start to its first step
+    summary["nccl_network"] = nccl_log.network(nccl_log.path())  # None: no NCCL (a CPU run)
     perf.log_throughput(summary)
+    if warning := nccl_log.sockets_warning(summary["nccl_network"], distributed.hosts()):
+        distributed.log(warning)
     return summary
 
 
