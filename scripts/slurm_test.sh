@@ -2,7 +2,7 @@
 # Slurm for real (`make slurm-test`; not part of `make test`): Debian 12's Slurm 22.05 and munge
 # in containers of the project's CPU image, and launch/slurm.sbatch submitted with sbatch.
 #
-#   scripts/slurm_test.sh [all | image | same | preempt | lost-node | up]
+#   scripts/slurm_test.sh [all | image | same | gpu-shape | preempt | lost-node | up]
 #
 # image:     the CPU image (scripts/docker_test.sh's engine, base and build: its functions,
 #            sourced), then $IMAGE_SLURM: that image plus Debian's slurmctld, slurmd, slurm-client
@@ -23,6 +23,14 @@
 #            job, which must resume from that checkpoint and complete (Slurm: COMPLETED, 1 restart).
 # lost-node: a 2-node job of 40 epochs; after epoch 5, `docker kill node2` (its slurmd and
 #            worker): the job must end by itself within 60 s, recorded failed.
+# gpu-shape: a GPU-shaped job on the same cluster, without GPUs: each node declares 2 GPUs to
+#            Slurm (gres `gpu`, device files made with mknod: Slurm only reads their numbers) and
+#            carries a stand-in nvidia-smi listing 2 GPUs nearest a core each, put first on the
+#            job's PATH; `sbatch --nodes=2 --gpus-per-node=2 --cpus-per-gpu=1
+#            --ntasks-per-node=1` must compose one worker per GPU (horovodrun -np 4 -H
+#            node1:2,node2:2 from Slurm's SLURM_GPUS_ON_NODE, not the one task a node), each bound
+#            to its own core, and train to completion; on the CPU (runtime.device: cpu), as this
+#            machine's TensorFlow sees no GPU.
 # up:        the cluster alone, until Ctrl-C, to submit jobs to by hand.
 #
 # Every container carries the label $LABEL and is removed on exit. Figures go to
@@ -96,10 +104,41 @@ MinJobAge=600
 JobRequeue=1
 # How long a requeued job waits before it may start again (default 120 s).
 AuthInfo=cred_expire=10
-NodeName=node1 NodeHostname=node1 NodeAddr=127.0.0.1 Port=6818 CPUs=$(nproc) RealMemory=1000 State=UNKNOWN
-NodeName=node2 NodeHostname=node2 NodeAddr=127.0.0.1 Port=6819 CPUs=$(nproc) RealMemory=1000 State=UNKNOWN
+# Two GPUs a node for `gpu-shape` (gres.conf: device files, no GPU behind them); the other jobs
+# ask for none.
+GresTypes=gpu
+NodeName=node1 NodeHostname=node1 NodeAddr=127.0.0.1 Port=6818 CPUs=$(nproc) RealMemory=1000 Gres=gpu:2 State=UNKNOWN
+NodeName=node2 NodeHostname=node2 NodeAddr=127.0.0.1 Port=6819 CPUs=$(nproc) RealMemory=1000 Gres=gpu:2 State=UNKNOWN
 PartitionName=debug Nodes=node1,node2 Default=YES MaxTime=INFINITE State=UP
 CONF
+}
+
+# Each node's two GPUs, to Slurm: character devices of the NVIDIA driver's major number (195),
+# made in the node's own /dev (mknod, in `node`). Slurm reads their numbers and sets each job's
+# CUDA_VISIBLE_DEVICES and SLURM_GPUS_ON_NODE; nothing opens them.
+gres_conf() {
+  echo "NodeName=node[1-2] Name=gpu File=/dev/nvidia[0-1]"
+}
+
+# The stand-in nvidia-smi of `gpu-shape` (in /opt/standin, first on that job's PATH alone): two
+# GPUs as `nvidia-smi -L` lists them, GPU 0 nearest core 0 and GPU 1 nearest core 1 in `topo -m`
+# (every machine has those two cores).
+stand_in_nvidia_smi() {
+  cat <<'SMI'
+#!/bin/sh
+if [ "$1" = -L ]; then
+  echo "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-5e1b0c2a-0000-4000-8000-000000000000)"
+  echo "GPU 1: NVIDIA H100 80GB HBM3 (UUID: GPU-5e1b0c2a-0000-4000-8000-000000000001)"
+  exit 0
+fi
+if [ "$1 $2" = "topo -m" ]; then
+  printf '\tGPU0\tGPU1\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\n'
+  printf 'GPU0\t X \tNV18\t0\t0\t\tN/A\n'
+  printf 'GPU1\tNV18\t X \t1\t0\t\tN/A\n'
+  exit 0
+fi
+exit 6
+SMI
 }
 
 # hosts SELF: /etc/hosts of a container whose own name is SELF (127.0.0.1, as a real node's
@@ -119,6 +158,7 @@ daemon() {
   hosts "$name" >"$OUT/etc/hosts-$name"
   container -d --name "hvd_train-slurm-$name-$$" --hostname "$name" \
     -v "$OUT/etc/hosts-$name:/etc/hosts:ro" -v "$OUT/etc/slurm.conf:/etc/slurm/slurm.conf:ro" \
+    -v "$OUT/etc/gres.conf:/etc/slurm/gres.conf:ro" -v "$OUT/standin:/opt/standin:ro" \
     -v "$OUT/keys:/home/mpiuser/.ssh:ro" -v "$RESULTS:/results" -v "$OUT/logs:/logs" \
     -w /opt/hvd_train "$IMAGE_SLURM" bash -c \
     "install -d -o munge -g munge /run/munge && runuser -u munge -- /usr/sbin/munged && $*" >/dev/null
@@ -127,7 +167,7 @@ daemon() {
 # node NAME: slurmd alone, no sshd: Slurm starts the other node's workers (srun, in place of
 # horovodrun's ssh: hvd_train/launcher/srun_ssh.py), as on clusters that block ssh between nodes.
 node() {
-  daemon "$1" "exec slurmd -D -N $1"
+  daemon "$1" "mknod -m 666 /dev/nvidia0 c 195 0 && mknod -m 666 /dev/nvidia1 c 195 1 && exec slurmd -D -N $1"
 }
 
 # no_sshd: no sshd runs in any container of the cluster (what `same` and the others rely on).
@@ -144,6 +184,9 @@ cluster_up() {
   chown 1000:1000 "$RESULTS"
   [ -s "$OUT/keys/id_rsa" ] || ssh_keys
   slurm_conf >"$OUT/etc/slurm.conf"
+  gres_conf >"$OUT/etc/gres.conf"
+  rm -rf "${OUT:?}/standin"; mkdir -p "$OUT/standin"
+  stand_in_nvidia_smi >"$OUT/standin/nvidia-smi"; chmod 755 "$OUT/standin/nvidia-smi"
   daemon ctl "exec slurmctld -D -i"
   node node1
   node node2
@@ -298,18 +341,41 @@ lost_node() {
   figure "lost node: docker kill node2 after epoch 5/40: summary.json said failed after ${failed_s:-?} s; Slurm's job left RUNNING after $ended_s s (JobState=$left, ExitCode=$code), JobState=$state after $final_s s (node2: $(on_ctl sinfo -h -n node2 -o %T)); $out"
 }
 
+gpu_shape() {
+  local job out hosts path cores r
+  path=$(on_ctl printenv PATH)
+  job=$(submit gpu --nodes=2 --gpus-per-node=2 --cpus-per-gpu=1 --ntasks-per-node=1 \
+    "--export=ALL,PATH=/opt/standin:$path" -- --set train.epochs=1 --set runtime.device=cpu)
+  check_completed "$job" gpu
+  out=$RESULTS/slurm-$job.out
+  hosts=$(grep -o -- '-np [0-9]* .*-H [^ ]*' "$out" | head -n1 | sed 's/ --.* -H / -H /' || true)
+  [ "$hosts" = "-np 4 -H node1:2,node2:2" ] ||
+    die "2 nodes x 2 GPUs, one task a node: horovodrun got '$hosts', not -np 4 -H node1:2,node2:2 ($out)"
+  grep -q 'one worker per GPU, 2 a node' "$out" || die "no line saying the GPUs won over the one task a node ($out)"
+  ! grep -q 'ask for --cpus-per-gpu' "$out" || die "slurm.sbatch warned of shared CPUs under --cpus-per-gpu=1 ($out)"
+  # Each rank's binding (all ranks say it): ranks 0 and 1 on node1, 2 and 3 on node2.
+  for r in 0 1 2 3; do
+    cores[r]=$(grep -o "\[1,$r\]<stdout>:.*bound to cores \[[0-9, ]*\]" "$out" | head -n1 | sed 's/.*bound to cores //' || true)
+    [ -n "${cores[r]}" ] || die "rank $r did not say which cores it is bound to ($out)"
+  done
+  [ "${cores[0]}" != "${cores[1]}" ] && [ "${cores[2]}" != "${cores[3]}" ] ||
+    die "two workers of one node share cores: ranks 0-3 bound to ${cores[*]} ($out)"
+  figure "gpu-shape: sbatch --nodes=2 --gpus-per-node=2 --cpus-per-gpu=1 --ntasks-per-node=1 (gres gpu:2 a node, stand-in nvidia-smi; job $job COMPLETED): horovodrun $hosts; ranks 0-3 bound to cores ${cores[0]} ${cores[1]} | ${cores[2]} ${cores[3]}; $(summary gpu status world_size device)"
+}
+
 STEP=${1:-all}
 case "$STEP" in
   image) engine; base; build cpu "$IMAGE_CPU"; slurm_image ;;
   same) engine; cluster_up; same ;;
   preempt) engine; cluster_up; preempt ;;
   lost-node) engine; cluster_up; lost_node ;;
+  gpu-shape) engine; cluster_up; gpu_shape ;;
   up) engine; cluster_up; say "up until Ctrl-C: docker exec --user 1000 -w /opt/hvd_train $CTL sbatch ..."; sleep infinity & wait ;;
   all)
     : >"$FIGURES"
     figure "# $(date -u '+%Y-%m-%d %H:%M UTC'), $(git rev-parse --short HEAD 2>/dev/null || echo '?'): bash scripts/slurm_test.sh all"
     engine; base; build cpu "$IMAGE_CPU"; slurm_image
-    cluster_up; same; preempt; lost_node
+    cluster_up; same; gpu_shape; preempt; lost_node
     say "all passed; figures in $FIGURES" ;;
   *) die "unknown step '$STEP'" ;;
 esac
