@@ -83,10 +83,14 @@ def tf_variable(obj: Any) -> tf.Variable | None:
     return value if isinstance(value, tf.Variable) else None
 
 
-def broadcast(model: Model) -> None:
-    """Rank 0's replicated state on every rank (a collective)."""
-    if hvd_tf.size() > 1:
-        hvd_tf.broadcast_variables([v for _, v in replicated_variables(model)], root_rank=0)
+def broadcast(model: Model, root_rank: int = 0, local: Any = ()) -> None:
+    """`root_rank`'s replicated state on every rank (a collective), less the variables in
+    `local`, which each rank keeps its own (Horovod's `local_variables`)."""
+    if hvd_tf.size() == 1:
+        return
+    own = {id(v) for v in local} | {id(tf_variable(v)) for v in local}
+    chosen = [v for _, v in replicated_variables(model) if id(v) not in own]
+    hvd_tf.broadcast_variables(chosen, root_rank=root_rank)
 
 
 def average_moving_statistics(model: Model) -> None:
