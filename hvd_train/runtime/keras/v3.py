@@ -231,6 +231,34 @@ class Averaging:
     _hvd_window_mean = True
     _hvd_variables: list[Any] | None = None
 
+    def distribute(
+        self, accumulation: int = 1, reduction: Reduction | None = None, window_mean: bool = True
+    ) -> None:
+        """How this optimizer all-reduces, as `DistributedOptimizer` sets it before it is built:
+        `accumulation` batches a window, `reduction` (Horovod's arguments: `Reduction`), and
+        whether a window applies its mean (else its sum)."""
+        self._hvd_accumulation = int(accumulation)
+        self._hvd_window_mean = bool(window_mean)
+        # Past Keras' attribute tracking: a reduction's groups and local variables are the model's.
+        object.__setattr__(self, "_hvd_reduction", reduction or Reduction())
+
+    def window_sums(self) -> tuple[Any, ...]:
+        """This rank's running gradient sums of the accumulation window (none without one)."""
+        return tuple(getattr(self, "_hvd_sums", ()))
+
+    def mid_window(self) -> bool:
+        """Whether the accumulation window is part-way: its sums hold batches not yet applied."""
+        count = getattr(self, "_hvd_count", None)
+        return count is not None and int(count.numpy()) % self._hvd_accumulation != 0
+
+    def restart_window(self) -> None:
+        """The part-done window starts again at its first batch, its sums zeroed."""
+        count = getattr(self, "_hvd_count", None)
+        if count is not None:
+            count.assign(count - count % self._hvd_accumulation)
+            for total in self.window_sums():
+                total.assign(tf.zeros_like(total))
+
     def register_local_var(self, var: Any) -> None:
         """Horovod's: a variable whose gradient is this rank's own (not all-reduced), scaled
         by 1/size unless `scale_local_gradients=False`."""
@@ -388,10 +416,7 @@ def DistributedOptimizer(  # noqa: N802 - a class to its caller, as Horovod's
         # rank would skip a step that the others take into an all-reduce, and the job hang.
         optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
     copy = _averaging_class(type(optimizer)).from_config(optimizer.get_config())
-    copy._hvd_accumulation = int(accumulation)
-    copy._hvd_window_mean = bool(window_mean)
-    # Past Keras' attribute tracking: a reduction's groups and local variables are the model's.
-    object.__setattr__(copy, "_hvd_reduction", reduction or Reduction(fp16=fp16))
+    copy.distribute(accumulation, reduction or Reduction(fp16=fp16), window_mean)
     return copy
 
 
@@ -438,25 +463,22 @@ def broadcast_model(model: Any) -> None:
 
 def accumulation_sums(model: Any) -> tuple[Any, ...]:
     """Each rank's running gradient sums of the accumulation window (none without one)."""
-    return tuple(getattr(model.optimizer, "_hvd_sums", ()))
+    optimizer = model.optimizer
+    return optimizer.window_sums() if isinstance(optimizer, Averaging) else ()
 
 
 def mid_window(model: Any) -> bool:
     """Whether the accumulation window is part-way: its sums hold batches not yet applied."""
     optimizer = model.optimizer
-    count = getattr(optimizer, "_hvd_count", None)
-    return count is not None and int(count.numpy()) % optimizer._hvd_accumulation != 0
+    return isinstance(optimizer, Averaging) and optimizer.mid_window()
 
 
 def start_window(model: Any, restart: bool = False) -> None:
     """After a restore and broadcast: the window's position is in the checkpoint
     (`_hvd_count`), so every rank holds rank 0's already. `restart` (a Horovod Elastic reset):
     the part-done window starts again, its sums zeroed, on every rank alike."""
-    count = getattr(model.optimizer, "_hvd_count", None)
-    if restart and count is not None:
-        count.assign(count - count % model.optimizer._hvd_accumulation)
-        for total in accumulation_sums(model):
-            total.assign(tf.zeros_like(total))
+    if restart and isinstance(model.optimizer, Averaging):
+        model.optimizer.restart_window()
 
 
 def moving_statistics(model: Any) -> list[Any]:
