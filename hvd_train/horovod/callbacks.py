@@ -3,74 +3,29 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import horovod.tensorflow as _hvd
-import tensorflow as tf
 
-from hvd_train.runtime import replicas
 from hvd_train.runtime.keras import v3 as _core
 from hvd_train.runtime.keras.v3 import keras  # the binding's Keras 3
 
 
-class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
+class BroadcastGlobalVariablesCallback(_core.BroadcastInitialState):
     """`root_rank`'s model and optimizer variables to every rank, so that every replica trains
-    from the same state: put it first in `fit`'s callbacks.
-
-    Horovod broadcasts after the first batch, when Keras 2 had made the optimizer's slots. On
-    Keras 3, a model whose variables exist when training begins gets its optimizer built and
-    the broadcast then, so the first update is already the same on every rank; a model built
-    at its first batch (a Sequential without an Input) is broadcast after it, as Horovod's. The dropout layers' seed states are not
-    broadcast (each rank draws its own masks), nor a variable given to `register_local_var`.
+    from the same state: put it first in `fit`'s callbacks. Horovod's name and arguments for
+    the trainer's broadcast (hvd_train.runtime.keras.v3.BroadcastInitialState, which says what
+    is broadcast and when), and `register_local_var(var)`: a variable each rank keeps its own.
     """
 
     def __init__(self, root_rank: int, device: str = "", local_variables: list | None = None):
-        super().__init__()
-        self.root_rank = root_rank
-        self.device = device
-        self._local = list(local_variables or [])
-
-    def register_local_var(self, var: Any) -> None:
-        """A variable each worker keeps its own: not broadcast."""
-        self._local.append(var)
-
-    def on_train_begin(self, logs: dict | None = None) -> None:
-        _core.no_xla_around_the_all_reduce(self.model, _core.api_name(self))
-        self._done = False
-        # A model built at its first batch (a Sequential without an Input) has no variables
-        # yet: its broadcast comes after that batch, as Horovod's always does.
-        if all(layer.built for layer in self.model._flatten_layers()):
-            self._broadcast()
-
-    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
-        if not self._done:
-            self._broadcast()
-
-    def _broadcast(self) -> None:
-        self._done = True
-        optimizer = self.model.optimizer
-        if optimizer is not None and not optimizer.built:
-            optimizer.build(self.model.trainable_variables)
-        if _hvd.size() == 1:
-            return
-        local = {id(v) for v in self._local} | {id(replicas.tf_variable(v)) for v in self._local}
-        chosen = [v for _, v in replicas.replicated_variables(self.model) if id(v) not in local]
-        with tf.device(self.device):
-            _hvd.broadcast_variables(chosen, root_rank=self.root_rank)
+        super().__init__(root_rank, device, local_variables)
 
 
-class MetricAverageCallback(keras.callbacks.Callback):
-    """Every number in the epoch's logs averaged over the workers, so that each worker's
-    EarlyStopping, checkpoint, History and console see the same values (Horovod's; put it after
-    the broadcast and before the callbacks that read metrics)."""
-
-    def __init__(self, device: str = ""):
-        super().__init__()
-        self.device = device
-        self._average = _core.MetricAverage()
-
-    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
-        self._average.on_epoch_end(epoch, logs)
+# Every number in the epoch's logs averaged over the workers, so that each worker's
+# EarlyStopping, checkpoint, History and console see the same values: Horovod's name for the
+# trainer's (`MetricAverageCallback(device="")`; put it after the broadcast and before the
+# callbacks that read metrics).
+MetricAverageCallback = _core.MetricAverage
 
 
 class LearningRateScheduleCallback(keras.callbacks.Callback):
@@ -113,7 +68,7 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
                 "which compiles the optimizer's momentum into the step; pass "
                 "momentum_correction=False"
             )
-        if isinstance(optimizer._learning_rate, keras.optimizers.schedules.LearningRateSchedule):
+        if _core.schedule_of(optimizer) is not None:
             raise ValueError(
                 f"{type(self).__name__}: the optimizer's learning rate is a schedule, which "
                 "this callback cannot set; give the optimizer a number"

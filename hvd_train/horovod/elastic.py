@@ -17,13 +17,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import horovod.tensorflow as _hvd
-import tensorflow as tf
-from horovod.common.elastic import ObjectState
 from horovod.tensorflow.elastic import run
 
 from hvd_train.runtime import replicas
-from hvd_train.runtime.keras import v3 as _core
 from hvd_train.runtime.keras.v3 import keras  # the binding's Keras 3
 
 __all__ = [
@@ -32,54 +28,9 @@ __all__ = [
 ]  # fmt: skip
 
 
-class KerasState(ObjectState):
-    """A Keras 3 model's and its optimizer's variables, and the properties given as keywords
-    (`batch=0, epoch=0`), kept in memory at each `commit()`, restored on every rank after a
-    worker fails, and synchronized from rank 0 when workers join (Horovod's
-    TensorFlowKerasState, which reads Keras 2's `optimizer.variables()`).
-
-    The optimizer is built at once if it is not yet, so that its slots exist on every rank
-    before the first synchronization. The dropout layers' seed states are each rank's own.
-
-    Raises:
-        ValueError: a model that is not built yet (as Horovod's).
-    """
-
-    def __init__(self, model: keras.Model, optimizer: Any = None, backend: Any = None, **kwargs):
-        if not model.built:
-            raise ValueError("Model must be built first. Run `model.build(input_shape)`.")
-        self.model = model
-        self.optimizer = optimizer or model.optimizer
-        if self.optimizer is not None and not self.optimizer.built:
-            self.optimizer.build(model.trainable_variables)
-        self._save_model()
-        super().__init__(bcast_object=_hvd.broadcast_object, get_rank=_hvd.rank, **kwargs)
-
-    def _variables(self) -> list[tf.Variable]:
-        """The model's variables (less each rank's own random states) and the optimizer's."""
-        own = {id(replicas.tf_variable(v)) for v in _core.random_states(self.model)}
-        found = [replicas.tf_variable(v) for v in self.model.variables]
-        if self.optimizer is not None:
-            found += [replicas.tf_variable(v) for v in self.optimizer.variables]
-        return [v for v in found if v is not None and id(v) not in own]
-
-    def save(self) -> None:
-        self._save_model()
-        super().save()
-
-    def restore(self) -> None:
-        for variable, saved in zip(self._variables(), self._saved, strict=True):
-            variable.assign(saved)
-        super().restore()
-
-    def sync(self) -> None:
-        if _hvd.size() > 1:
-            _hvd.broadcast_variables(self._variables(), root_rank=0)
-        self._save_model()
-        super().sync()
-
-    def _save_model(self) -> None:
-        self._saved = [tf.identity(v) for v in self._variables()]
+# Horovod's TensorFlowKerasState, which reads Keras 2's `optimizer.variables()`: the trainer's
+# state, one class (its arguments Horovod's: `KerasState(model, optimizer=None, **kwargs)`).
+KerasState = replicas.ElasticState
 
 
 class CommitStateCallback(keras.callbacks.Callback):

@@ -68,12 +68,12 @@ class _DistributedGradientTape(tf.GradientTape):
             watch_accessed_variables=tape._watch_accessed_variables,
         )  # fmt: skip
         self._tape = tape._tape  # what the caller's `with` recorded, as Horovod's takes it
-        self._hvd_reduction = how
+        self._reduction = how
 
     def register_local_source(self, source: Any) -> None:
         """Horovod's: `source`'s gradient is this rank's own (not all-reduced), divided by the
         worker count unless `scale_local_gradients=False`."""
-        self._hvd_reduction = self._hvd_reduction.with_local(source)
+        self._reduction = self._reduction.with_local(source)
 
     def gradient(
         self, target: Any, sources: Any, output_gradients: Any = None,
@@ -88,7 +88,7 @@ class _DistributedGradientTape(tf.GradientTape):
             unconnected_gradients=unconnected_gradients,
         )  # fmt: skip
         flat_sources = tf.nest.flatten(sources)
-        reduced = _core.reduce_gradients(tf.nest.flatten(grads), flat_sources, self._hvd_reduction)
+        reduced = _core.reduce_gradients(tf.nest.flatten(grads), flat_sources, self._reduction)
         return tf.nest.pack_sequence_as(grads, reduced)
 
     def get_local_and_global_gradients(
@@ -99,7 +99,7 @@ class _DistributedGradientTape(tf.GradientTape):
         others, all-reduced; in `sources`' order."""
         flat = tf.nest.flatten(sources)
         grads = self.gradient(target, flat, output_gradients=output_gradients)
-        local = _core.ids_of(self._hvd_reduction.local)
+        local = _core.ids_of(self._reduction.local)
         mine = [(s, g) for s, g in zip(flat, grads, strict=True) if _core.ids_of([s]) & local]
         shared = [(s, g) for s, g in zip(flat, grads, strict=True) if not _core.ids_of([s]) & local]
         return mine, shared

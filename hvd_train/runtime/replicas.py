@@ -40,21 +40,28 @@ from hvd_train.runtime.keras import binding
 Model = Any  # a Keras model of the active Keras
 
 
-def replicated_variables(model: Model) -> list[tuple[str, tf.Variable]]:
+def replicated_variables(model: Model, optimizer: Any = None) -> list[tuple[str, tf.Variable]]:
     """(name, variable) of every variable the checkpoint saves, less each rank's own random
     states: the same names in the same order on every rank. A variable is named by its Keras
     path ("dense/kernel", "adam/dense_kernel_momentum") or TensorFlow name; Keras 3's are given
-    as the TensorFlow variables under them (Horovod's broadcast assigns to those)."""
+    as the TensorFlow variables under them (Horovod's broadcast assigns to those). `optimizer`:
+    one given apart from the model (Horovod's KerasState takes one), its variables after the
+    model's; an uncompiled model's alone otherwise."""
     active = binding.of(model)
     own = {id(tf_variable(v)) for v in active.random_states(model)}
+    compiled = getattr(model, "optimizer", None)
+    roots = [active.checkpoint(model) if compiled is not None else model]
+    if optimizer is not None and optimizer is not compiled:
+        roots.append(optimizer)
     found: list[tuple[str, tf.Variable]] = []
     seen: set[int] = set()
-    for _path, obj in _walk(active.checkpoint(model)):
-        variable = tf_variable(obj)
-        if variable is None or id(variable) in seen or id(variable) in own:
-            continue
-        seen.add(id(variable))
-        found.append((getattr(obj, "path", None) or variable.name.split(":")[0], variable))
+    for root in roots:
+        for _path, obj in _walk(root):
+            variable = tf_variable(obj)
+            if variable is None or id(variable) in seen or id(variable) in own:
+                continue
+            seen.add(id(variable))
+            found.append((getattr(obj, "path", None) or variable.name.split(":")[0], variable))
     return found
 
 
@@ -83,10 +90,14 @@ def tf_variable(obj: Any) -> tf.Variable | None:
     return value if isinstance(value, tf.Variable) else None
 
 
-def broadcast(model: Model) -> None:
-    """Rank 0's replicated state on every rank (a collective)."""
-    if hvd_tf.size() > 1:
-        hvd_tf.broadcast_variables([v for _, v in replicated_variables(model)], root_rank=0)
+def broadcast(model: Model, root_rank: int = 0, local: Any = ()) -> None:
+    """`root_rank`'s replicated state on every rank (a collective), less the variables in
+    `local`, which each rank keeps its own (Horovod's `local_variables`)."""
+    if hvd_tf.size() == 1:
+        return
+    own = {id(v) for v in local} | {id(tf_variable(v)) for v in local}
+    chosen = [v for _, v in replicated_variables(model) if id(v) not in own]
+    hvd_tf.broadcast_variables(chosen, root_rank=root_rank)
 
 
 def average_moving_statistics(model: Model) -> None:
@@ -252,34 +263,50 @@ def disagreement(names: list[str], every: list[np.ndarray]) -> str | None:
 
 class ElasticState(ObjectState):
     """Horovod Elastic's state of a model and its optimizer (either Keras), and the run's
-    position (`epoch`, `batch`, ... as keyword arguments, exposed as attributes).
+    position (`epoch`, `batch`, ... as keyword arguments, exposed as attributes): the trainer's,
+    and `hvd_train.horovod.elastic.KerasState` (Horovod's arguments: `optimizer`, when not the
+    model's own; `backend`, TensorFlow 1's, unused).
 
     The replicated state above, all of it: Horovod's own KerasState keeps the model's and the
     optimizer's `variables`, which leave out tf_keras' dynamic loss scale, and reads them with
     Keras 2's API. Committed in memory; a reset rolls back to the last commit, then rank 0's
     copy goes to every worker (new ones included). After a reset, a part-done accumulation
     window starts again at its first batch: its sums were each rank's own, and the ranks have
-    changed (the first sync, as training starts, keeps what a resume gave).
+    changed (the first sync, as training starts, keeps what a resume gave). An optimizer not
+    built yet is built when the state is made, so that its slots exist on every rank before
+    the first sync.
+
+    Raises:
+        ValueError: a model that is not built yet (as Horovod's).
     """
 
-    def __init__(self, model: Model, **position: Any):
+    def __init__(self, model: Model, optimizer: Any = None, backend: Any = None, **position: Any):
+        if not model.built:
+            raise ValueError("Model must be built first. Run `model.build(input_shape)`.")
         self.model = model
+        self.optimizer = optimizer if optimizer is not None else getattr(model, "optimizer", None)
+        if getattr(self.optimizer, "built", True) is False:  # Keras 3's; Keras 2's build lazily
+            self.optimizer.build(model.trainable_variables)
         self._saved: list[tf.Tensor] = []
         self._synced = False
         self._save_model()
         super().__init__(bcast_object=hvd_tf.broadcast_object, get_rank=hvd_tf.rank, **position)
+
+    def _variables(self) -> list[tf.Variable]:
+        return [v for _, v in replicated_variables(self.model, self.optimizer)]
 
     def save(self) -> None:
         self._save_model()
         super().save()
 
     def restore(self) -> None:
-        for (_, v), saved in zip(replicated_variables(self.model), self._saved, strict=True):
+        for v, saved in zip(self._variables(), self._saved, strict=True):
             v.assign(saved)
         super().restore()
 
     def sync(self) -> None:
-        broadcast(self.model)
+        if hvd_tf.size() > 1:
+            hvd_tf.broadcast_variables(self._variables(), root_rank=0)
         if self._synced:  # after a reset
             binding.of(self.model).start_window(self.model, restart=True)
         self._synced = True
@@ -287,7 +314,7 @@ class ElasticState(ObjectState):
         super().sync()
 
     def _save_model(self) -> None:
-        self._saved = [tf.identity(v) for _, v in replicated_variables(self.model)]
+        self._saved = [tf.identity(v) for v in self._variables()]
 
 
 # A collective's failure as TensorFlow reports it: it names the op (`[Op:HorovodAllreduce]`, or

@@ -401,6 +401,24 @@ def plain_clone(model: Model) -> Model:
         return _clone_swapping(model, swap)
 
 
+def plain_model(model: Model) -> Model:
+    """A copy of a Keras 3 `model` (same weights, no optimizer) with every
+    SyncBatchNormalization turned back into Keras' BatchNormalization: save it, and the file
+    loads in plain Keras 3 where neither hvd_train nor Horovod is installed (`model.save` of
+    the model itself writes SyncBatchNormalization, the optimizer and its warm-up schedule,
+    which need hvd_train.keras3 imported to load). `hvd_train.keras3.plain_model`, for users'
+    own scripts: it leaves the rest of hvd_train's Keras unchosen.
+
+    Args:
+        model: a functional or Sequential Keras 3 model, nested models included.
+
+    Raises:
+        ValueError: a subclassed model, which Keras cannot clone; save it as it is.
+    """
+    with binding.activated(binding.KERAS3):  # this copy's Keras; the rest of hvd_train's as was
+        return plain_clone(model)
+
+
 @contextlib.contextmanager
 def _read_as_uncompiled(model: Model) -> Iterator[None]:
     """Keras 3's `clone_model` compiles the copy as its original was compiled, and a compiled

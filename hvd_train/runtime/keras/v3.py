@@ -4,8 +4,9 @@ Horovod's TensorFlow ops.
 Horovod's own Keras API cannot train Keras 3: its callbacks and its DistributedGradientTape call
 `.ref()` on Keras 3 variables, which have none (horovod#4290), and its DistributedOptimizer
 wraps Keras 2's optimizer API. So the pieces are written here on `horovod.tensorflow`'s
-all-reduce and broadcast. `hvd_train/keras3.py` makes them public for users' own `model.fit`
-scripts (docs/models.md, examples/keras3_fit.py):
+all-reduce and broadcast, once: `hvd_train.horovod` makes them public under Horovod's names
+and arguments (docs/horovod.md), and `hvd_train.keras3` under shorter ones for users' own
+`model.fit` scripts (docs/models.md, examples/keras3_fit.py):
 
 - `DistributedOptimizer(optimizer)`: the same optimizer class (name, module, config), whose
   `apply` averages the gradients over the workers first, so clipping, weight decay and the
@@ -14,8 +15,9 @@ scripts (docs/models.md, examples/keras3_fit.py):
   arguments (groups, local variables, compression, scaling), which `hvd_train.horovod`'s
   DistributedGradientTape calls too;
 - `BroadcastInitialState()`: rank 0's weights and optimizer state on every rank, as training
-  begins;
-- `MetricAverage()`: each epoch's training metrics averaged over the workers;
+  begins (Horovod's `BroadcastGlobalVariablesCallback`);
+- `MetricAverage()`: each epoch's training metrics averaged over the workers (Horovod's
+  `MetricAverageCallback`);
 - `warmup(...)`: the learning rate scaled by the worker count, reached over a warm-up, inside
   the optimizer's schedule;
 - `SyncBatchNormalization`: batch statistics of the global batch.
@@ -229,6 +231,34 @@ class Averaging:
     _hvd_window_mean = True
     _hvd_variables: list[Any] | None = None
 
+    def distribute(
+        self, accumulation: int = 1, reduction: Reduction | None = None, window_mean: bool = True
+    ) -> None:
+        """How this optimizer all-reduces, as `DistributedOptimizer` sets it before it is built:
+        `accumulation` batches a window, `reduction` (Horovod's arguments: `Reduction`), and
+        whether a window applies its mean (else its sum)."""
+        self._hvd_accumulation = int(accumulation)
+        self._hvd_window_mean = bool(window_mean)
+        # Past Keras' attribute tracking: a reduction's groups and local variables are the model's.
+        object.__setattr__(self, "_hvd_reduction", reduction or Reduction())
+
+    def window_sums(self) -> tuple[Any, ...]:
+        """This rank's running gradient sums of the accumulation window (none without one)."""
+        return tuple(getattr(self, "_hvd_sums", ()))
+
+    def mid_window(self) -> bool:
+        """Whether the accumulation window is part-way: its sums hold batches not yet applied."""
+        count = getattr(self, "_hvd_count", None)
+        return count is not None and int(count.numpy()) % self._hvd_accumulation != 0
+
+    def restart_window(self) -> None:
+        """The part-done window starts again at its first batch, its sums zeroed."""
+        count = getattr(self, "_hvd_count", None)
+        if count is not None:
+            count.assign(count - count % self._hvd_accumulation)
+            for total in self.window_sums():
+                total.assign(tf.zeros_like(total))
+
     def register_local_var(self, var: Any) -> None:
         """Horovod's: a variable whose gradient is this rank's own (not all-reduced), scaled
         by 1/size unless `scale_local_gradients=False`."""
@@ -386,10 +416,7 @@ def DistributedOptimizer(  # noqa: N802 - a class to its caller, as Horovod's
         # rank would skip a step that the others take into an all-reduce, and the job hang.
         optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
     copy = _averaging_class(type(optimizer)).from_config(optimizer.get_config())
-    copy._hvd_accumulation = int(accumulation)
-    copy._hvd_window_mean = bool(window_mean)
-    # Past Keras' attribute tracking: a reduction's groups and local variables are the model's.
-    object.__setattr__(copy, "_hvd_reduction", reduction or Reduction(fp16=fp16))
+    copy.distribute(accumulation, reduction or Reduction(fp16=fp16), window_mean)
     return copy
 
 
@@ -436,25 +463,22 @@ def broadcast_model(model: Any) -> None:
 
 def accumulation_sums(model: Any) -> tuple[Any, ...]:
     """Each rank's running gradient sums of the accumulation window (none without one)."""
-    return tuple(getattr(model.optimizer, "_hvd_sums", ()))
+    optimizer = model.optimizer
+    return optimizer.window_sums() if isinstance(optimizer, Averaging) else ()
 
 
 def mid_window(model: Any) -> bool:
     """Whether the accumulation window is part-way: its sums hold batches not yet applied."""
     optimizer = model.optimizer
-    count = getattr(optimizer, "_hvd_count", None)
-    return count is not None and int(count.numpy()) % optimizer._hvd_accumulation != 0
+    return isinstance(optimizer, Averaging) and optimizer.mid_window()
 
 
 def start_window(model: Any, restart: bool = False) -> None:
     """After a restore and broadcast: the window's position is in the checkpoint
     (`_hvd_count`), so every rank holds rank 0's already. `restart` (a Horovod Elastic reset):
     the part-done window starts again, its sums zeroed, on every rank alike."""
-    count = getattr(model.optimizer, "_hvd_count", None)
-    if restart and count is not None:
-        count.assign(count - count % model.optimizer._hvd_accumulation)
-        for total in accumulation_sums(model):
-            total.assign(tf.zeros_like(total))
+    if restart and isinstance(model.optimizer, Averaging):
+        model.optimizer.restart_window()
 
 
 def moving_statistics(model: Any) -> list[Any]:
@@ -470,25 +494,63 @@ def moving_statistics(model: Any) -> list[Any]:
 
 
 class BroadcastInitialState(keras.callbacks.Callback):
-    """Rank 0's weights and optimizer state to every rank when training begins, so that every
-    replica starts from the same point (put it first in the callbacks of `fit`).
+    """`root_rank`'s weights and optimizer state to every rank when training begins, so that
+    every replica starts from the same point (put it first in `fit`'s callbacks): the
+    trainer's, `hvd_train.keras3.BroadcastInitialState()` and, with Horovod's arguments,
+    `hvd_train.horovod.callbacks.BroadcastGlobalVariablesCallback(root_rank)`.
 
-    The optimizer is built first, on the model's trainable variables, so that its slots exist
-    on every rank before they are broadcast. The dropout layers' seed states are not broadcast:
-    each rank draws its own masks. A `jit_compile` that would compile Horovod's all-reduce with
-    XLA, which this Horovod cannot, is turned off with a warning.
+    What is broadcast is the replicated state (runtime/replicas.py), less the dropout layers'
+    seed states (each rank draws its own masks) and the variables given as `local_variables`
+    or to `register_local_var`. Horovod broadcasts after the first batch, when Keras 2 had
+    made the optimizer's slots. Here a model whose variables exist when training begins gets
+    its optimizer built and the broadcast then, so the first update is already the same on
+    every rank; a model built at its first batch (a Sequential without an Input) is broadcast
+    after it, as Horovod's. A `jit_compile` that would compile Horovod's all-reduce with XLA,
+    which this Horovod cannot, is turned off with a warning naming the class the user called.
     """
+
+    # Its public name, which a warning names (`api_name`), as numpy's `set_module` names its
+    # classes: hvd_train.keras3 is an alias module for this class and the others.
+    __module__ = "hvd_train.keras3"
+    # The batch hook reads no logs: hvd_train's CallbackList need not convert them for it.
+    _supports_tf_logs = True
+
+    def __init__(self, root_rank: int = 0, device: str = "", local_variables: list | None = None):
+        super().__init__()
+        self.root_rank = root_rank
+        self.device = device
+        self._local = list(local_variables or [])
+        self._done = False
+
+    def register_local_var(self, var: Any) -> None:
+        """A variable each worker keeps its own: not broadcast."""
+        self._local.append(var)
 
     def on_train_begin(self, logs: dict | None = None) -> None:
         no_xla_around_the_all_reduce(self.model, api_name(self))
-        if not self.model.optimizer.built:
-            self.model.optimizer.build(self.model.trainable_variables)
-        broadcast_model(self.model)
+        self._done = False
+        # A model built at its first batch (a Sequential without an Input) has no variables
+        # yet: its broadcast comes after that batch, as Horovod's always does.
+        if all(layer.built for layer in self.model._flatten_layers()):
+            self._broadcast()
+
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        if not self._done:
+            self._broadcast()
+
+    def _broadcast(self) -> None:
+        self._done = True
+        optimizer = self.model.optimizer
+        if optimizer is not None and not optimizer.built:
+            optimizer.build(self.model.trainable_variables)
+        with tf.device(self.device):
+            replicas.broadcast(self.model, self.root_rank, self._local)
 
 
 def api_name(obj: Any) -> str:
-    """The name a user called `obj`'s class by (`hvd_train.keras3.BroadcastInitialState`), for
-    a warning to name the API the user called."""
+    """The name a user called `obj`'s class by (`hvd_train.keras3.BroadcastInitialState`,
+    `hvd_train.horovod.callbacks.BroadcastGlobalVariablesCallback`), for a warning to name the
+    API the user called."""
     return f"{type(obj).__module__}.{type(obj).__qualname__}"
 
 
@@ -521,17 +583,24 @@ def broadcast_callback() -> Any:
 
 
 class MetricAverage(keras.callbacks.Callback):
-    """Averages every number in the epoch's logs over the workers (one all-reduce, float64),
-    so each worker's EarlyStopping, checkpoint, History and console see the same values. Put it
-    after `BroadcastInitialState` and before the callbacks that read metrics. When all workers
-    run the same number of equal batches, the mean of the workers' means is exact."""
+    """Averages every number in the epoch's logs over the workers (one all-reduce, float64, on
+    `device`), so each worker's EarlyStopping, checkpoint, History and console see the same
+    values: the trainer's, `hvd_train.keras3.MetricAverage()` and
+    `hvd_train.horovod.callbacks.MetricAverageCallback(device)`. Put it after
+    `BroadcastInitialState` and before the callbacks that read metrics. When all workers run
+    the same number of equal batches, the mean of the workers' means is exact."""
+
+    def __init__(self, device: str = ""):
+        super().__init__()
+        self.device = device
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         if logs is None or hvd_tf.size() == 1:
             return
         keys = sorted(k for k, v in logs.items() if _is_number(v))
         values = tf.constant([float(logs[k]) for k in keys], tf.float64)
-        summed = hvd_tf.allreduce(values, op=hvd_tf.Sum, name="hvd_train.metric_average")
+        with tf.device(self.device):
+            summed = hvd_tf.allreduce(values, op=hvd_tf.Sum, name="hvd_train.metric_average")
         for key, value in zip(keys, (summed / hvd_tf.size()).numpy(), strict=True):
             logs[key] = float(value)
 
@@ -654,10 +723,17 @@ def last_learning_rate(optimizer: Any) -> float:
     """The rate the optimizer's last step used: Keras 3's `learning_rate` is its schedule at
     the step counter, which is the next step's rate."""
     inner = inner_optimizer(optimizer)
-    schedule = inner._learning_rate
-    if isinstance(schedule, keras.optimizers.schedules.LearningRateSchedule):
+    schedule = schedule_of(inner)
+    if schedule is not None:
         return float(schedule(max(int(inner.iterations.numpy()) - 1, 0)))
     return float(inner.learning_rate)
+
+
+def schedule_of(optimizer: Any) -> Any:
+    """The optimizer's learning-rate schedule (its inner optimizer's under mixed_float16's loss
+    scaler); None where its rate is a number (a variable)."""
+    rate = inner_optimizer(optimizer)._learning_rate
+    return rate if isinstance(rate, keras.optimizers.schedules.LearningRateSchedule) else None
 
 
 def per_example_loss(from_logits: bool) -> Any:
