@@ -58,7 +58,7 @@ DOCS = {
     "docs/install.md": "the install, the TensorFlow stacks, `hvd-train doctor`",
     "docs/config.md": "every config key: its type, default and meaning",
     "docs/data.md": "your data: sources, TFRecords, sharding, input speed",
-    "docs/models.md": "models, callbacks, schedules, augmentation, evaluate, predict",
+    "docs/models.md": "models, callbacks, schedules, augmentation, evaluate, predict, export",
     "docs/horovod.md": "your Horovod Keras script on Keras 3: `import hvd_train.horovod as hvd`",
     "docs/launching.md": "one node, several nodes, Slurm, Kubernetes",
     "docs/docker.md": "the Docker image and its test",

@@ -119,7 +119,8 @@ def test_each_format_predicts_like_the_trained_model(trained, fmt: str) -> None:
 
 @pytest.mark.skipif(not binding.has_keras3(), reason="keras.io's models are Keras 3's")
 def test_a_subclassed_model_without_get_config_exports_from_its_factory(tmp_path) -> None:
-    """keras.io's subclassed model has only model.weights.h5: rebuilt from `model.factory`."""
+    """A subclassed model without get_config (keras.io's: only model.weights.h5) exports,
+    rebuilt from `model.factory`."""
     run_dir = _train(tmp_path, "subclassed", f"model.factory={KERAS_IO}:subclassed")
     assert not (run_dir / "model.keras").exists()
     for fmt in ["saved_model", "onnx"] if HAS_ONNX else ["saved_model"]:
@@ -128,8 +129,8 @@ def test_a_subclassed_model_without_get_config_exports_from_its_factory(tmp_path
 
 @pytest.mark.skipif(not binding.has_keras3(), reason="mixed_float16's LiteRT case is Keras 3's")
 def test_a_mixed_float16_model_exports_within_its_tolerance(tmp_path) -> None:
-    """16-bit compute: the SavedModel runs the same ops; ONNX Runtime's float16 rounds its own
-    way (within 1e-2); LiteRT would need TensorFlow's own ops, and says so in one line."""
+    """mixed_float16: SavedModel and ONNX within 1e-2; LiteRT, which would need TensorFlow's
+    own (Flex) ops, refused in one line."""
     run_dir = _train(tmp_path, "mixed", "runtime.mixed_precision=mixed_float16")
     for fmt in ["saved_model", "onnx"] if HAS_ONNX else ["saved_model"]:
         _assert_predicts_like_the_run(run_dir, fmt, _exports(run_dir, fmt))
@@ -142,14 +143,14 @@ def test_a_mixed_float16_model_exports_within_its_tolerance(tmp_path) -> None:
 
 
 def test_a_tf_keras_run_exports_every_format(tmp_path) -> None:
-    """Keras 2 has no `model.export` to ONNX or LiteRT: TensorFlow's converters and tf2onnx."""
+    """A tf_keras run exports every format (through TensorFlow's converters and tf2onnx)."""
     run_dir = _train(tmp_path, "k2", "runtime.keras=tf_keras")
     for fmt in FORMATS if HAS_ONNX else ["saved_model", "litert"]:
         _assert_predicts_like_the_run(run_dir, fmt, _exports(run_dir, fmt))
 
 
 def test_a_checkpoint_of_a_run_that_did_not_complete_exports(trained, tmp_path) -> None:
-    """Without --model a run must have completed; a checkpoint of it exports all the same."""
+    """A run that did not complete is refused, and its checkpoint exports with --model."""
     copy = tmp_path / "stopped"
     shutil.copytree(trained, copy, ignore=shutil.ignore_patterns("export", "logs"))
     summary = json.loads((copy / "summary.json").read_text())
