@@ -17,6 +17,8 @@
 #                                             # extra hvd_train[mlflow] (docs/tracking.md)
 #   HVD_TRAIN_MLFLOW=server scripts/install.sh  # and a tracking server, for the tests (`make
 #                                             # test` sets it): full mlflow, in its own virtualenv
+#   HVD_TRAIN_EXPORT=1 scripts/install.sh     # also tf2onnx, onnx and onnxruntime, for `hvd-train
+#                                             # export --format onnx`: the extra hvd_train[export]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 case "${1:-}" in
@@ -377,6 +379,26 @@ print(" ".join(r.split(";")[0].replace(" ", "") for r in requires("hvd_train") i
     ;;
   *) die "HVD_TRAIN_MLFLOW must be 1 (the client) or server (also a tracking server, for the tests), got '$HVD_TRAIN_MLFLOW'";;
 esac
+# --- optional: ONNX export (HVD_TRAIN_EXPORT=1) ---
+# The extra hvd_train[export] (pyproject.toml): tf2onnx, which Keras' ONNX export calls, onnx, and
+# onnxruntime, which checks each export; TensorFlow, numpy and protobuf stay as they are.
+export_what=""
+case "${HVD_TRAIN_EXPORT:-0}" in
+  0|"") ;;
+  1)
+    export_reqs=$("$VENV/bin/python" -c 'from importlib.metadata import requires
+print(" ".join(r.split(";")[0].replace(" ", "") for r in requires("hvd_train") if "extra == \"export\"" in r))')
+    # shellcheck disable=SC2086  # a list of requirements
+    if ! have $export_reqs; then
+      say "installing hvd_train[export]: ${export_reqs// /, }"; changed=1
+      pip install -q -e ".[export]"
+      TF_CPP_MIN_LOG_LEVEL=3 "$VENV/bin/python" -c 'import tf2onnx, onnx, onnxruntime' >> "$LOG" 2>&1 \
+        || die "tf2onnx, onnx or onnxruntime does not import (full output: $LOG)"
+    fi
+    export_what="; onnx export (tf2onnx $("$VENV/bin/python" -c 'from importlib.metadata import version; print(version("tf2onnx"))'))"
+    ;;
+  *) die "HVD_TRAIN_EXPORT must be 1 (tf2onnx, onnx, onnxruntime) or 0, got '$HVD_TRAIN_EXPORT'";;
+esac
 [ "$changed" = 1 ] && what="installed" || what="nothing to install"
 numpy_what="numpy $("$VENV/bin/python" -c 'from importlib.metadata import version; print(version("numpy"))')"
-say "$what: horovod $HOROVOD_LABELLED with TensorFlow $TF_VERSION, $keras_what and $numpy_what ($device, Python $py_minor) in $VENV; tensor operations: $ops$hub_what$mlflow_what"
+say "$what: horovod $HOROVOD_LABELLED with TensorFlow $TF_VERSION, $keras_what and $numpy_what ($device, Python $py_minor) in $VENV; tensor operations: $ops$hub_what$mlflow_what$export_what"

@@ -12,7 +12,7 @@ from harness import PYTHON, ROOT, run
 from hvd_train.cli import COMMANDS, main
 
 # Every command the product ships; a command added to COMMANDS belongs here too.
-SHIPPED = ["train", "evaluate", "predict", "config", "launch", "doctor", "convert-tfrecord", "data-bench", "lr-plot",
+SHIPPED = ["train", "evaluate", "predict", "export", "config", "launch", "doctor", "convert-tfrecord", "data-bench", "lr-plot",
            "compare", "sweep", "plan"]  # fmt: skip
 
 

@@ -37,8 +37,8 @@ LIGHT = ("base", "config", "record", "launcher", "commands")
 # Inside train, the same rule by folder, and the parts each may import: the model and its files
 # at train's top (models, step, checkpoint, evaluation) import none of its folders; callbacks/
 # (hvd_train's callbacks, the agreed stops among them, and the one list that orders them) the
-# top; run/ (train(), from start to record) and inference/ (evaluate, predict, data-bench) the
-# top and callbacks/, and not each other.
+# top; run/ (train(), from start to record) and inference/ (evaluate, predict, export,
+# data-bench) the top and callbacks/, and not each other.
 TRAIN_PARTS: dict[str, set[str]] = {
     "": set(),
     "callbacks": {""},

@@ -126,5 +126,5 @@ def test_a_run_s_files_are_every_name_the_layout_gives_at_the_top_of_run_dir() -
         "summary.json", "metrics.csv", "config.yaml", "checkpoints", "model.keras", "model",
         "best.keras", "best", "model.weights.h5", "best.weights.h5", "tensorboard",
         "timeline.json", "logs", "log.txt",
-        ".hvd_train.lock", "evaluation.json", ".hvd_train.reserve",
+        ".hvd_train.lock", "evaluation.json", ".hvd_train.reserve", "export",
     }  # fmt: skip

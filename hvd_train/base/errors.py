@@ -67,6 +67,11 @@ class TrainingError(OneLineError):
     recurs = "a non-finite loss would recur from the same checkpoint and data"
 
 
+class ExportError(OneLineError):
+    """An export that, loaded back with its own runtime, does not give the trained model's
+    predictions (or does not load): one line, exit code 1, nothing left at --out."""
+
+
 class CheckpointError(TrainingError):
     """A checkpoint, `model.keras` or `best.keras` could not be written (disk full, no
     permission): one line, exit code 1. The previous checkpoints are left as they were.

@@ -29,6 +29,9 @@ LOCK = ".hvd_train.lock"
 RESERVE = ".hvd_train.reserve"
 EVALUATION = "evaluation.json"  # `hvd-train evaluate`'s default --out
 SWEEP_LOG = "log.txt"  # a grid point's of `hvd-train sweep`: its command and output
+# `hvd-train export`'s default --out, one per format, inside the folder EXPORT.
+EXPORT = "export"
+EXPORTED = {"saved_model": "saved_model", "onnx": "model.onnx", "litert": "model.tflite"}
 
 # Inside a checkpoint folder `checkpoints/ckpt-<global step, 8 digits>`: its state (epoch, step,
 # batches, metrics) and the prefix of tf.train.Checkpoint's files (ckpt.index, ckpt.data-*).
@@ -85,10 +88,16 @@ class RunDir:
     reserve = _in_run_dir(RESERVE, doc="Room kept for the final summary.json on a full disk.")
     evaluation = _in_run_dir(EVALUATION, doc="`hvd-train evaluate`'s default --out.")
     sweep_log = _in_run_dir(SWEEP_LOG, doc="A grid point's command and output (hvd-train sweep).")
+    exports = _in_run_dir(EXPORT, doc="`hvd-train export`'s serving models (`exported`).")
 
     def checkpoint(self, global_step: int) -> str:
         """checkpoints/ckpt-NNNNNNNN: the checkpoint taken after `global_step` steps."""
         return os.path.join(self.root, CHECKPOINTS, f"ckpt-{global_step:08d}")
+
+    def exported(self, fmt: str) -> str:
+        """export/saved_model, export/model.onnx, export/model.tflite: `hvd-train export`'s
+        default --out for a format."""
+        return os.path.join(self.root, EXPORT, EXPORTED[fmt])
 
     def rank_log(self, rank: int) -> str:
         """logs/rank-N.log: rank N's whole output (base/logs.py)."""

@@ -96,5 +96,8 @@ class KerasBinding(Protocol):
     def load_model(self, path: str) -> Any:
         """A saved model, uncompiled."""
 
+    def export(self, model: Any, path: str, fmt: str, spec: Any) -> None:
+        """Writes `model` for serving: saved_model, onnx or litert, taking `spec`."""
+
     def elastic_state(self, model: Any, **position: Any) -> Any:
         """Horovod Elastic's state: the replicated state and the run's position."""

@@ -395,6 +395,24 @@ def load_model(path: str) -> Any:
     return keras.models.load_model(path, compile=False)
 
 
+def export(model: Any, path: str, fmt: str, spec: tf.TensorSpec) -> None:
+    """Keras 2 has no `model.export` to ONNX or LiteRT: one traced inference function, written
+    by TensorFlow (SavedModel, LiteRT) or tf2onnx."""
+    serve = tf.function(lambda images: model(images, training=False), input_signature=[spec])
+    if fmt == "saved_model":
+        tf.saved_model.save(model, path, signatures={"serving_default": serve})
+    elif fmt == "onnx":
+        import tf2onnx  # the extra hvd_train[export]
+
+        tf2onnx.convert.from_function(serve, input_signature=[spec], output_path=path)
+    else:
+        converter = tf.lite.TFLiteConverter.from_concrete_functions(
+            [serve.get_concrete_function()], model
+        )
+        with open(path, "wb") as f:
+            f.write(converter.convert())
+
+
 class SyncBatchNormalization(keras.layers.BatchNormalization):
     """BatchNormalization whose batch statistics are the global batch's: each worker's mean
     and mean of squares are averaged over the workers with one all-reduce (every worker's batch

@@ -786,6 +786,17 @@ def load_model(path: str) -> Any:
     return keras.models.load_model(path, compile=False)
 
 
+# hvd-train export's formats, as `model.export` names them.
+_EXPORT_FORMATS = {"saved_model": "tf_saved_model", "onnx": "onnx", "litert": "litert"}
+
+
+def export(model: Any, path: str, fmt: str, spec: tf.TensorSpec) -> None:
+    """Keras 3's own `model.export`, taking `spec` (a SavedModel's `serving_default`)."""
+    with warnings.catch_warnings():  # Keras' numpy 2 patch of tf2onnx sets `np.object`
+        warnings.simplefilter("ignore", FutureWarning)
+        model.export(path, format=_EXPORT_FORMATS[fmt], input_signature=[spec], verbose=False)
+
+
 @keras.saving.register_keras_serializable(package="hvd_train")
 class SyncBatchNormalization(keras.layers.BatchNormalization):
     """BatchNormalization whose batch statistics are the global batch's under Horovod: each

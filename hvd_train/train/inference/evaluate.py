@@ -45,7 +45,7 @@ def evaluate(cfg: Config, model_path: str, data_path: str, out: str, batch: int)
     if data_path:
         source = _folder_source(cfg.data.on_corrupt, data_path, classes, takes(model, cfg))
     else:
-        source = _validation_source(cfg)
+        source = validation_source(cfg)
     check_inputs(model, source.input_shape, model_path, data_path or "the validation split")
     metrics = evaluate_in_order(model, source, batch, cfg.model.from_logits)
     record = {
@@ -70,7 +70,7 @@ def evaluate(cfg: Config, model_path: str, data_path: str, out: str, batch: int)
     return record
 
 
-def _validation_source(cfg: Config):
+def validation_source(cfg: Config):
     """The config's validation split, as training holds it out (not decoded ahead)."""
     source = load_source(replace(cfg, data=replace(cfg.data, cache="none")))
     if not len(source.x_val):

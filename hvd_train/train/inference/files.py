@@ -65,3 +65,24 @@ def write_atomic(path: str, write: Any, newline: str | None = None) -> None:
             write(f)
     except OSError as e:
         raise UserError(f"--out: cannot write {path} ({e.strerror})") from None
+
+
+# `hvd-train export`'s formats: the modules each needs beyond the default install (the extra
+# hvd_train[export]: pyproject.toml), and the file or folder it writes.
+EXPORT_NEEDS = {"saved_model": (), "onnx": ("tf2onnx", "onnx", "onnxruntime"), "litert": ()}
+EXTRA_HINT = "pip install 'hvd_train[export]', or HVD_TRAIN_EXPORT=1 scripts/install.sh"
+
+
+def refuse_foreign_export(path: str, fmt: str) -> None:
+    """Refuses an existing `path` that is not an export of `fmt` (it would be written over)."""
+    if not os.path.exists(path):
+        return
+    if fmt == "saved_model":
+        ours = os.path.isfile(os.path.join(path, "saved_model.pb"))
+    else:
+        ours = os.path.isfile(path) and path.endswith(os.path.splitext(RunDir("").exported(fmt))[1])
+    if not ours:
+        raise UserError(
+            f"--out: {path} exists and is not an export of --format {fmt}; choose another --out or "
+            "move it away"
+        )

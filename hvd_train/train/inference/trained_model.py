@@ -65,7 +65,7 @@ def load_model(cfg: Config, path: str, num_classes: int):
     try:
         return active.load_model(path)
     except Exception as e:  # noqa: BLE001 - Keras raises many kinds for a file it cannot read
-        first = _first_line(e)
+        first = first_line(e)
         raise UserError(f"--model: cannot load {path} ({first}); expected {MODEL_HINT}") from None
 
 
@@ -101,7 +101,7 @@ def _from_weights(cfg: Config, path: str, num_classes: int):
     try:
         model.load_weights(path)
     except (ValueError, OSError) as e:
-        first = _first_line(e)
+        first = first_line(e)
         raise UserError(
             f"--model: {path} does not fit the config's model ({first}); use the config it was "
             "trained with"
@@ -120,7 +120,7 @@ def _from_checkpoint(cfg: Config, path: str, num_classes: int):
         status = tf.train.Checkpoint(model=model).read(os.path.join(path, PREFIX))  # no optimizer
         status.expect_partial().assert_existing_objects_matched()
     except (AssertionError, ValueError, tf.errors.OpError) as e:
-        first = _first_line(e)
+        first = first_line(e)
         raise UserError(
             f"--model: checkpoint {path} does not fit the config's model ({first}); use the "
             "config it was trained with"
@@ -128,7 +128,7 @@ def _from_checkpoint(cfg: Config, path: str, num_classes: int):
     return model
 
 
-def _first_line(e: BaseException) -> str:
+def first_line(e: BaseException) -> str:
     """What a one-line error quotes of an exception Keras or TensorFlow raised."""
     return (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
 
