@@ -17,6 +17,8 @@
 #                                             # extra hvd_train[mlflow] (docs/tracking.md)
 #   HVD_TRAIN_MLFLOW=server scripts/install.sh  # and a tracking server, for the tests (`make
 #                                             # test` sets it): full mlflow, in its own virtualenv
+#   HVD_TRAIN_WANDB=1 scripts/install.sh      # also W&B's client, for logging.wandb: the extra
+#                                             # hvd_train[wandb] (docs/tracking.md; `make test` sets it)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 case "${1:-}" in
@@ -377,6 +379,33 @@ print(" ".join(r.split(";")[0].replace(" ", "") for r in requires("hvd_train") i
     ;;
   *) die "HVD_TRAIN_MLFLOW must be 1 (the client) or server (also a tracking server, for the tests), got '$HVD_TRAIN_MLFLOW'";;
 esac
+# --- optional: Weights & Biases (HVD_TRAIN_WANDB=1) ---
+# The extra hvd_train[wandb] (pyproject.toml): W&B's client, whose service (wandb-core, a binary)
+# ships inside its wheel: nothing is downloaded when a run starts. protobuf stays the one
+# TensorFlow brought (a constraint): a stack whose protobuf wandb cannot take fails here.
+wandb_what=""
+case "${HVD_TRAIN_WANDB:-0}" in
+  0|"") ;;
+  1)
+    wandb_reqs=$("$VENV/bin/python" -c 'from importlib.metadata import requires
+print(" ".join(r.split(";")[0].replace(" ", "") for r in requires("hvd_train") if "extra == \"wandb\"" in r))')
+    # shellcheck disable=SC2086  # a list of requirements
+    if [ -z "$wandb_reqs" ] || ! have $wandb_reqs; then  # empty: metadata from before the extra
+      say "installing hvd_train[wandb]: ${wandb_reqs// /, }"; changed=1
+      began=$SECONDS
+      keep="$(mktemp)"
+      "$VENV/bin/python" -c 'from importlib.metadata import version; print("protobuf==" + version("protobuf"))' > "$keep"
+      pip install -q -e ".[wandb]" -c "$keep" \
+        || die "hvd_train[wandb] does not install beside TensorFlow $TF_VERSION's $(cat "$keep") (full output: $LOG)"
+      rm -f "$keep"
+      TF_CPP_MIN_LOG_LEVEL=3 "$VENV/bin/python" -c 'import wandb' >> "$LOG" 2>&1 \
+        || die "wandb does not import (full output: $LOG)"
+      say "installed hvd_train[wandb] in $((SECONDS - began)) s"
+    fi
+    wandb_what="; wandb $("$VENV/bin/python" -c 'from importlib.metadata import version; print(version("wandb"))')"
+    ;;
+  *) die "HVD_TRAIN_WANDB must be 1 (W&B's client) or 0, got '$HVD_TRAIN_WANDB'";;
+esac
 [ "$changed" = 1 ] && what="installed" || what="nothing to install"
 numpy_what="numpy $("$VENV/bin/python" -c 'from importlib.metadata import version; print(version("numpy"))')"
-say "$what: horovod $HOROVOD_LABELLED with TensorFlow $TF_VERSION, $keras_what and $numpy_what ($device, Python $py_minor) in $VENV; tensor operations: $ops$hub_what$mlflow_what"
+say "$what: horovod $HOROVOD_LABELLED with TensorFlow $TF_VERSION, $keras_what and $numpy_what ($device, Python $py_minor) in $VENV; tensor operations: $ops$hub_what$mlflow_what$wandb_what"
