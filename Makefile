@@ -26,6 +26,8 @@ demo: install
 # tests (tests/test_mlflow.py) need the extra hvd_train[mlflow] and a tracking server: the install
 # adds both, the server in a virtualenv of its own (HVD_TRAIN_MLFLOW=0 leaves them out). The ONNX
 # export tests (tests/test_export.py) need the extra hvd_train[export] (HVD_TRAIN_EXPORT=0: skipped).
+# The W&B tests (tests/test_wandb.py, offline) need the extra hvd_train[wandb]: the install adds
+# it (HVD_TRAIN_WANDB=0 leaves it out; the tests then skip, saying why).
 # Two test files at a time (pytest-xdist; a file's tests stay together, so a fixture that trains
 # once serves the whole file): most of a job's time is start-up and waiting, which leaves a core
 # idle. The end of the output: the 30 slowest tests, then the time, processes and jobs of each file.
@@ -36,6 +38,7 @@ test: export HVD_TRAIN_WITH_SSHD = 1
 test: export HVD_TRAIN_KERAS_HUB ?= $(if $(filter 2.15,$(HVD_TRAIN_TF)),0,1)
 test: export HVD_TRAIN_MLFLOW ?= server
 test: export HVD_TRAIN_EXPORT ?= 1
+test: export HVD_TRAIN_WANDB ?= 1
 test: install
 	$(PY) -m pytest -q -ra --durations=30 -n 2 --dist loadfile -m "not second_keras and not variant" tests
 

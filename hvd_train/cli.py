@@ -63,7 +63,7 @@ DOCS = {
     "docs/launching.md": "one node, several nodes, Slurm, Kubernetes",
     "docs/docker.md": "the Docker image and its test",
     "docs/faults.md": "what a run writes, exit codes, resume, restarts, elastic",
-    "docs/tracking.md": "runs in MLflow: what is logged, one MLflow run per run",
+    "docs/tracking.md": "runs in MLflow or W&B: what is logged, one tracked run per run",
     "docs/performance.md": "what a run measures, the speed knobs, settings, `plan`",
     "docs/security.md": "what a config may run, what listens on the network",
     "docs/benchmarks.md": "each measured claim; its runs, dates and commands in lab/",

@@ -19,6 +19,8 @@
 #                                             # test` sets it): full mlflow, in its own virtualenv
 #   HVD_TRAIN_EXPORT=1 scripts/install.sh     # also tf2onnx, onnx and onnxruntime, for `hvd-train
 #                                             # export --format onnx`: the extra hvd_train[export]
+#   HVD_TRAIN_WANDB=1 scripts/install.sh      # also W&B's client, for logging.wandb: the extra
+#                                             # hvd_train[wandb] (docs/tracking.md; `make test` sets it)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 case "${1:-}" in
@@ -389,7 +391,7 @@ case "${HVD_TRAIN_EXPORT:-0}" in
     export_reqs=$("$VENV/bin/python" -c 'from importlib.metadata import requires
 print(" ".join(r.split(";")[0].replace(" ", "") for r in requires("hvd_train") if "extra == \"export\"" in r))')
     # shellcheck disable=SC2086  # a list of requirements
-    if ! have $export_reqs; then
+    if [ -z "$export_reqs" ] || ! have $export_reqs; then  # empty: metadata from before the extra
       say "installing hvd_train[export]: ${export_reqs// /, }"; changed=1
       pip install -q -e ".[export]"
       TF_CPP_MIN_LOG_LEVEL=3 "$VENV/bin/python" -c 'import tf2onnx, onnx, onnxruntime' >> "$LOG" 2>&1 \
@@ -399,6 +401,33 @@ print(" ".join(r.split(";")[0].replace(" ", "") for r in requires("hvd_train") i
     ;;
   *) die "HVD_TRAIN_EXPORT must be 1 (tf2onnx, onnx, onnxruntime) or 0, got '$HVD_TRAIN_EXPORT'";;
 esac
+# --- optional: Weights & Biases (HVD_TRAIN_WANDB=1) ---
+# The extra hvd_train[wandb] (pyproject.toml): W&B's client, whose service (wandb-core, a binary)
+# ships inside its wheel: nothing is downloaded when a run starts. protobuf stays the one
+# TensorFlow brought (a constraint): a stack whose protobuf wandb cannot take fails here.
+wandb_what=""
+case "${HVD_TRAIN_WANDB:-0}" in
+  0|"") ;;
+  1)
+    wandb_reqs=$("$VENV/bin/python" -c 'from importlib.metadata import requires
+print(" ".join(r.split(";")[0].replace(" ", "") for r in requires("hvd_train") if "extra == \"wandb\"" in r))')
+    # shellcheck disable=SC2086  # a list of requirements
+    if [ -z "$wandb_reqs" ] || ! have $wandb_reqs; then  # empty: metadata from before the extra
+      say "installing hvd_train[wandb]: ${wandb_reqs// /, }"; changed=1
+      began=$SECONDS
+      keep="$(mktemp)"
+      "$VENV/bin/python" -c 'from importlib.metadata import version; print("protobuf==" + version("protobuf"))' > "$keep"
+      pip install -q -e ".[wandb]" -c "$keep" \
+        || die "hvd_train[wandb] does not install beside TensorFlow $TF_VERSION's $(cat "$keep") (full output: $LOG)"
+      rm -f "$keep"
+      TF_CPP_MIN_LOG_LEVEL=3 "$VENV/bin/python" -c 'import wandb' >> "$LOG" 2>&1 \
+        || die "wandb does not import (full output: $LOG)"
+      say "installed hvd_train[wandb] in $((SECONDS - began)) s"
+    fi
+    wandb_what="; wandb $("$VENV/bin/python" -c 'from importlib.metadata import version; print(version("wandb"))')"
+    ;;
+  *) die "HVD_TRAIN_WANDB must be 1 (W&B's client) or 0, got '$HVD_TRAIN_WANDB'";;
+esac
 [ "$changed" = 1 ] && what="installed" || what="nothing to install"
 numpy_what="numpy $("$VENV/bin/python" -c 'from importlib.metadata import version; print(version("numpy"))')"
-say "$what: horovod $HOROVOD_LABELLED with TensorFlow $TF_VERSION, $keras_what and $numpy_what ($device, Python $py_minor) in $VENV; tensor operations: $ops$hub_what$mlflow_what$export_what"
+say "$what: horovod $HOROVOD_LABELLED with TensorFlow $TF_VERSION, $keras_what and $numpy_what ($device, Python $py_minor) in $VENV; tensor operations: $ops$hub_what$mlflow_what$export_what$wandb_what"

@@ -104,7 +104,7 @@ MinJobAge=600
 JobRequeue=1
 # How long a requeued job waits before it may start again (default 120 s).
 AuthInfo=cred_expire=10
-# Two GPUs a node for `gpu-shape` (gres.conf: device files, no GPU behind them); the other jobs
+# Two GPUs a node for the gpu-shape job (gres.conf: device files, no GPU behind them); the others
 # ask for none.
 GresTypes=gpu
 NodeName=node1 NodeHostname=node1 NodeAddr=127.0.0.1 Port=6818 CPUs=$(nproc) RealMemory=1000 Gres=gpu:2 State=UNKNOWN
@@ -353,10 +353,11 @@ gpu_shape() {
     die "2 nodes x 2 GPUs, one task a node: horovodrun got '$hosts', not -np 4 -H node1:2,node2:2 ($out)"
   grep -q 'one worker per GPU, 2 a node' "$out" || die "no line saying the GPUs won over the one task a node ($out)"
   ! grep -q 'ask for --cpus-per-gpu' "$out" || die "slurm.sbatch warned of shared CPUs under --cpus-per-gpu=1 ($out)"
-  # Each rank's binding (all ranks say it): ranks 0 and 1 on node1, 2 and 3 on node2.
+  # Each rank's binding, from its log (the console gives one rank's lines once): ranks 0 and 1
+  # on node1, 2 and 3 on node2.
   for r in 0 1 2 3; do
-    cores[r]=$(grep -o "\[1,$r\]<stdout>:.*bound to cores \[[0-9, ]*\]" "$out" | head -n1 | sed 's/.*bound to cores //' || true)
-    [ -n "${cores[r]}" ] || die "rank $r did not say which cores it is bound to ($out)"
+    cores[r]=$(grep -o "bound to cores \[[0-9, ]*\]" "$RESULTS/gpu/logs/rank-$r.log" | head -n1 | sed 's/bound to cores //' || true)
+    [ -n "${cores[r]}" ] || die "rank $r did not say which cores it is bound to ($RESULTS/gpu/logs/rank-$r.log)"
   done
   [ "${cores[0]}" != "${cores[1]}" ] && [ "${cores[2]}" != "${cores[3]}" ] ||
     die "two workers of one node share cores: ranks 0-3 bound to ${cores[*]} ($out)"

@@ -32,7 +32,8 @@ LAYERS: dict[str, set[str]] = {
 }
 # Layers that import without TensorFlow, Horovod or a Keras: the launchers read configs and
 # records and start jobs in a second; the commands' modules load TensorFlow only when they run.
-# Nor MLflow (a second of imports): it loads only where logging.mlflow is on.
+# Nor MLflow or wandb (a second of imports each): they load only where logging.mlflow or
+# logging.wandb is on.
 LIGHT = ("base", "config", "record", "launcher", "commands")
 # Inside train, the same rule by folder, and the parts each may import: the model and its files
 # at train's top (models, step, checkpoint, evaluation) import none of its folders; callbacks/
@@ -47,7 +48,7 @@ TRAIN_PARTS: dict[str, set[str]] = {
 }
 TRAIN_TOP_MOST = 10  # modules and folders at train's top: a newcomer reads it at a glance
 TRAIN_IMPORTS_DEEP_MOST = 6  # the longest chain of imports among train's modules
-HEAVY = ("tensorflow", "horovod", "keras", "tf_keras", "mlflow")
+HEAVY = ("tensorflow", "horovod", "keras", "tf_keras", "mlflow", "wandb")
 
 
 def modules() -> dict[str, pathlib.Path]:
@@ -250,7 +251,7 @@ def test_no_import_cycles_inside_hvd_train() -> None:
 
 def test_the_light_layers_import_without_tensorflow_horovod_or_keras() -> None:
     """Every module of `LIGHT` (and cli.py), imported one after another in one fresh process
-    in which importing TensorFlow, Horovod, Keras 3, tf_keras or MLflow fails."""
+    in which importing TensorFlow, Horovod, Keras 3, tf_keras, MLflow or wandb fails."""
     light = [m for m in modules() if layer_of(m) in LIGHT or m == "hvd_train.cli"]
     script = (
         "import importlib, sys\n"

@@ -18,7 +18,7 @@ import shlex
 
 from hvd_train.config import add_config_arguments, load_config
 from hvd_train.launcher import horovodrun, launch, slurm
-from hvd_train.record import mlflow_run
+from hvd_train.record import mlflow_run, wandb_run
 
 
 def parser(prog: str) -> argparse.ArgumentParser:
@@ -71,6 +71,8 @@ def main(argv: list[str], prog: str) -> int:
     cfg = load_config(args.config, args.overrides)  # the shared loader: fails fast, exit 2
     if cfg.logging.mlflow and not args.print_command:  # one line, exit 2: no job started
         mlflow_run.check_reachable(mlflow_run.where(cfg.logging))
+    if cfg.logging.wandb and not args.print_command:  # likewise
+        wandb_run.check_reachable(wandb_run.where(cfg.logging))
     if args.slurm:  # the allocation's hosts; every slot a worker unless --np says fewer
         allocation = slurm.hosts(os.environ)
         args.hosts = slurm.horovodrun_hosts(allocation)

@@ -314,7 +314,7 @@ class ElasticConfig:
 @dataclass(frozen=True)
 class LoggingConfig:
     """What rank 0 writes besides metrics.csv and summary.json (docs/performance.md), and what
-    it logs to MLflow (docs/tracking.md)."""
+    it logs to MLflow and to Weights & Biases (docs/tracking.md)."""
 
     # <run.dir>/tensorboard, rank 0 only: Keras' epoch_loss, epoch_accuracy and
     # epoch_learning_rate (and validation/), plus throughput/examples_per_sec,
@@ -338,6 +338,23 @@ class LoggingConfig:
     # Upload the exported model (model.keras, or its SavedModel folder) as an artifact of a
     # completed run; false: summary.json and config.yaml only.
     mlflow_log_model: bool = True
+    # Rank 0 logs the run to Weights & Biases (pip install 'hvd_train[wandb]'): the resolved
+    # config, a point per epoch, summary.json's status and figures at the end, and the model;
+    # one W&B run per run.dir, which every later job continues (but train.resume: never;
+    # docs/tracking.md).
+    wandb: bool = False
+    # The W&B project; "": the WANDB_PROJECT variable, else W&B's own default. A value here
+    # wins over the variable.
+    wandb_project: str = ""
+    # The W&B entity (a user or a team); "": the WANDB_ENTITY variable, else the API key's
+    # default entity. A value here wins over the variable.
+    wandb_entity: str = ""
+    # online: sent to the W&B server while training; offline: written under WANDB_DIR only,
+    # no network (`wandb sync` sends it later). "": the WANDB_MODE variable, else online.
+    wandb_mode: Literal["", "online", "offline"] = ""
+    # Log the exported model (model.keras, or its SavedModel folder) as an artifact of a
+    # completed run; false: no artifact.
+    wandb_log_model: bool = True
 
 
 @dataclass(frozen=True)

@@ -108,6 +108,17 @@ class Mlflow(TypedDict, total=False):
     unsent_metrics: list[MetricPoint]  # the points not sent; a job that continues sends them
 
 
+class Wandb(TypedDict, total=False):
+    """The run's Weights & Biases run, with `logging.wandb: true` (record/wandb_run.py)."""
+
+    run_id: str  # one per run.dir: every job that continues the run continues it
+    project: str
+    entity: str  # "" offline, where W&B knows none
+    mode: Literal["online", "offline"]
+    dir: str  # this job's W&B folder (under WANDB_DIR), which `wandb sync` sends
+    lost: str  # W&B failed in this job: when and why, once
+
+
 class Summary(TypedDict, total=False):
     """summary.json: every field any writer puts in it. A record holds a subset: the opening
     fields from the start, the results at the end, the cause for an ending but `completed`."""
@@ -138,6 +149,7 @@ class Summary(TypedDict, total=False):
     earlier_jobs: list[EarlierJob]  # the jobs that trained this run before, oldest first
     elastic: Elastic  # under Horovod Elastic
     mlflow: Mlflow  # with logging.mlflow: true
+    wandb: Wandb  # with logging.wandb: true
     # The results (train/run/trainer.py, data/diagnostics.py, train/callbacks/perf.py).
     stopped_at: Position | None  # where a stop left training: where the next run continues
     stopped_early: StoppedEarly  # a user's callback ended the run (still `completed`)

@@ -5,6 +5,7 @@ returns."""
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,7 +13,6 @@ from hvd_train.config import Config, Derived
 from hvd_train.data.diagnostics import advice_for
 from hvd_train.data.sources import Source
 from hvd_train.record.layout import RunDir
-from hvd_train.record.mlflow_run import Sender
 from hvd_train.record.run_record import RunRecord
 from hvd_train.record.stops import StopSignals
 from hvd_train.runtime import distributed
@@ -24,13 +24,13 @@ from hvd_train.train.callbacks.epoch_stats import EpochStats
 from hvd_train.train.callbacks.exact_validation import ExactValidation
 from hvd_train.train.callbacks.input_wait import InputWait
 from hvd_train.train.callbacks.metrics_csv import MetricsCSV
-from hvd_train.train.callbacks.mlflow_epochs import MlflowEpochs
 from hvd_train.train.callbacks.progress_bar import ProgressBar, wants_progress_bar
 from hvd_train.train.callbacks.random_states import RandomStates
 from hvd_train.train.callbacks.record_progress import RecordProgress
 from hvd_train.train.callbacks.stop import AgreedStop, RunControl
 from hvd_train.train.callbacks.sync_points import AverageMovingStatistics, CheckReplicas
 from hvd_train.train.callbacks.tensorboard import TensorBoard
+from hvd_train.train.callbacks.tracker_epochs import EpochSink, TrackerEpochs
 from hvd_train.train.callbacks.user_callbacks import build_user_callbacks
 from hvd_train.train.checkpoint import (
     CheckpointStore,
@@ -62,7 +62,7 @@ def build_callbacks(
     first_step: int,
     record: RunRecord | None = None,
     leading: tuple[Any, ...] = (),
-    mlflow: Sender | None = None,
+    trackers: Sequence[EpochSink] = (),
 ) -> RunCallbacks:
     """Every callback of the run, built and placed in the one order that works (see below).
 
@@ -78,8 +78,9 @@ def build_callbacks(
             a survivor that became rank 0 under Horovod Elastic). Defaults to None.
         leading: callbacks that run before all of these: Horovod Elastic's state commit and
             position tracking. Defaults to none.
-        mlflow: rank 0's MLflow run (logging.mlflow; train/run/tracking.py), which gets each
-            epoch's values. Defaults to None (none).
+        trackers: rank 0's MLflow and W&B runs (logging.mlflow, logging.wandb;
+            train/run/tracking.py, wandb_tracking.py), which get each epoch's values.
+            Defaults to none.
 
     Raises:
         ConfigError: a `callbacks:` item that cannot be built (user_callbacks).
@@ -121,7 +122,7 @@ def build_callbacks(
             random,
         )  # fmt: skip
     chief = (
-        _chief_callbacks(cfg, plan, control, epoch, checkpointer, mlflow) if checkpointer else []
+        _chief_callbacks(cfg, plan, control, epoch, checkpointer, trackers) if checkpointer else []
     )
     # Keras runs callbacks in list order at each event, all on the same `logs` dict, so later
     # callbacks see what earlier ones wrote. The order, and why:
@@ -165,7 +166,7 @@ def build_callbacks(
         # The learning-rate warm-up is not a callback: it lives in the optimizer's schedule
         # (schedules.WarmupScaled), scaled by the worker count and stepped per batch.
         # Side effects on rank 0 only (none is a collective): console, files, TensorBoard,
-        # MLflow, checkpoints, the record.
+        # MLflow and W&B, checkpoints, the record.
         *chief,
         # Last: the record follows what the callbacks before it wrote.
         *(
@@ -187,11 +188,11 @@ def _chief_callbacks(
     control: RunControl,
     epoch: int,
     checkpointer: Checkpointer,
-    mlflow: Sender | None = None,
+    trackers: Sequence[EpochSink] = (),
 ) -> list[Any]:
     """Rank 0's: the console after everything that fills the logs (Keras' bar on a terminal
     when asked for, fit_from then turns it on; else one line per epoch), metrics.csv,
-    TensorBoard, MLflow, the checkpoints, the profiler."""
+    TensorBoard, MLflow and W&B, the checkpoints, the profiler."""
     run_dir = RunDir(cfg.run.dir)
     callbacks: list[Any] = []
     if wants_progress_bar(cfg.train.verbose):
@@ -201,8 +202,7 @@ def _chief_callbacks(
     callbacks.append(MetricsCSV(run_dir.metrics, control, epoch))
     if cfg.logging.tensorboard:
         callbacks.append(TensorBoard(run_dir.tensorboard))
-    if mlflow is not None:
-        callbacks.append(MlflowEpochs(mlflow, control))
+    callbacks += [TrackerEpochs(sink, control) for sink in trackers]
     callbacks.append(checkpointer)
     if cfg.logging.profile_steps:
         first, last = cfg.logging.profile_steps

@@ -15,6 +15,7 @@ from hvd_train.record.stops import StopSignals
 from hvd_train.train.callbacks.callback_list import RunCallbacks
 from hvd_train.train.callbacks.checkpointer import Checkpointer
 from hvd_train.train.run.tracking import Tracking
+from hvd_train.train.run.wandb_tracking import WandbTracking
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,8 @@ class Run:
     earlier: list[dict[str, Any]] = field(default_factory=list)  # jobs that trained run.dir
     earlier_mlflow: dict[str, Any] = field(default_factory=dict)  # the MLflow run it continues
     tracker: Tracking | None = None  # rank 0's MLflow run (logging.mlflow)
+    earlier_wandb: dict[str, Any] = field(default_factory=dict)  # the W&B run it continues
+    wandb: WandbTracking | None = None  # rank 0's W&B run (logging.wandb)
 
     def release(self) -> None:
         for claim in self.claims:
@@ -52,7 +55,8 @@ class Run:
         With logging.mlflow, a completed run's last points and files go to MLflow first, so that
         summary.json says what could not be sent; then summary.json itself and the MLflow run's
         ending. A stop or a failure, which the launcher may kill seconds later, is recorded
-        first: MLflow gets what it can after that.
+        first: MLflow gets what it can after that. The W&B run ends after summary.json, with
+        its status and fields, whichever the ending (also one a stop recorded first).
         """
         if not self.record:
             return
@@ -61,8 +65,11 @@ class Run:
             fields["last_checkpoint"] = self.checkpointer.last
             fields["best_model_path"] = self.checkpointer.best_model
         tracker, self.tracker = self.tracker, None  # once, also when a write below fails
+        wandb, self.wandb = self.wandb, None
         completed = fields.get("status") == "completed"
         try:
+            if wandb and not self.record.ended:
+                fields["wandb"] = wandb.sender.fields()
             if tracker and not self.record.ended:
                 fields["mlflow"] = (
                     tracker.before_end({**self.record.summary, **fields})
@@ -75,6 +82,8 @@ class Run:
                 # The keeper ends the MLflow run when rank 0 did not (mlflow_run.follow_record).
                 self.record.note(mlflow_ended=tracker.after_end(self.record.summary["status"]))
         finally:
+            if wandb:
+                wandb.end(self.record.summary)
             self.record.close()
 
     @property

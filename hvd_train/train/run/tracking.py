@@ -7,7 +7,7 @@
   the worker count, the batches, the learning rates, the versions) and tags (controller,
   device, run.dir).
 - Every epoch: a point (step = the epoch) of each value the console line and metrics.csv hold
-  (callbacks/mlflow_epochs.py `MlflowEpochs`), sent by a thread.
+  (callbacks/tracker_epochs.py `TrackerEpochs`), sent by a thread.
 - At the end (`Tracking`): the final metrics and the job's figures, config.yaml, the model of a
   completed run; then, once summary.json holds the ending, summary.json and the MLflow run's
   status.

@@ -48,6 +48,7 @@ from hvd_train.train.run.outcome import (
 from hvd_train.train.run.resume import resume
 from hvd_train.train.run.state import Run, Start, running
 from hvd_train.train.run.tracking import check_tracker, start_tracking
+from hvd_train.train.run.wandb_tracking import check_wandb, start_wandb
 from hvd_train.train.step import build_compiled_model
 
 Model = Any  # a Keras model of the active Keras
@@ -81,9 +82,9 @@ def train(
         startup.mark("horovod_init")
         if (finished := _nothing_to_train(finished_here)) is not None:
             return None, cast(Summary, finished)
-        check_tracker(
-            cfg.logging
-        )  # logging.mlflow: a server that does not answer, before any write
+        # logging.mlflow, logging.wandb: a server that does not answer, before any write.
+        check_tracker(cfg.logging)
+        check_wandb(cfg.logging)
         source = load_source(cfg)
         startup.mark("data")
         plan = derive(cfg, distributed.size(), source.num_train)
@@ -113,6 +114,7 @@ def train(
                 start, versions=run.base["versions"], **gradient_size(cfg.horovod, model)
             )
             run.tracker = start_tracking(cfg, run.record, run.earlier_mlflow)
+            _start_wandb(cfg, run, run.earlier_wandb)
             history = _fit(cfg, model, source, plan, start, run)
         except BaseException as e:
             cause = reading_cause(e)
@@ -170,7 +172,11 @@ def _open_run_dir(
     # the record names it from its start, so that an ending before MLflow opens keeps it.
     if cfg.logging.mlflow and cfg.train.resume != "never" and previous.get("mlflow"):
         run.earlier_mlflow = dict(previous["mlflow"])
+    # The same for the W&B run.
+    if cfg.logging.wandb and cfg.train.resume != "never" and previous.get("wandb"):
+        run.earlier_wandb = dict(previous["wandb"])
     carried = {"mlflow": run.earlier_mlflow} if run.earlier_mlflow else {}
+    carried.update({"wandb": run.earlier_wandb} if run.earlier_wandb else {})
     if run.earlier:  # the run so far, until this job resumes or starts afresh (note_start)
         carried.update(run_so_far(previous), earlier_jobs=run.earlier)
     record = run.record = RunRecord(cfg.run.dir, {**run.base, **carried})
@@ -218,6 +224,15 @@ def _prepare_run_dir(cfg: Config, config_path: str | None, claims: list[rundir.C
     distributed.chief_computes(claim_and_write, "hvd_train.run_dir")
 
 
+def _start_wandb(cfg: Config, run: Run, earlier: dict[str, Any]) -> None:
+    """Rank 0's W&B run (logging.wandb), which the stop watcher also ends when it ends the
+    process: its exit record is written before the process goes."""
+    run.wandb = start_wandb(cfg, run.record, cast(Any, earlier))
+    if run.wandb is not None and run.record is not None:
+        tracking, record = run.wandb, run.record
+        run.signals.before_exit.append(lambda: tracking.end(record.summary))
+
+
 def _finished_here(cfg: Config) -> dict[str, Any] | None:
     """With train.resume auto, run.dir's record as this host reads it, and why it has nothing
     left to train ({"why", "summary"}); None when it has."""
@@ -254,7 +269,7 @@ def _fit(
     def wire(plan: Derived, epoch: int, step: int, leading: tuple = ()) -> RunCallbacks:
         run.callbacks = build_callbacks(
             cfg, plan, model, source, run.signals, epoch, step, run.record, leading,
-            run.tracker.sender if run.tracker else None,
+            [t.sender for t in (run.tracker, run.wandb) if t is not None],
         )  # fmt: skip
         return run.callbacks
 
@@ -268,8 +283,10 @@ def _fit(
     # lost one's keeper has meanwhile written `failed`).
     if run.record is None and distributed.is_chief():
         run.record = RunRecord(cfg.run.dir, run.base)
-        earlier = read_summary(RunDir(cfg.run.dir).summary).get("mlflow") or {}
-        run.tracker = start_tracking(cfg, run.record, earlier)  # to end the run's MLflow run
+        previous = read_summary(RunDir(cfg.run.dir).summary)
+        # To end the run's MLflow and W&B runs.
+        run.tracker = start_tracking(cfg, run.record, previous.get("mlflow") or {})
+        _start_wandb(cfg, run, previous.get("wandb") or {})
     if run.record:
         last = run.callbacks.plan
         run.record.update(world_size=last.world_size, elastic=report, **batches(last))
