@@ -165,7 +165,28 @@ def param_value(value: Any) -> str:
     return text if len(text) <= _PARAM_LENGTH else text[: _PARAM_LENGTH - 3] + "..."
 
 
-class Sender:
+class Losable:
+    """A tracker's run that its first failure loses for the rest of the job (MLflow's `Sender`,
+    W&B's `WandbRun`): `lost` says why, `lose` records and says it, once."""
+
+    lost: str | None
+
+    def lose(self, why: str) -> None:
+        raise NotImplementedError
+
+    def call(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """`fn(*args, **kwargs)` now, unless the run is lost; a failure loses it (`what`: where,
+        for the note). Returns its result, or None."""
+        if self.lost is not None:
+            return None
+        try:
+            return fn(*args, **kwargs)
+        except Exception as e:
+            self.lose(f"{what}: {cause(e)}")
+            return None
+
+
+class Sender(Losable):
     """Rank 0's MLflow run while it trains.
 
     Epoch points go out from a thread of their own (`log_epoch`), so a slow or vanished server
@@ -228,17 +249,6 @@ class Sender:
                 return
             self.unsent += points
         self._on_change(self.fields())
-
-    def call(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """`fn(*args, **kwargs)` now, unless the run is lost; a failure loses it (`what`: where,
-        for the note). Returns its result, or None."""
-        if self.lost is not None:
-            return None
-        try:
-            return fn(*args, **kwargs)
-        except Exception as e:
-            self.lose(f"{what}: {cause(e)}")
-            return None
 
     def flush(self, timeout_s: float) -> None:
         """Waits up to `timeout_s` for the points given so far to be sent; those still waiting

@@ -31,7 +31,7 @@ from typing import Any
 from hvd_train.base.errors import UserError
 from hvd_train.config import LoggingConfig
 from hvd_train.record.layout import SUMMARY
-from hvd_train.record.mlflow_run import cause, shown
+from hvd_train.record.mlflow_run import Losable, cause, shown
 from hvd_train.record.summary import Wandb
 
 DEFAULT_BASE_URL = "https://api.wandb.ai"  # W&B's own, unless WANDB_BASE_URL names another
@@ -107,7 +107,7 @@ def exit_code(summary: Mapping[str, Any]) -> int:
     return 1
 
 
-class WandbRun:
+class WandbRun(Losable):
     """Rank 0's W&B run while it trains.
 
     Every call goes through `call`: a failure loses the run for this job, said once (`say`) and
@@ -146,17 +146,6 @@ class WandbRun:
         if self.lost:
             found["lost"] = self.lost
         return found  # type: ignore[return-value]
-
-    def call(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """`fn(*args, **kwargs)` now, unless the run is lost; a failure loses it (`what`: where,
-        for the note). Returns its result, or None."""
-        if self.lost is not None:
-            return None
-        try:
-            return fn(*args, **kwargs)
-        except Exception as e:
-            self.lose(f"{what}: {cause(e)}")
-            return None
 
     def log_epoch(self, epoch: int, values: Mapping[str, float]) -> None:
         """One epoch's values (`epoch`: 1-based, the x-axis of every chart); W&B's service
