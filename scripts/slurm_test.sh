@@ -359,8 +359,9 @@ gpu_shape() {
     cores[r]=$(grep -o "bound to cores \[[0-9, ]*\]" "$RESULTS/gpu/logs/rank-$r.log" | head -n1 | sed 's/bound to cores //' || true)
     [ -n "${cores[r]}" ] || die "rank $r did not say which cores it is bound to ($RESULTS/gpu/logs/rank-$r.log)"
   done
-  [ "${cores[0]}" != "${cores[1]}" ] && [ "${cores[2]}" != "${cores[3]}" ] ||
+  if [ "${cores[0]}" = "${cores[1]}" ] || [ "${cores[2]}" = "${cores[3]}" ]; then
     die "two workers of one node share cores: ranks 0-3 bound to ${cores[*]} ($out)"
+  fi
   figure "gpu-shape: sbatch --nodes=2 --gpus-per-node=2 --cpus-per-gpu=1 --ntasks-per-node=1 (gres gpu:2 a node, stand-in nvidia-smi; job $job COMPLETED): horovodrun $hosts; ranks 0-3 bound to cores ${cores[0]} ${cores[1]} | ${cores[2]} ${cores[3]}; $(summary gpu status world_size device)"
 }
 
