@@ -166,6 +166,23 @@ for spec in sys.argv[1:]:
 PYEOF
 }
 
+# extra_reqs NAME: the pins of the extra hvd_train[NAME], from the installed package's metadata
+# (pyproject.toml's optional-dependencies), as one space-separated list; empty when the metadata
+# predates the extra.
+extra_reqs() {
+  "$VENV/bin/python" - "$1" <<'PYEOF'
+import sys
+from importlib.metadata import requires
+extra = f'extra == "{sys.argv[1]}"'
+print(" ".join(r.split(";")[0].replace(" ", "") for r in requires("hvd_train") if extra in r))
+PYEOF
+}
+
+# installed_version DIST: the version of DIST in the virtualenv.
+installed_version() {
+  "$VENV/bin/python" -c 'import sys; from importlib.metadata import version; print(version(sys.argv[1]))' "$1"
+}
+
 # --- TensorFlow: the CPU wheel, or the CUDA one where a GPU is present ---
 if [ "$device" = gpu ] && have tensorflow-cpu; then
   # A CPU TensorFlow left by an earlier install would train on the CPU. Both wheels write the
@@ -348,8 +365,7 @@ case "${HVD_TRAIN_MLFLOW:-0}" in
   0|"") ;;
   1|server)
     # The extra's pins, from the installed package's metadata (pyproject.toml, `mlflow = [...]`).
-    mlflow_reqs=$("$VENV/bin/python" -c 'from importlib.metadata import requires
-print(" ".join(r.split(";")[0].replace(" ", "") for r in requires("hvd_train") if "extra == \"mlflow\"" in r))')
+    mlflow_reqs=$(extra_reqs mlflow)
     # shellcheck disable=SC2086  # a list of requirements
     if ! have $mlflow_reqs; then
       say "installing hvd_train[mlflow]: ${mlflow_reqs// /, }"; changed=1
@@ -359,7 +375,7 @@ print(" ".join(r.split(";")[0].replace(" ", "") for r in requires("hvd_train") i
         || die "mlflow does not import (full output: $LOG)"
       say "installed hvd_train[mlflow] in $((SECONDS - began)) s"
     fi
-    mlflow_version=$("$VENV/bin/python" -c 'from importlib.metadata import version; print(version("mlflow-skinny"))')
+    mlflow_version=$(installed_version mlflow-skinny)
     mlflow_what="; mlflow-skinny $mlflow_version"
     if [ "$HVD_TRAIN_MLFLOW" = server ]; then
       server="${HVD_TRAIN_CACHE:-${XDG_CACHE_HOME:-${HOME:-/tmp}/.cache}/hvd_train}/mlflow-server/mlflow-$mlflow_version-py$py_minor"
@@ -388,8 +404,7 @@ export_what=""
 case "${HVD_TRAIN_EXPORT:-0}" in
   0|"") ;;
   1)
-    export_reqs=$("$VENV/bin/python" -c 'from importlib.metadata import requires
-print(" ".join(r.split(";")[0].replace(" ", "") for r in requires("hvd_train") if "extra == \"export\"" in r))')
+    export_reqs=$(extra_reqs export)
     # shellcheck disable=SC2086  # a list of requirements
     if [ -z "$export_reqs" ] || ! have $export_reqs; then  # empty: metadata from before the extra
       say "installing hvd_train[export]: ${export_reqs// /, }"; changed=1
@@ -397,7 +412,7 @@ print(" ".join(r.split(";")[0].replace(" ", "") for r in requires("hvd_train") i
       TF_CPP_MIN_LOG_LEVEL=3 "$VENV/bin/python" -c 'import tf2onnx, onnx, onnxruntime' >> "$LOG" 2>&1 \
         || die "tf2onnx, onnx or onnxruntime does not import (full output: $LOG)"
     fi
-    export_what="; onnx export (tf2onnx $("$VENV/bin/python" -c 'from importlib.metadata import version; print(version("tf2onnx"))'))"
+    export_what="; onnx export (tf2onnx $(installed_version tf2onnx))"
     ;;
   *) die "HVD_TRAIN_EXPORT must be 1 (tf2onnx, onnx, onnxruntime) or 0, got '$HVD_TRAIN_EXPORT'";;
 esac
@@ -409,8 +424,7 @@ wandb_what=""
 case "${HVD_TRAIN_WANDB:-0}" in
   0|"") ;;
   1)
-    wandb_reqs=$("$VENV/bin/python" -c 'from importlib.metadata import requires
-print(" ".join(r.split(";")[0].replace(" ", "") for r in requires("hvd_train") if "extra == \"wandb\"" in r))')
+    wandb_reqs=$(extra_reqs wandb)
     # shellcheck disable=SC2086  # a list of requirements
     if [ -z "$wandb_reqs" ] || ! have $wandb_reqs; then  # empty: metadata from before the extra
       say "installing hvd_train[wandb]: ${wandb_reqs// /, }"; changed=1
@@ -424,10 +438,10 @@ print(" ".join(r.split(";")[0].replace(" ", "") for r in requires("hvd_train") i
         || die "wandb does not import (full output: $LOG)"
       say "installed hvd_train[wandb] in $((SECONDS - began)) s"
     fi
-    wandb_what="; wandb $("$VENV/bin/python" -c 'from importlib.metadata import version; print(version("wandb"))')"
+    wandb_what="; wandb $(installed_version wandb)"
     ;;
   *) die "HVD_TRAIN_WANDB must be 1 (W&B's client) or 0, got '$HVD_TRAIN_WANDB'";;
 esac
 [ "$changed" = 1 ] && what="installed" || what="nothing to install"
-numpy_what="numpy $("$VENV/bin/python" -c 'from importlib.metadata import version; print(version("numpy"))')"
+numpy_what="numpy $(installed_version numpy)"
 say "$what: horovod $HOROVOD_LABELLED with TensorFlow $TF_VERSION, $keras_what and $numpy_what ($device, Python $py_minor) in $VENV; tensor operations: $ops$hub_what$mlflow_what$export_what$wandb_what"
