@@ -4,33 +4,40 @@
 #
 #   CPU:        docker build -t hvd_train:cpu --build-arg BASE_IMAGE=debian:bookworm-slim --build-arg DEVICE=cpu .
 #   CPU, TF 2.15: the same with --build-arg TF=2.15
-#   GPU:        docker build -t hvd_train:gpu --build-arg RUNTIME_IMAGE=nvidia/cuda:12.5.1-runtime-ubuntu22.04 .
-#               (the runtime stage on CUDA's runtime image: no nvcc, headers or cuDNN, which
-#               TensorFlow's CUDA wheels bring; --build-arg CUDA_ARCHS=90 for H100s alone)
+#   GPU:        docker build -t hvd_train:gpu .
+#               (compiled on CUDA 12.5's devel image, run on its runtime image: no nvcc, headers
+#               or cuDNN, which TensorFlow's CUDA wheels bring; --build-arg CUDA_ARCHS=90 for
+#               H100s alone)
 #   Quickstart: docker run --rm --user "$(id -u):$(id -g)" -v "$PWD/runs:/opt/hvd_train/runs" hvd_train:cpu
 #   On GPUs:    docker run --rm --gpus all --ipc=host --user "$(id -u):$(id -g)" -v "$PWD/runs:/opt/hvd_train/runs" hvd_train:gpu
 #               (--ipc=host, or --shm-size=8g: NCCL and the all-reduce keep their buffers in
 #               /dev/shm, of which Docker gives 64 MB: docs/docker.md)
 #
 # Two stages: `build` has the compilers and headers and compiles Horovod; the image is the
-# runtime stage, on RUNTIME_IMAGE (default: BASE_IMAGE), with the virtualenv copied from it and
-# only the runtime libraries (Open MPI, ssh, Python).
+# runtime stage, with the virtualenv copied from it and only the runtime libraries (Open MPI,
+# ssh, Python).
 #
 # Built and run on this project's machine by `make docker-test` (scripts/docker_test.sh): the CPU
 # image, its quickstart and a two-container multi-node job. The GPU image is not built there
 # (no nvcc can be installed from the registries it reaches): see docs/docker.md.
 
-# GPU (default): a CUDA 12 devel image (nvcc, the CUDA runtime, Ubuntu 22.04's Python 3.10) of
-# the CUDA the stack's TensorFlow is built against: 12.5 for 2.18 to 2.21 (not built here), 12.2
-# for 2.15 (--build-arg BASE_IMAGE=nvidia/cuda:12.2.2-cudnn8-devel-ubuntu22.04). CPU: any Debian
-# or Ubuntu with a Python the stack has wheels for (scripts/stack.sh).
-ARG BASE_IMAGE=nvidia/cuda:12.5.1-cudnn-devel-ubuntu22.04
-# The runtime stage's base: the same image unless given (for GPU, the CUDA runtime image of the
-# same CUDA and Ubuntu, nvidia/cuda:12.5.1-cudnn-runtime-ubuntu22.04, leaves nvcc out too).
-ARG RUNTIME_IMAGE=${BASE_IMAGE}
+# BASE_IMAGE, the build stage's base. GPU (default): a CUDA 12 devel image (nvcc, the CUDA
+# runtime, Ubuntu 22.04's Python 3.10) of the CUDA the stack's TensorFlow is built against: 12.5
+# for 2.18 to 2.21 (not built here), 12.2 for 2.15 (--build-arg
+# BASE_IMAGE=nvidia/cuda:12.2.2-cudnn8-devel-ubuntu22.04 --build-arg
+# RUNTIME_IMAGE=nvidia/cuda:12.2.2-runtime-ubuntu22.04). CPU: any Debian or Ubuntu with a Python
+# the stack has wheels for (scripts/stack.sh).
+ARG BASE_IMAGE
+# The runtime stage's base: RUNTIME_IMAGE when given; else BASE_IMAGE when given (a CPU build
+# runs on the image it built on); else, for the default GPU build, CUDA 12.5's runtime image of
+# the same Ubuntu. Defaults that follow other arguments (Docker expands a variable inside `:-`'s
+# word); `make docker-test`'s `bases` step checks what the engine makes of them.
+ARG RUNTIME_IMAGE
+ARG BUILD_FROM=${BASE_IMAGE:-nvidia/cuda:12.5.1-cudnn-devel-ubuntu22.04}
+ARG RUNTIME_FROM=${RUNTIME_IMAGE:-${BASE_IMAGE:-nvidia/cuda:12.5.1-runtime-ubuntu22.04}}
 
 # --- build: compilers and headers, TensorFlow, and Horovod compiled against it -------------
-FROM ${BASE_IMAGE} AS build
+FROM ${BUILD_FROM} AS build
 
 # gpu: CUDA TensorFlow and Horovod with NCCL GPU operations; cpu: the CPU wheels.
 ARG DEVICE=gpu
@@ -77,7 +84,7 @@ RUN mkdir hvd_train && touch hvd_train/__init__.py README.md \
  && rm -rf build
 
 # --- runtime: what a job runs with, and the virtualenv built above --------------------------
-FROM ${RUNTIME_IMAGE}
+FROM ${RUNTIME_FROM}
 
 ARG TF=2.21
 ARG DEVICE=gpu

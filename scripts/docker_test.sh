@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The Docker image, built and run for real (`make docker-test`; not part of `make test`).
 #
-#   scripts/docker_test.sh [all | engine | base | build-cpu | build-gpu | quickstart | multinode
-#                           | mirror]
+#   scripts/docker_test.sh [all | engine | base | bases | build-cpu | build-gpu | quickstart
+#                           | multinode | mirror]
 #
 # engine:     a Docker engine: reuses one that answers `docker info`, else starts dockerd as root
 #             (Debian's docker.io; log in /var/log/hvd_train-dockerd.log).
@@ -10,6 +10,8 @@
 #             apt's own Debian mirror, imported as $DEBIAN_IMAGE; then $TEST_BASE, which adds this
 #             machine's CA bundle and apt sources so pip and apt in containers reach the package
 #             registries. The project's Dockerfile never sees them: they are build arguments.
+# bases:      the stages' bases as the engine resolves the Dockerfile's arguments: by default,
+#             CUDA's devel image to build and its runtime image to run; BASE_IMAGE alone, both.
 # build-cpu:  docker build --build-arg BASE_IMAGE=$TEST_BASE --build-arg DEVICE=cpu (timed, sized).
 # build-gpu:  the same with DEVICE=gpu on $GPU_BASE (default $TEST_BASE, which has no nvcc: the
 #             build fails there, see docs/docker.md): `horovodrun --check-build` must list NCCL.
@@ -154,6 +156,38 @@ build() {
       die "$image: horovodrun --check-build does not list NCCL: $(cat "$OUT/check-build-$device.txt")"
   fi
   figure "check-build $image: $(grep -o '\[X\] [A-Za-z]*' "$OUT/check-build-$device.txt" | cut -c5- | tr '\n' ' ')"
+}
+
+# bases: the two stages' bases as this engine resolves the Dockerfile's own arguments (its lines
+# before the first FROM, under a probe stage that labels what they came to): the default GPU
+# build compiles on CUDA's devel image and runs on its runtime image; BASE_IMAGE alone is both
+# stages' base (the CPU build); RUNTIME_IMAGE is the runtime stage's over it. Nothing is pulled.
+bases() {
+  local dir=$OUT/bases
+  mkdir -p "$dir"
+  { sed '/^FROM /,$d' Dockerfile
+    # shellcheck disable=SC2016  # Docker's variables, for the probe to expand
+    printf '%s\n' "FROM $DEBIAN_IMAGE" 'ARG BUILD_FROM' 'ARG RUNTIME_FROM' \
+      'LABEL build_from=${BUILD_FROM} runtime_from=${RUNTIME_FROM}'; } >"$dir/Dockerfile"
+  resolves "nvidia/cuda:12.5.1-cudnn-devel-ubuntu22.04 nvidia/cuda:12.5.1-runtime-ubuntu22.04"
+  resolves "debian:bookworm-slim debian:bookworm-slim" --build-arg BASE_IMAGE=debian:bookworm-slim
+  resolves "nvidia/cuda:12.2.2-cudnn8-devel-ubuntu22.04 nvidia/cuda:12.2.2-runtime-ubuntu22.04" \
+    --build-arg BASE_IMAGE=nvidia/cuda:12.2.2-cudnn8-devel-ubuntu22.04 \
+    --build-arg RUNTIME_IMAGE=nvidia/cuda:12.2.2-runtime-ubuntu22.04
+}
+
+# resolves "BUILD RUNTIME" [BUILD-ARG...]: the probe of `bases`, built with those arguments.
+resolves() {
+  local want=$1 id got
+  shift
+  if ! id=$(DOCKER_BUILDKIT=0 docker build -q "$@" "$OUT/bases" 2>"$OUT/bases/build.err"); then
+    cat "$OUT/bases/build.err" >&2
+    die "bases: the probe build failed ($*)"
+  fi
+  got=$(docker image inspect -f '{{index .Config.Labels "build_from"}} {{index .Config.Labels "runtime_from"}}' "$id")
+  docker rmi "$id" >/dev/null
+  [ "$got" = "$want" ] || die "bases: with '${*:-no arguments}' the stages are on '$got', not '$want'"
+  say "bases: ${*:-no arguments}: build on ${got% *}, run on ${got#* }"
 }
 
 # --- containers: every one labelled, all removed on exit ----------------------------------
@@ -349,6 +383,7 @@ STEP=${1:-all}
 case "$STEP" in
   engine) engine ;;
   base) engine; base ;;
+  bases) engine; base; bases ;;
   build-cpu) engine; base; build cpu "$IMAGE_CPU" ;;
   build-gpu) engine; base; build gpu "$IMAGE_GPU" ;;
   quickstart) engine; quickstart ;;
@@ -357,7 +392,7 @@ case "$STEP" in
   all)
     : >"$FIGURES"
     figure "# $(date -u '+%Y-%m-%d %H:%M UTC'), $(git rev-parse --short HEAD 2>/dev/null || echo '?'): bash scripts/docker_test.sh all"
-    engine; base; build cpu "$IMAGE_CPU"; quickstart; multinode
+    engine; base; bases; build cpu "$IMAGE_CPU"; quickstart; multinode
     say "all passed; figures in $FIGURES" ;;
   *) die "unknown step '$STEP'" ;;
 esac
