@@ -2,7 +2,7 @@
 # Slurm for real (`make slurm-test`; not part of `make test`): Debian 12's Slurm 22.05 and munge
 # in containers of the project's CPU image, and launch/slurm.sbatch submitted with sbatch.
 #
-#   scripts/slurm_test.sh [all | image | same | gpu-shape | preempt | lost-node | up]
+#   scripts/slurm_test.sh [all | image | same | mpi | gpu-shape | preempt | lost-node | up]
 #
 # image:     the CPU image (scripts/docker_test.sh's engine, base and build: its functions,
 #            sourced), then $IMAGE_SLURM: that image plus Debian's slurmctld, slurmd, slurm-client
@@ -18,6 +18,9 @@
 # same:      a 2-node job of launch/slurm.sbatch (--nodes=2 --ntasks-per-node=1) trains the
 #            quickstart (3 epochs); the same script on one node with 2 workers (--nodes=1
 #            --ntasks-per-node=2): metrics.csv and the final weights must be identical.
+# mpi:       the same two jobs under MPI (`hvd-train launch --slurm --mpi`: Open MPI's mpirun
+#            starts its daemon on the other node as a step of the job, through srun, no sshd):
+#            both complete, identical, and summary.json says controller mpi.
 # preempt:   a 2-node job of 40 epochs; after epoch 5, `scancel --signal=USR1 --batch`: the record
 #            must say interrupted, stopped_by SIGUSR1, with a checkpoint; the script requeues the
 #            job, which must resume from that checkpoint and complete (Slurm: COMPLETED, 1 restart).
@@ -341,6 +344,20 @@ lost_node() {
   figure "lost node: docker kill node2 after epoch 5/40: summary.json said failed after ${failed_s:-?} s; Slurm's job left RUNNING after $ended_s s (JobState=$left, ExitCode=$code), JobState=$state after $final_s s (node2: $(on_ctl sinfo -h -n node2 -o %T)); $out"
 }
 
+mpi() {
+  local two one out
+  no_sshd
+  two=$(submit mpi-two --nodes=2 --ntasks-per-node=1 -- --set train.epochs=3 --mpi)
+  check_completed "$two" mpi-two
+  one=$(submit mpi-one --nodes=1 --ntasks-per-node=2 -- --set train.epochs=3 --mpi)
+  check_completed "$one" mpi-one
+  no_sshd  # mpirun's daemon on the other node was started through Slurm, not ssh
+  [ "$(summary mpi-two controller world_size)" = "controller=mpi world_size=2" ] ||
+    die "the --mpi job's summary.json says $(summary mpi-two controller world_size)"
+  out=$(same_result mpi-one mpi-two) || die "under MPI, the 2-node job and the 1-node job differ: $out"
+  figure "mpi: sbatch --nodes=2 --ntasks-per-node=1 ... --mpi (job $two) vs --nodes=1 --ntasks-per-node=2 ... --mpi (job $one), no sshd: $(summary mpi-two controller world_size); $out"
+}
+
 gpu_shape() {
   local job out hosts path cores r
   path=$(on_ctl printenv PATH)
@@ -371,13 +388,14 @@ case "$STEP" in
   same) engine; cluster_up; same ;;
   preempt) engine; cluster_up; preempt ;;
   lost-node) engine; cluster_up; lost_node ;;
+  mpi) engine; cluster_up; mpi ;;
   gpu-shape) engine; cluster_up; gpu_shape ;;
   up) engine; cluster_up; say "up until Ctrl-C: docker exec --user 1000 -w /opt/hvd_train $CTL sbatch ..."; sleep infinity & wait ;;
   all)
     : >"$FIGURES"
     figure "# $(date -u '+%Y-%m-%d %H:%M UTC'), $(git rev-parse --short HEAD 2>/dev/null || echo '?'): bash scripts/slurm_test.sh all"
     engine; base; build cpu "$IMAGE_CPU"; slurm_image
-    cluster_up; same; gpu_shape; preempt; lost_node
+    cluster_up; same; mpi; gpu_shape; preempt; lost_node
     say "all passed; figures in $FIGURES" ;;
   *) die "unknown step '$STEP'" ;;
 esac
