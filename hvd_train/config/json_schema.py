@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import typing
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from hvd_train.config.schema import Config
@@ -78,7 +79,7 @@ def key_schema(d: Described) -> dict[str, Any]:
         out = {"description": d.doc, **out}
     default = default_of(d.field)
     if default is not dataclasses.MISSING:
-        out["default"] = _json_value(default, out)
+        out["default"] = _json_value(default)
     return out
 
 
@@ -88,6 +89,8 @@ def value_schema(tp: Any, meta: typing.Mapping[str, Any]) -> dict[str, Any]:
         return {"enum": _choices(tp, meta)}
     if typing.get_origin(tp) is tuple:
         return _list_schema(tp)
+    if typing.get_origin(tp) is Mapping:
+        return {"type": ["object", "null"]}  # null is {}
     if tp is bool:
         return {"type": "boolean"}
     if tp is str:
@@ -121,8 +124,6 @@ def _list_schema(tp: Any) -> dict[str, Any]:
     item = item_class(tp)
     if item is not None:  # a list of mappings (callbacks); null is [], as a section's is {}
         return {"type": ["array", "null"], "items": object_schema(item, nullable=False)}
-    if typing.get_origin(typing.get_args(tp)[0]) is tuple:  # (key, value) pairs: a mapping
-        return {"type": ["object", "null"]}  # null is {}
     return {"type": "array", "items": {"type": "integer", "minimum": 1}}  # as _coerce checks
 
 
@@ -133,7 +134,7 @@ def _allow_null(out: dict[str, Any]) -> None:
         out["type"] = [out["type"], "null"]
 
 
-def _json_value(value: Any, schema: dict[str, Any]) -> Any:
-    if isinstance(value, tuple) and schema.get("type") == ["object", "null"]:
+def _json_value(value: Any) -> Any:
+    if isinstance(value, Mapping):
         return dict(value)
     return list(value) if isinstance(value, tuple) else value

@@ -1,24 +1,18 @@
 """The config's schema: one frozen dataclass per section, every field typed, defaulted and
-commented (each comment is the key's entry in docs/config.md), and the `callbacks:` list's own
-parser. The order of precedence (defaults, then `--config FILE`, then each `--set a.b=value`)
+commented (each comment is the key's entry in docs/config.md), and a `callbacks:` item's class
+check. The order of precedence (defaults, then `--config FILE`, then each `--set a.b=value`)
 and the type checks live in the loader (typed_yaml.py); rules across keys in rules.py.
 """
 
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from hvd_train.base.errors import ConfigError
-from hvd_train.config.typed_yaml import (
-    MAX_STRING,
-    SHORT_REPR,
-    Sourced,
-    first_source,
-    got,
-    unknown_key,
-)
+from hvd_train.config.typed_yaml import SHORT_REPR, FrozenMapping
 
 
 def _positive(default: Any, **meta: Any) -> Any:
@@ -377,6 +371,24 @@ class AugmentConfig:
 # `callbacks[i].class` as docs/config.schema.json checks it for editors: `_check_spec`'s rule
 # (module:Name, or a bare Name), names in ASCII. The loader's check below is the word.
 CALLBACK_CLASS_PATTERN = r"^(?:.+:)?[A-Za-z_][A-Za-z0-9_]*$"
+# Keras callbacks that cannot work here, and what to use instead (refused at load and, for
+# subclasses, when built). ReduceLROnPlateau is replaced, not refused: see
+# train/callbacks/user_callbacks.py.
+REFUSED_CALLBACKS = {
+    "BackupAndRestore": (
+        "hvd_train already checkpoints and resumes exactly (checkpoint.*, train.resume); "
+        "remove it"
+    ),
+}
+
+
+def _callback_class_problem(cls: str) -> str | None:
+    """What is wrong with a `callbacks[i].class` (the loader adds the file and the key)."""
+    problem = _spec_problem(cls, "Name", bare_ok=True)
+    name = cls.rpartition(":")[2]
+    if problem is None and name in REFUSED_CALLBACKS:
+        problem = f"{name}: {REFUSED_CALLBACKS[name]}"
+    return problem
 
 
 @dataclass(frozen=True)
@@ -384,17 +396,31 @@ class CallbackConfig:
     """One item of `callbacks:`: a Keras callback the trainer builds at training start.
 
     `cls` is the YAML key `class`: "module:Name", or a bare name from tf.keras.callbacks.
-    `args` are its constructor's keyword arguments (kept as pairs: the tree is frozen).
+    `args` are its constructor's keyword arguments (a FrozenMapping: the tree is frozen).
     `ranks`: all or chief; None picks by class (see train/callbacks/user_callbacks.py).
     """
 
     # "module:Name" or "path/to/file.py:Name", or a bare tf.keras.callbacks name such as
     # EarlyStopping.
-    cls: str = field(metadata={"key": "class", "pattern": CALLBACK_CLASS_PATTERN})
-    args: tuple[tuple[str, Any], ...] = ()  # the constructor's keyword arguments (a mapping)
+    cls: str = field(
+        metadata={
+            "key": "class",
+            "pattern": CALLBACK_CLASS_PATTERN,
+            "check": _callback_class_problem,
+            "expected": "'module:Name'",
+            "required": "the callback, as 'module:Name' or a tf.keras.callbacks name such as "
+            "EarlyStopping",
+        }
+    )
+    args: Mapping[str, Any] = field(  # the constructor's keyword arguments (a mapping)
+        default=FrozenMapping(),
+        metadata={"expected": "a mapping of the constructor's keyword arguments"},
+    )
     # all, or chief (rank 0 only); null: chief for Keras' file writers (ModelCheckpoint,
     # CSVLogger, TensorBoard, RemoteMonitor), all for the rest.
-    ranks: Literal["all", "chief"] | None = None
+    ranks: Literal["all", "chief"] | None = field(
+        default=None, metadata={"expected": "'all' or 'chief' (rank 0 only)"}
+    )
 
     def kwargs(self) -> dict[str, Any]:
         """`args` as a fresh dict, so a callback that changes its arguments changes no config."""
@@ -423,81 +449,21 @@ class Config:
     # Your own Keras callbacks, in order: [{class: "module:Name", args: {...}, ranks: ...}].
     # Imports and runs your code in every worker (docs/security.md; docs/models.md).
     callbacks: tuple[CallbackConfig, ...] = field(
-        default=(), metadata={"parse": lambda tree, source: _callbacks(tree, source)}
+        default=(),
+        metadata={"expected": "a list of {class: 'module:Name', args: {...}} mappings"},
     )
-
-
-_CALLBACK_KEYS = ("class", "args", "ranks")
-# Keras callbacks that cannot work here, and what to use instead (refused at load and, for
-# subclasses, when built). ReduceLROnPlateau is replaced, not refused: see
-# train/callbacks/user_callbacks.py.
-REFUSED_CALLBACKS = {
-    "BackupAndRestore": (
-        "hvd_train already checkpoints and resumes exactly (checkpoint.*, train.resume); "
-        "remove it"
-    ),
-}
-
-
-def _callbacks(tree: Any, default_source: str) -> tuple[CallbackConfig, ...]:
-    """`callbacks:`, a list of {class, args, ranks} mappings, checked item by item."""
-    if isinstance(tree, dict):  # `callbacks: {...}` or `--set callbacks.x=...`
-        raise ConfigError(
-            f"{first_source(tree, default_source)}: callbacks: expected a list of "
-            "{class: 'module:Name', args: {...}} mappings, got a mapping"
-        )
-    items, source = tree.value, tree.source
-    if items is None:
-        return ()
-    if not isinstance(items, list):
-        raise ConfigError(
-            f"{source}: callbacks: expected a list of {{class: 'module:Name', args: {{...}}}} "
-            f"mappings, got {got(items)}"
-        )
-    return tuple(_callback(item, f"callbacks[{i}]", source) for i, item in enumerate(items))
-
-
-def _callback(item: Any, path: str, source: str) -> CallbackConfig:
-    if not isinstance(item, dict):
-        raise ConfigError(
-            f"{source}: {path}: expected a mapping with class (and optional args, ranks), "
-            f"got {got(item)}"
-        )
-    for key in item:
-        if key not in _CALLBACK_KEYS:
-            tagged = {k: Sourced(v, source) for k, v in item.items()}
-            known = dict.fromkeys(_CALLBACK_KEYS)
-            raise ConfigError(unknown_key(tagged, key, f"{path}.", known, source))
-    if "class" not in item:
-        raise ConfigError(
-            f"{source}: {path}.class: required: the callback, as 'module:Name' or a "
-            "tf.keras.callbacks name such as EarlyStopping"
-        )
-    cls = item["class"]
-    if not isinstance(cls, str) or len(cls) > MAX_STRING:
-        raise ConfigError(f"{source}: {path}.class: expected 'module:Name', got {got(cls)}")
-    _check_spec(cls, f"{source}: {path}.class", "Name", bare_ok=True)
-    name = cls.rpartition(":")[2]
-    if name in REFUSED_CALLBACKS:
-        raise ConfigError(f"{source}: {path}.class: {name}: {REFUSED_CALLBACKS[name]}")
-    args = {} if item.get("args") is None else item["args"]
-    if not isinstance(args, dict) or not all(isinstance(k, str) for k in args):
-        raise ConfigError(
-            f"{source}: {path}.args: expected a mapping of the constructor's keyword "
-            f"arguments, got {got(args)}"
-        )
-    ranks = item.get("ranks")
-    if ranks not in (None, "all", "chief"):
-        raise ConfigError(
-            f"{source}: {path}.ranks: expected 'all' or 'chief' (rank 0 only), got {got(ranks)}"
-        )
-    return CallbackConfig(cls, tuple(args.items()), ranks)
 
 
 def _check_spec(spec: str, where: str, what: str, bare_ok: bool = False) -> None:
     """`module:Name` (or, with `bare_ok`, a bare Name): what `model.factory` and `callbacks`
     import. The module may be `path/to/file.py`."""
+    problem = _spec_problem(spec, what, bare_ok)
+    if problem is not None:
+        raise ConfigError(f"{where}: {problem}")
+
+
+def _spec_problem(spec: str, what: str, bare_ok: bool) -> str | None:
     module, sep, name = spec.rpartition(":")
     if (sep and module and name.isidentifier()) or (bare_ok and not sep and name.isidentifier()):
-        return
-    raise ConfigError(f"{where}: expected 'module:{what}', got {SHORT_REPR.repr(spec)}")
+        return None
+    return f"expected 'module:{what}', got {SHORT_REPR.repr(spec)}"

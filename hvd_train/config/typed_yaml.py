@@ -4,10 +4,13 @@
 `--set a.b=value` override in order, and builds `cls`: every key must be a field (an unknown
 one fails with a did-you-mean), every value is coerced to its field's type and checked
 against the field's metadata (`min`, `min_exclusive`, `max`, `bool_as_int`, `executable`,
-`aliases` for old names of a choice, `parse` for a field that reads its own YAML, `key` for a
-YAML key that is not the field's name, such as `class`, and `pattern`, the JSON Schema's form
-of a check that such a parser makes). Every leaf keeps the file or override it came from, so
-an error names it with the dotted key.
+`aliases` for old names of a choice, `key` for a YAML key that is not the field's name, such
+as `class`, `check` for a rule in the schema's own words, and `pattern`, the JSON Schema's
+form of such a check). A field's type may be a section (a dataclass), a scalar, a `Literal`, a
+list of integers, a list of sections (`tuple[Item, ...]`: each item a mapping, `items[i].key`
+in messages) or `Mapping[str, Any]` (kept as a `FrozenMapping`). `expected` and `required`
+give a field's own words for what it takes. Every leaf keeps the file or override it came
+from, so an error names it with the dotted key.
 
 `reference(cls)` writes the schema as Markdown tables: every key with its type, default,
 allowed values and the comment the source puts beside its field (the comment lines right above
@@ -33,6 +36,7 @@ import textwrap
 import tokenize
 import types
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
@@ -236,38 +240,96 @@ class Sourced:
     source: str
 
 
-def build(cls: type[T], tree: Any, prefix: str, default_source: str) -> T:
-    """`cls` from a tagged tree (see `tag`): every key known, every value coerced to its
-    field's type and range; ConfigError naming the source, the dotted key and what was expected.
+def untag(tree: dict[str, Any]) -> dict[str, Any]:
+    """The plain values of a tagged tree: what a `Mapping[str, Any]` field keeps."""
+    return {k: untag(v) if isinstance(v, dict) else v.value for k, v in tree.items()}
 
-    A field whose metadata holds `parse` reads its own value: `parse(tagged_value, source)`.
-    """
+
+class FrozenMapping(Mapping):
+    """A read-only dict: a `Mapping[str, Any]` field's value, so the tree stays frozen (and
+    hashable where its values are, as a tuple of pairs was)."""
+
+    def __init__(self, items: Any = ()) -> None:
+        self._items = dict(items)
+
+    def __getitem__(self, key: str) -> Any:
+        return self._items[key]
+
+    def __iter__(self) -> typing.Iterator[str]:
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __hash__(self) -> int:
+        return hash(frozenset(self._items.items()))
+
+    def __repr__(self) -> str:
+        return f"FrozenMapping({self._items!r})"
+
+
+def build(cls: type[T], tree: Any, prefix: str, default_source: str) -> T:
+    """`cls` from a tagged tree (see `tag`): every key known, every required key given, every
+    value coerced to its field's type and range; ConfigError naming the source, the dotted key
+    and what was expected."""
     if isinstance(tree, Sourced) and tree.value is None:  # `train:` with nothing under it
         tree = {}
+    if isinstance(tree, Sourced) and isinstance(tree.value, dict):  # a section in a list's item
+        tree = tag_keys(tree.value, tree.source)
     if isinstance(tree, Sourced):
         raise ConfigError(
-            f"{tree.source}: {prefix.rstrip('.')}: expected a mapping of keys, got {got(tree.value)}"
+            f"{tree.source}: {prefix.rstrip('.')}: expected {describe(cls)}, got {got(tree.value)}"
         )
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
+    fields = yaml_fields(cls)
     for key in tree:
         if key not in fields:
             raise ConfigError(unknown_key(tree, key, prefix, fields, default_source))
+    _check_required(tree, cls, prefix, first_source(tree, default_source))
+    hints = typing.get_type_hints(cls)
     kwargs = {}
-    for name, value in tree.items():
-        path = f"{prefix}{name}"
-        if "parse" in fields[name].metadata:  # a field that reads its own YAML
-            kwargs[name] = fields[name].metadata["parse"](value, default_source)
-        elif dataclasses.is_dataclass(hints[name]):
-            kwargs[name] = build(hints[name], value, f"{path}.", default_source)
-        else:
-            if isinstance(value, dict):
-                raise ConfigError(
-                    f"{first_source(value, default_source)}: {path}: expected "
-                    f"{describe(hints[name])}, got a mapping"
-                )
-            kwargs[name] = _coerce(value.value, hints[name], fields[name], path, value.source)
+    for key, value in tree.items():
+        fld = fields[key]
+        kwargs[fld.name] = _value(value, hints[fld.name], fld, f"{prefix}{key}", default_source)
     return cls(**kwargs)
+
+
+def yaml_fields(cls: type) -> dict[Any, dataclasses.Field]:
+    """The fields of dataclass `cls` by their YAML key (metadata `key`, else the name)."""
+    return {f.metadata.get("key", f.name): f for f in dataclasses.fields(cls)}
+
+
+def tag_keys(mapping: dict[Any, Any], source: str) -> dict[Any, Sourced]:
+    """One level of `tag`: inside a list, a value stays whole, so a message can show it."""
+    return {k: Sourced(v, source) for k, v in mapping.items()}
+
+
+def _check_required(tree: dict, cls: type, prefix: str, source: str) -> None:
+    """Before any value: a list's item without its class is that, not a wrong `args`."""
+    for key, fld in yaml_fields(cls).items():
+        if key not in tree and _is_required(fld):
+            tp = typing.get_type_hints(cls)[fld.name]
+            what = fld.metadata.get("required") or expected(tp, fld)
+            raise ConfigError(f"{source}: {prefix}{key}: required: {what}")
+
+
+def _is_required(fld: dataclasses.Field) -> bool:
+    return fld.default is dataclasses.MISSING and fld.default_factory is dataclasses.MISSING
+
+
+def _value(value: Any, tp: Any, fld: dataclasses.Field, path: str, default_source: str) -> Any:
+    """One field's value from the tagged tree: a section, or a leaf coerced and checked."""
+    if dataclasses.is_dataclass(tp):
+        return build(tp, value, f"{path}.", default_source)
+    if isinstance(value, dict):  # keys under a leaf: only a mapping field takes them
+        source = first_source(value, default_source)
+        if typing.get_origin(non_null(tp)[0]) is not Mapping:
+            raise ConfigError(f"{source}: {path}: expected {expected(tp, fld)}, got a mapping")
+        value = Sourced(untag(value), source)
+    coerced = _coerce(value.value, tp, fld, path, value.source)
+    problem = fld.metadata["check"](coerced) if "check" in fld.metadata else None
+    if problem:  # a rule in the schema's words; the loader names the source and the key
+        raise ConfigError(f"{value.source}: {path}: {problem}")
+    return coerced
 
 
 def first_source(tree: dict[str, Any], default: str) -> str:
@@ -295,8 +357,8 @@ def unknown_key(tree: dict, key: str, prefix: str, fields: dict, default_source:
 def _coerce(value: Any, tp: Any, fld: dataclasses.Field, path: str, source: str) -> Any:
     given, declared = value, tp
 
-    def fail(expected: str | None = None) -> ConfigError:
-        wanted = expected or describe(declared)
+    def fail(wanted: str | None = None) -> ConfigError:
+        wanted = wanted or expected(declared, fld)
         return ConfigError(f"{source}: {path}: expected {wanted}, got {got(given)}")
 
     origin, args = typing.get_origin(tp), typing.get_args(tp)
@@ -315,8 +377,12 @@ def _coerce(value: Any, tp: Any, fld: dataclasses.Field, path: str, source: str)
         # By type too: `True in (0, 1)` and `1.0 in (0, 1)` hold in Python.
         if not any(value == a and type(value) is type(a) for a in args):
             bools = " (or true/false for 1/0)" if fld.metadata.get("bool_as_int") else ""
-            raise fail(f"{describe(declared)}{bools}")
+            raise fail(f"{expected(declared, fld)}{bools}")
         return value
+    if origin is tuple and dataclasses.is_dataclass(args[0]):
+        return _items(value, args[0], path, source, fail)
+    if origin is Mapping:
+        return _mapping(value, fail)
     if origin is tuple:
         if not isinstance(value, list) or not all(_is_int(v) for v in value):
             raise fail()
@@ -338,7 +404,11 @@ def _coerce(value: Any, tp: Any, fld: dataclasses.Field, path: str, source: str)
         if not isinstance(value, str):
             raise fail()
         if len(value) > MAX_STRING:
-            raise fail(f"a string of at most {MAX_STRING} characters (a name or a path)")
+            # A field that says what it takes says so for a long value too.
+            raise fail(
+                fld.metadata.get("expected")
+                or f"a string of at most {MAX_STRING} characters (a name or a path)"
+            )
         if fld.metadata.get("executable") and value and not ONE_PATH.fullmatch(value):
             raise fail(
                 "the path of one executable (no spaces, arguments or shell syntax: put those "
@@ -347,6 +417,33 @@ def _coerce(value: Any, tp: Any, fld: dataclasses.Field, path: str, source: str)
         return value
     _check_range(value, fld, fail)
     return value
+
+
+def _items(value: Any, item: type, path: str, source: str, fail: Any) -> tuple[Any, ...]:
+    """A list of sections, each built as dataclass `item`; null is [], as a section's is {}."""
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise fail()
+    return tuple(_item(v, item, f"{path}[{i}]", source) for i, v in enumerate(value))
+
+
+def _item(value: Any, cls: type, path: str, source: str) -> Any:
+    if not isinstance(value, dict):
+        raise ConfigError(f"{source}: {path}: expected {describe(cls)}, got {got(value)}")
+    # Its keys in their declared order, whatever the YAML's: the first names the item (a
+    # callback's class), so its error is the one to read first.
+    ordered = {**{k: value[k] for k in yaml_fields(cls) if k in value}, **value}
+    return build(cls, tag_keys(ordered, source), f"{path}.", source)
+
+
+def _mapping(value: Any, fail: Any) -> FrozenMapping:
+    """A `Mapping[str, Any]`: string keys, any values; null is {}."""
+    if value is None:
+        return FrozenMapping()
+    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+        raise fail()
+    return FrozenMapping(value)
 
 
 _UNIONS = (typing.Union, types.UnionType)
@@ -398,8 +495,28 @@ def describe(tp: Any) -> str:
     if origin is Literal:
         return "one of " + ", ".join(repr(a) for a in args)
     if origin is tuple:
-        return "a list of integers"
+        return "a list of mappings" if dataclasses.is_dataclass(args[0]) else "a list of integers"
+    if origin is Mapping:
+        return "a mapping"
+    if dataclasses.is_dataclass(tp):
+        return describe_section(tp)
     return {bool: "true or false", int: "an integer", float: "a number", str: "a string"}[tp]
+
+
+def describe_section(cls: type) -> str:
+    """What a mapping of dataclass `cls`'s keys must hold, as an error says it."""
+    keys = yaml_fields(cls)
+    required = [k for k, f in keys.items() if _is_required(f)]
+    if not required:
+        return "a mapping of keys"
+    optional = [k for k, f in keys.items() if not _is_required(f)]
+    rest = f" (and optional {', '.join(optional)})" if optional else ""
+    return f"a mapping with {', '.join(required)}{rest}"
+
+
+def expected(tp: Any, fld: dataclasses.Field) -> str:
+    """What field `fld` of type `tp` takes, in words: its metadata's `expected`, else its type's."""
+    return fld.metadata.get("expected") or describe(tp)
 
 
 def got(v: Any) -> str:
@@ -440,9 +557,9 @@ def plain(tree: Any) -> dict[str, Any]:
     """The tree as plain YAML-able data (tuples become lists)."""
 
     def convert(v: Any) -> Any:
-        if isinstance(v, tuple):
-            return list(v)
-        if isinstance(v, dict):
+        if isinstance(v, (tuple, list)):  # a list of sections holds mappings
+            return [convert(x) for x in v]
+        if isinstance(v, Mapping):  # a dict, or a Mapping field's FrozenMapping
             return {k: convert(x) for k, x in v.items()}
         return v
 
@@ -495,7 +612,7 @@ def _keys(cls: type, prefix: str, only: str | None = None) -> list[Key]:
             out += _keys(d.type, f"{path}.")
             continue
         kind = _type_name(d.type)
-        out.append(Key(path, kind, _default(d.field, kind), _allowed(d.type, d.field), d.doc))
+        out.append(Key(path, kind, _default(d.field), _allowed(d.type, d.field), d.doc))
         item = item_class(d.type)
         if item is not None:
             out += _keys(item, f"{path}[i].")
@@ -574,8 +691,8 @@ def _type_name(tp: Any) -> str:
         return f"{_type_name(inner)} or null"
     if origin is Literal:
         return _type_name(type(args[0]))
-    if origin is tuple and typing.get_origin(args[0]) is tuple:
-        return "mapping"  # kept as (key, value) pairs: the tree is frozen
+    if origin is Mapping:
+        return "mapping"
     if origin is tuple:
         item = args[0]
         return (
@@ -584,11 +701,9 @@ def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", str(tp))
 
 
-def _default(f: dataclasses.Field, kind: str) -> str:
+def _default(f: dataclasses.Field) -> str:
     value = default_of(f)
-    if value is dataclasses.MISSING:
-        return "required"
-    return yaml_value(dict(value) if kind == "mapping" else value)
+    return "required" if value is dataclasses.MISSING else yaml_value(value)
 
 
 def default_of(f: dataclasses.Field) -> Any:
@@ -602,6 +717,8 @@ def yaml_value(value: Any) -> str:
     """`value` as YAML writes it on one line: `null`, `true`, `[32, 32]`, `''`."""
     if isinstance(value, tuple):
         value = list(value)
+    if isinstance(value, Mapping):
+        value = dict(value)
     text = yaml.safe_dump(value, default_flow_style=True, width=math.inf)
     return text.removesuffix("\n...\n").strip()
 
