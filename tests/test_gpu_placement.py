@@ -291,15 +291,15 @@ def test_bound_workers_take_the_cores_nearest_their_gpu(nvidia_smi, monkeypatch)
 def test_bind_cores_takes_the_gpus_cores_on_a_gpu_host_else_a_block(
     nvidia_smi, monkeypatch, tmp_path
 ) -> None:
-    from hvd_train.runtime import distributed
+    from hvd_train.runtime import cores
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)))
     nvidia_smi(gpu_lines(8))
-    assert distributed.worker_cores(5, 8) == [20, 21, 22, 23, 52, 53, 54, 55]
+    assert cores.for_worker(5, 8) == [20, 21, 22, 23, 52, 53, 54, 55]
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "6")  # narrowed by its launcher: its GPU's cores
-    assert distributed.worker_cores(6, 8) == [*range(16, 32), *range(48, 64)]
+    assert cores.for_worker(6, 8) == [*range(16, 32), *range(48, 64)]
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))  # no nvidia-smi: a block, as before
-    assert distributed.worker_cores(5, 8) == [40, 41, 42, 43, 44, 45, 46, 47]
+    assert cores.for_worker(5, 8) == [40, 41, 42, 43, 44, 45, 46, 47]
 
 
 def test_every_rank_refuses_a_gpu_another_rank_holds(tmp_path) -> None:

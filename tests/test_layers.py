@@ -24,7 +24,7 @@ LAYERS: dict[str, set[str]] = {
     "config": {"base"},  # the schema, its loader and rules, the derived plan
     "record": {"base", "config"},  # run.dir, summary.json, the keeper, the stops
     "launcher": {"base", "config", "record"},  # horovodrun, launch, supervise, Slurm, sweep, plan
-    "runtime": {"base", "config"},  # Horovod's state, the speed knobs, the Keras bindings
+    "runtime": {"base", "config"},  # Horovod's state, core binding, speed knobs, Keras bindings
     "data": {"base", "config", "runtime"},  # sources, each worker's slice, decoding
     "train": {"base", "config", "record", "runtime", "data"},  # the run and its parts
     "horovod": {"base", "config", "runtime"},  # Horovod's Keras API on Keras 3, for users' scripts

@@ -345,13 +345,13 @@ LOCAL_SIZES = ("HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE", "OMPI_COMM_WORLD_LOCA
 def test_cpu_workers_sharing_a_host_bind_to_their_cores_unless_configured(
     monkeypatch, setting, launcher, bound
 ) -> None:
-    from hvd_train.runtime.distributed import binds_cores
+    from hvd_train.runtime import cores
 
     for key in LOCAL_SIZES:
         monkeypatch.delenv(key, raising=False)
     for key, value in launcher.items():
         monkeypatch.setenv(key, value)
-    assert binds_cores(setting) is bound  # no GPU on the machines that run this
+    assert cores.wanted(setting) is bound  # no GPU on the machines that run this
 
 
 FLOAT64_CONVNET = f"{WORKERS / 'float64_models.py'}:convnet7_float64"

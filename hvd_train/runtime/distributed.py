@@ -21,6 +21,7 @@ from hvd_train.base import gpus as host_gpus
 from hvd_train.base import logs
 from hvd_train.base.errors import UserError
 from hvd_train.config import HorovodConfig
+from hvd_train.runtime import cores
 from hvd_train.runtime.keras import binding
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -90,7 +91,7 @@ def init(knobs: HorovodConfig, timeline_path: str) -> None:
         if one_host and not any(key in os.environ for key in ONE_HOST_RING):
             os.environ.update(ONE_HOST_RING)
     hvd_tf.init()
-    if _BOUND_CORES and _launcher_local_rank() != (hvd_tf.local_rank(), hvd_tf.local_size()):
+    if cores.bound() and _launcher_local_rank() != (hvd_tf.local_rank(), hvd_tf.local_size()):
         raise UserError(
             "runtime.bind_cores: the launcher did not give this worker its local rank before "
             "start (HOROVOD_LOCAL_RANK or OMPI_COMM_WORLD_LOCAL_RANK); launch with horovodrun "
@@ -106,67 +107,6 @@ ONE_HOST_RING = {
     "OMPI_MCA_coll_tuned_use_dynamic_rules": "1",
     "OMPI_MCA_coll_tuned_allreduce_algorithm": "4",
 }
-
-
-# This worker's cores when bind_cores() gave it a share of the host, else empty.
-_BOUND_CORES: list[int] = []
-
-
-def bind_cores() -> list[int]:
-    """Binds this worker's threads to its own share of the cores, by local rank; returns them.
-
-    Call before `init()` and before TensorFlow runs anything: threads started later (TensorFlow's
-    pools, tf.data's, Horovod's background thread) inherit the binding. On a GPU host, the
-    cores nearest this worker's GPU (`nvidia-smi topo -m`: base/gpus.py `nearest_cores`), so
-    its copies to and from the GPU cross no socket. Else the cores this process may use (its
-    affinity mask, which honours taskset and container limits) are cut into one contiguous
-    block per local worker; with more workers than cores, workers share cores round robin.
-    Horovod's background thread is pinned to the first core of the block through
-    HOROVOD_THREAD_AFFINITY (a launcher's value wins).
-    """
-    local, count = _launcher_local_rank()
-    mine = worker_cores(local, count)
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            os.sched_setaffinity(int(tid), mine)
-        except ProcessLookupError:  # a thread that has just exited
-            pass
-    # Horovod indexes this list by local rank; only this process reads its copy.
-    os.environ.setdefault("HOROVOD_THREAD_AFFINITY", ",".join([str(mine[0])] * count))
-    _BOUND_CORES[:] = mine
-    return mine
-
-
-def worker_cores(local: int, count: int) -> list[int]:
-    """The cores `bind_cores` gives local worker `local` of `count`: those nearest its GPU on
-    a GPU host where nvidia-smi says which they are, else its block of this process's."""
-    found = host_gpus.devices()
-    topo = host_gpus.nvidia_smi("topo", "-m") if found else ""
-    near = host_gpus.nearest_cores(local, count, found, topo)
-    if near:
-        return near
-    cores = sorted(os.sched_getaffinity(0))
-    per = len(cores) // count
-    return cores[local * per : (local + 1) * per] if per else [cores[local % len(cores)]]
-
-
-def binds_cores(setting: bool | None) -> bool:
-    """Whether this worker binds itself to its share of the cores (`runtime.bind_cores`).
-
-    Unset (None): yes on a host without a GPU where the launcher started several workers, which
-    then share its cores: unbound, the scheduler moves their threads between cores and puts
-    two workers' threads on one core while the other waits (docs/benchmarks.md, "Findings").
-    Not with GPUs (the launcher's placement is kept), nor for a lone worker
-    or one whose launcher did not say its local rank.
-    """
-    if setting is not None:
-        return setting
-    return _launcher_local_rank()[1] > 1 and not tf.config.list_physical_devices("GPU")
-
-
-def bound_cores() -> list[int]:
-    """The cores `bind_cores` gave this worker ([] when it was not called)."""
-    return list(_BOUND_CORES)
 
 
 # A lone worker's Horovod cycle: its background thread wakes every cycle even with no peer to
@@ -288,10 +228,10 @@ def configure_devices(intra_op_threads: int, inter_op_threads: int, use_gpus: bo
         tf.config.experimental.set_memory_growth(gpu, True)
         tf.config.set_visible_devices(gpu, "GPU")
         ordinal = int(gpu.name.rsplit(":", 1)[1])
-    # After bind_cores the affinity mask already is this worker's share.
+    # After cores.bind() the affinity mask already is this worker's share.
     intra, inter = thread_counts(
         intra_op_threads, inter_op_threads, len(os.sched_getaffinity(0)), local_size(),
-        bound=bool(_BOUND_CORES), gpu=bool(gpus),
+        bound=bool(cores.bound()), gpu=bool(gpus),
     )  # fmt: skip
     tf.config.threading.set_intra_op_parallelism_threads(intra)
     tf.config.threading.set_inter_op_parallelism_threads(inter)

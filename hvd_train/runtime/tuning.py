@@ -13,14 +13,14 @@ import tensorflow as tf
 
 from hvd_train.base import xla_env
 from hvd_train.config import Config, Derived, RuntimeConfig
-from hvd_train.runtime import distributed, xla
+from hvd_train.runtime import cores, distributed, xla
 from hvd_train.runtime.keras import binding
 
 
 def before_init(runtime: RuntimeConfig) -> None:
     """What must happen before `hvd.init()` and before TensorFlow creates its thread pools."""
-    if distributed.binds_cores(runtime.bind_cores):
-        distributed.bind_cores()
+    if cores.wanted(runtime.bind_cores):
+        cores.bind()
     # The commands made this decision before Horovod's library loaded (xla.py); a caller that
     # imported the trainer first gets auto-clustering here.
     xla.prepare(runtime.jit_compile)
@@ -83,9 +83,9 @@ def log_knobs(cfg: Config, plan: Derived) -> None:
         parts.append("gradients all-reduced through shared memory (one host)")
     if parts:
         distributed.log(" | ".join(parts))
-    if distributed.bound_cores():
+    if cores.bound():
         distributed.log(
-            f"bound to cores {distributed.bound_cores()}, Horovod thread on core "
+            f"bound to cores {cores.bound()}, Horovod thread on core "
             f"{os.environ['HOROVOD_THREAD_AFFINITY'].split(',')[distributed.local_rank()]}, "
             f"{tf.config.threading.get_intra_op_parallelism_threads()} intra-op threads",
             all_ranks=True,
