@@ -48,7 +48,7 @@ from hvd_train.runtime.keras import binding
 from hvd_train.runtime.schedules import schedule_class, warmup_scaled
 
 NAME = binding.KERAS3
-keras = keras  # the binding's Keras, as keras2.keras
+keras = keras  # the binding's Keras, as v2.keras
 # Registered now, not at the first `warmup`: `load_model` of a file whose optimizer holds the
 # schedule (a user's `model.save`) then works wherever this module is imported.
 WarmupScaled = schedule_class(keras)

@@ -9,7 +9,7 @@ run drew, and ends with the same metrics, dropout included (as accelerate's `sav
 each process's random states).
 
 Which variables are random states is the binding's to say (`random_states`): Keras 3's seed
-generators, Keras 2's tf.random.Generator states (its dropout draws from one: keras2.seed).
+generators, Keras 2's tf.random.Generator states (its dropout draws from one: v2.py `seed`).
 """
 
 from __future__ import annotations
