@@ -31,7 +31,6 @@ from hvd_train.commands import (
 
 Command = Callable[[list[str], str], int]  # (arguments after the command's name, prog) -> exit code
 
-# name -> (function, the one line `hvd-train --help` shows). A new command is one row here.
 # name -> (the command's `main(argv, prog)`, the one line `hvd-train --help` shows). A new
 # command is one module in commands/ and one row here.
 COMMANDS: dict[str, tuple[Command, str]] = {
