@@ -36,8 +36,7 @@ import tensorflow as tf
 from horovod.common.elastic import ObjectState
 
 from hvd_train.runtime.keras import binding
-
-Model = Any  # a Keras model of the active Keras
+from hvd_train.runtime.keras.contract import Model
 
 
 def replicated_variables(model: Model, optimizer: Any = None) -> list[tuple[str, tf.Variable]]:

@@ -23,9 +23,8 @@ from hvd_train.config import CheckpointConfig
 from hvd_train.record import layout
 from hvd_train.record.layout import RunDir
 from hvd_train.runtime.keras import binding
+from hvd_train.runtime.keras.contract import Model
 from hvd_train.train.models import plain_clone
-
-Model = Any  # a Keras model of the active Keras
 
 
 def export_plain_model(model: Model, path: str) -> str:

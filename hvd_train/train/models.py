@@ -25,8 +25,7 @@ from hvd_train.base.errors import ConfigError, users_frame
 from hvd_train.config import Config, ModelConfig
 from hvd_train.runtime import tuning
 from hvd_train.runtime.keras import binding
-
-Model = Any  # a Keras Model of the active Keras (3, or 2)
+from hvd_train.runtime.keras.contract import Model
 
 
 def build_model(cfg: Config, input_shape: tuple[int, ...], num_classes: int) -> Model:

@@ -1,5 +1,5 @@
 """The contract of a Keras binding: what the rest of hvd_train asks `binding.active()` for,
-and the type `active()` returns.
+the type `active()` returns, and `Model`, the type hvd_train gives a Keras model.
 
 Both bindings (v3.py for Keras 3, v2.py for tf_keras and TensorFlow 2.15's tf.keras)
 are modules that satisfy `KerasBinding`; tests/test_replicas.py checks each against it, as
@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from types import ModuleType
 from typing import Any, Protocol, runtime_checkable
+
+Model = Any  # a Keras model of the active Keras (3, or 2): either binding's, so not typed
 
 
 @runtime_checkable

@@ -17,14 +17,13 @@ from hvd_train.data.diagnostics import data_summary
 from hvd_train.data.sources import Source
 from hvd_train.record.layout import RunDir
 from hvd_train.runtime import distributed
+from hvd_train.runtime.keras.contract import Model
 from hvd_train.train.callbacks import perf
 from hvd_train.train.callbacks.callback_list import RunCallbacks
 from hvd_train.train.callbacks.checkpointer import Checkpointer
 from hvd_train.train.callbacks.stop import AgreedStop, RunControl
 from hvd_train.train.checkpoint import export_plain_model, write_error
 from hvd_train.train.run.state import Run, Start
-
-Model = Any  # a Keras model of the active Keras
 
 
 def summary_base(train: TrainConfig, plan: Derived, device: str) -> dict[str, Any]:

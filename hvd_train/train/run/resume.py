@@ -12,6 +12,7 @@ from hvd_train.config import Config, Derived
 from hvd_train.record.layout import RunDir
 from hvd_train.runtime import distributed
 from hvd_train.runtime.keras import binding
+from hvd_train.runtime.keras.contract import Model
 from hvd_train.runtime.schedules import continue_at, lr_multiplier
 from hvd_train.train.callbacks import random_states
 from hvd_train.train.checkpoint import (
@@ -26,8 +27,6 @@ from hvd_train.train.checkpoint import (
 )
 from hvd_train.train.run.messages import one_line
 from hvd_train.train.run.state import Start
-
-Model = Any  # a Keras model of the active Keras
 
 
 def resume(cfg: Config, model: Model, plan: Derived) -> Start:

@@ -28,6 +28,7 @@ from hvd_train.record.summary import (
     run_so_far,
 )
 from hvd_train.runtime import distributed, tuning, worker
+from hvd_train.runtime.keras.contract import Model
 from hvd_train.train.callbacks.callback_list import RunCallbacks, build_callbacks
 from hvd_train.train.callbacks.tensorboard import require_tensorboard
 from hvd_train.train.checkpoint import plain_file_problem
@@ -50,8 +51,6 @@ from hvd_train.train.run.state import Run, Start, running
 from hvd_train.train.run.tracking import check_tracker, start_tracking
 from hvd_train.train.run.wandb_tracking import check_wandb, start_wandb
 from hvd_train.train.step import build_compiled_model
-
-Model = Any  # a Keras model of the active Keras
 
 
 def train(
