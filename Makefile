@@ -42,8 +42,9 @@ test: export HVD_TRAIN_WANDB ?= 1
 test: install
 	$(PY) -m pytest -q -ra --durations=30 -n 2 --dist loadfile -m "not second_keras and not variant" tests
 
-# The edit loop's tier: every test that runs in the test process alone (one that starts Python
-# or a job is skipped when it would: tests/conftest.py). Not a substitute for `make test`.
+# The edit loop's tier: every test that runs in the test process alone, i.e. every test not
+# marked `processes` (tests/conftest.py leaves those out, and fails a test of this tier that
+# starts Python or a job). Not a substitute for `make test`.
 test-quick: export HVD_TRAIN_TEST_TIER = quick
 test-quick: install
 	$(PY) -m pytest -q tests

@@ -6,10 +6,14 @@ in a worker under `runtime.keras: auto`; tests of one binding activate it (`each
 Also the suite's cost report: at the end of a run, per test file, its time, the processes and
 the training jobs it started (start-up is what most of the suite's time pays for), and the CPU
 seconds spent by the test process itself and by the processes it started and waited for (on a
-busy 2-core machine the suite's time follows its CPU, not its waits). And the
-quick tier (`make test-quick`, HVD_TRAIN_TEST_TIER=quick): a test that starts a Python process
-or a job is skipped at that moment, so the tier is every test that runs in this process alone,
-with no list to keep; `make test` runs them all.
+busy 2-core machine the suite's time follows its CPU, not its waits).
+
+And the tiers. A test that starts a Python process, hvd-train or a job, itself or through its
+fixtures, is marked `processes` (on the test, its parameter, or the module's `pytestmark`);
+`make test` runs every test, and the quick tier (`make test-quick`,
+HVD_TRAIN_TEST_TIER=quick) leaves the `processes` tests out at collection: it is every test
+that runs in this process alone. A test of the quick tier that starts such a process fails,
+naming the command: its mark is missing.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ _cost = collections.defaultdict(
     }
 )
 _started = {"processes": 0, "jobs": 0}  # by this process since its last test report
+_misplaced: list[str] = []  # the quick tier's processes started since the last test report
 
 
 def _cpu() -> dict[str, float]:
@@ -100,13 +105,29 @@ def _is_heavy(args) -> bool:
 
 def _counting_popen_init(self, args, *rest, **kwargs):
     if QUICK and _is_heavy(args) and not _is_xdist_controller():
-        raise pytest.skip.Exception("starts a process: in `make test`, not the quick tier")
+        said = (
+            f"a test of the quick tier started a process ({' '.join(_words(args))[:200]}): "
+            "mark the test (or its parameter, or its module) @pytest.mark.processes"
+        )
+        _misplaced.append(said)  # failed at its report too, were the test to catch this
+        raise pytest.fail.Exception(said, pytrace=False)
     _started["processes"] += 1
     _started["jobs"] += _is_job(args)
     _popen_init(self, args, *rest, **kwargs)
 
 
 subprocess.Popen.__init__ = _counting_popen_init
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """The quick tier: the tests not marked `processes`, the others deselected."""
+    if not QUICK:
+        return
+    kept, left = [], []
+    for item in items:
+        (left if item.get_closest_marker("processes") else kept).append(item)
+    config.hook.pytest_deselected(items=left)
+    items[:] = kept
 
 
 def pytest_collection_finish(session) -> None:
@@ -117,6 +138,7 @@ def pytest_collection_finish(session) -> None:
         _cost["(collection)"].update(_started)
         _cost["(collection)"].update(spent)
     _started.update(processes=0, jobs=0)
+    _misplaced.clear()  # a collection error of its own
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -124,6 +146,9 @@ def pytest_runtest_makereport(item, call):
     """Each report carries the processes its phase started: under pytest-xdist the reports
     reach the controlling process, which prints the table, and the counts with them."""
     report = (yield).get_result()
+    if _misplaced and not report.failed:
+        report.outcome, report.longrepr = "failed", _misplaced[0]
+    _misplaced.clear()
     report.user_properties.append(("started", dict(_started)))
     report.user_properties.append(("cpu", _cpu_since_last_report()))
     _started.update(processes=0, jobs=0)

@@ -21,8 +21,8 @@ HEADER = """\
 signals, kills and full disks), but for two kinds of case that CI's suite on Python 3.13 (the
 same TensorFlow and Kerases) runs: a matrix test's *variant* cases, each of whose values another
 of its cases runs (tests/harness.py, `variant`), and the tf_keras runs of the binding's tests
-(*second_keras*). `make test-quick` runs the ones that need no second process (a
-test that would start Python or a job is skipped at that moment; tests/conftest.py) in a few
+(*second_keras*). `make test-quick` runs the ones that need no second process (all but
+those marked *processes*, which start Python, hvd-train or a job; tests/conftest.py) in a few
 minutes, for the edit loop. `make test-stack` runs the tests marked *stack* on another
 TensorFlow stack.
 
@@ -101,9 +101,9 @@ def _pytestmark(tree: ast.Module) -> list[ast.expr]:
 
 
 def _marks(decorators: list[ast.expr]) -> set[str]:
-    """The suite's own markers among `decorators` (multiworker, stack)."""
+    """The suite's own markers among `decorators` (multiworker, processes, stack)."""
     names = {_call_name(d).removeprefix("pytest.mark.") for d in decorators}
-    return names & {"multiworker", "stack"}
+    return names & {"multiworker", "processes", "stack"}
 
 
 def _call_name(node: ast.expr) -> str:

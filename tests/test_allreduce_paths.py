@@ -62,6 +62,7 @@ def check_exact(out: pathlib.Path, np: int, shared_memory: bool, transport: str)
     assert taken in names and not_taken not in names, sorted(names)
 
 
+@pytest.mark.processes
 @pytest.mark.stack  # Horovod's C++ core, as each stack's build compiles it
 @pytest.mark.parametrize(
     "controller, np, shared_memory",
@@ -99,6 +100,7 @@ def test_a_dev_shm_too_small_for_the_segments_leaves_every_rank_on_the_transport
     assert (tmp_path / "left").read_text() == ""
 
 
+@pytest.mark.processes
 @pytest.mark.stack
 @pytest.mark.skipif(
     len(os.sched_getaffinity(0)) < 2, reason="needs a core to bind Horovod's thread to"
@@ -131,6 +133,7 @@ def test_every_error_of_the_shared_memory_all_reduce_is_read_as_a_knock_on() -> 
     assert all(any(k in text for k in KNOCK_ON) for text in thrown), thrown
 
 
+@pytest.mark.processes
 def test_a_rank_dead_inside_a_shared_memory_all_reduce_ends_the_others_wait(tmp_path) -> None:
     """Rank 1 is stopped until rank 0 is caught waiting for it inside a shared-memory all-reduce
     (not in Gloo's negotiation), then killed: rank 0's all-reduce fails, naming rank 1 as gone,
@@ -154,6 +157,7 @@ def test_a_rank_dead_inside_a_shared_memory_all_reduce_ends_the_others_wait(tmp_
     assert error and "shared-memory all-reduce: rank 1 has gone" in error, error
 
 
+@pytest.mark.processes
 @pytest.mark.stack
 @pytest.mark.parametrize("controller", ["gloo", "mpi"])
 def test_a_rank_that_never_comes_to_an_all_reduce_ends_the_job_at_the_stall_shutdown(

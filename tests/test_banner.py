@@ -14,6 +14,7 @@ from hvd_train.train.models import weights_note
 from hvd_train.train.run.banner import lr_label
 
 
+@pytest.mark.processes
 def test_lone_process_says_no_launcher_and_a_fixed_global_batch_is_not_scaled(tmp_path) -> None:
     """Started without horovodrun, Horovod initialises MPI for the process alone: no "mpi"."""
     proc = check(run([PYTHON, "-m", "hvd_train", "--config", str(QUICKSTART),

@@ -23,6 +23,8 @@ from harness import PYTHON, QUICKSTART, check, finish, horovodrun, run, start
 from hvd_train.launcher.launch import first_failure
 from hvd_train.record.summary import problems
 
+pytestmark = pytest.mark.processes
+
 # The quickstart (digits, 44 steps/epoch alone) without dropout: a resumed run repeats exactly
 # what another run resumed from the same checkpoint does. A checkpoint is about 1.2 MB,
 # best.keras and model.keras about 0.42 MB each.

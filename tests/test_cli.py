@@ -93,6 +93,7 @@ def run_cli(script: str, *args: str, timeout: float = 120) -> subprocess.Complet
     return run([PYTHON, "-c", script, *args], ROOT, timeout)
 
 
+@pytest.mark.processes
 def test_a_command_exits_with_its_code_after_atexit_and_with_its_output_flushed(tmp_path) -> None:
     """cli.run ends every command with os._exit, skipping the interpreter's teardown (0.7 s of
     CPU in a trained worker, and a hang once after a failure): atexit's handlers (Horovod's
@@ -117,6 +118,7 @@ def test_a_command_exits_with_its_code_after_atexit_and_with_its_output_flushed(
         assert "interpreter teardown" not in proc.stderr, proc.stderr
 
 
+@pytest.mark.processes
 def test_a_failure_exits_with_its_code_past_a_teardown_that_would_hang() -> None:
     """A failure exits through atexit's handlers, not the interpreter's teardown: a thread
     that never ends (which the teardown waits for) holds nothing, and the exit code is the
@@ -133,6 +135,7 @@ def test_a_failure_exits_with_its_code_past_a_teardown_that_would_hang() -> None
     assert proc.returncode == 2 and "Timeout" not in proc.stderr, proc.stderr
 
 
+@pytest.mark.processes
 def test_a_failed_process_whose_exit_hangs_ends_with_every_threads_traceback(tmp_path) -> None:
     """A failure exits through atexit's handlers; one that hangs there (here a handler that
     never returns) is ended by the watchdog: every thread's traceback on stderr, naming where

@@ -46,6 +46,7 @@ def trained(tmp_path_factory) -> dict:
     return {"root": root, "run": root / "run", "corrupt": corrupt, "proc": proc}
 
 
+@pytest.mark.processes
 def test_training_alone_sends_tensorflows_start_up_lines_to_its_log(trained) -> None:
     proc = trained["proc"]
     assert start_up_lines(proc.stdout + proc.stderr) == [], proc.stderr[-3000:]
@@ -80,6 +81,7 @@ def error_of(text: str) -> str | None:
     return (m.group(1) or m.group(2)) if m else None
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize(
     ("command", "controller"),
     # Each command, and each controller; the other three pairs are CI's (harness.variant).
@@ -126,6 +128,7 @@ ALONE = {
 }
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("command", ALONE)
 def test_a_command_run_alone_prints_no_tensorflow_start_up_line(trained, command) -> None:
     args = [a.format(root=trained["root"], run=trained["run"]) for a in ALONE[command]]

@@ -13,7 +13,7 @@ from harness import PYTHON, QUICKSTART, check, horovodrun, run
 from hvd_train.config import derive, load_config
 from hvd_train.runtime.schedules import learning_rate_schedule
 
-pytestmark = pytest.mark.multiworker
+pytestmark = [pytest.mark.multiworker, pytest.mark.processes]
 
 SMALL = ["train.epochs=3", "model.filters=[8, 8, 16, 16]", "model.dense_units=[32]",
          "logging.tensorboard=false", "train.verbose=false", "optimizer.schedule=cosine",

@@ -246,6 +246,7 @@ def mapping_laughs() -> str:
     return "\n".join(lines) + "\n"
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize(
     ("command", "text", "line"),
     [
@@ -263,6 +264,7 @@ def test_alias_bomb_fails_in_one_line_within_1_gib(tmp_path, command, text, line
     assert error == f"hvd_train: error: {bomb} (line {line}): {TOO_MANY}"
 
 
+@pytest.mark.processes
 def test_alias_bomb_in_a_set_value_fails_in_one_line_within_1_gib(tmp_path) -> None:
     item = f"model.dense_units={billion_laughs(flow=True)}"
     proc = hvd_train_cli(["config", "--config", str(QUICKSTART), "--set", item], tmp_path)
@@ -270,6 +272,7 @@ def test_alias_bomb_in_a_set_value_fails_in_one_line_within_1_gib(tmp_path) -> N
     assert one_error_line(proc) == f"hvd_train: error: {label}: {TOO_MANY}"
 
 
+@pytest.mark.processes
 def test_config_file_over_1_mib_is_refused_before_parsing(tmp_path) -> None:
     fits = tmp_path / "fits.yaml"  # exactly the limit: comments, then one key
     key = "train:\n  epochs: 3\n"
@@ -292,6 +295,7 @@ def test_config_file_over_1_mib_is_refused_before_parsing(tmp_path) -> None:
         )
 
 
+@pytest.mark.processes
 def test_set_value_over_64_kib_is_refused(tmp_path) -> None:
     item = "run.dir=" + "x" * MAX_OVERRIDE_BYTES
     proc = hvd_train_cli(["config", "--config", str(QUICKSTART), "--set", item], tmp_path)
@@ -301,6 +305,7 @@ def test_set_value_over_64_kib_is_refused(tmp_path) -> None:
     )
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize(
     ("length", "error", "limit"),
     [

@@ -48,6 +48,7 @@ def quickstart(tmp_path_factory) -> tuple[subprocess.CompletedProcess, pathlib.P
     return check(proc), run_dir
 
 
+@pytest.mark.processes
 @pytest.mark.multiworker
 def test_quickstart_prints_one_short_line_per_epoch_and_no_warning(quickstart) -> None:
     proc, _ = quickstart
@@ -68,6 +69,7 @@ def test_quickstart_prints_one_short_line_per_epoch_and_no_warning(quickstart) -
     assert shown == [], whole
 
 
+@pytest.mark.processes
 @pytest.mark.multiworker
 def test_the_record_says_where_start_up_went(quickstart) -> None:
     """summary.json's startup_s: rank 0's phases in the order they run, each ending after the
@@ -80,6 +82,7 @@ def test_the_record_says_where_start_up_went(quickstart) -> None:
     assert 0 < ends[0] and ends == sorted(ends), startup
 
 
+@pytest.mark.processes
 @pytest.mark.multiworker
 def test_the_record_holds_only_declared_fields_of_declared_types(quickstart) -> None:
     """summary.json of the finished run against record/summary.py's `Summary`: no field it
@@ -104,6 +107,7 @@ def test_the_record_holds_only_declared_fields_of_declared_types(quickstart) -> 
     assert s["nccl_network"] is None, s  # a CPU run: no NCCL
 
 
+@pytest.mark.processes
 @pytest.mark.multiworker
 def test_bookkeeping_reaches_metrics_csv_and_tensorboard_under_clear_tags(quickstart) -> None:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -123,6 +127,7 @@ def test_bookkeeping_reaches_metrics_csv_and_tensorboard_under_clear_tags(quicks
     assert len(train.Tensors("throughput/examples_per_sec")) == EPOCHS
 
 
+@pytest.mark.processes
 def test_progress_bar_on_a_terminal_without_bookkeeping(tmp_path) -> None:
     """One worker, stdout a pseudo-terminal, `train.verbose: 2`: Keras' bar, not the lines."""
     overrides = [f"run.dir={tmp_path / 'run'}", "train.epochs=1", "train.steps_per_epoch=5",

@@ -54,6 +54,7 @@ def test_on_corrupt_error_names_every_unreadable_file_up_to_a_cap(tmp_path) -> N
     assert lines[-1] == f"  ... and {25 - images.SHOWN_BAD} more"
 
 
+@pytest.mark.processes
 def test_every_worker_stops_with_the_same_error_naming_all_files(tmp_path) -> None:
     planted = write_folder(tmp_path / "imgs", {0: [3], 2: [5]})
     proc = horovodrun(2, [PYTHON, "-m", "hvd_train", "--config", str(QUICKSTART),

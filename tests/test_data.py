@@ -135,6 +135,7 @@ def tfrecord_run(data) -> tuple[pathlib.Path, str]:
 # --------------------------------------------------------------------------- conversion, training
 
 
+@pytest.mark.processes
 def test_convert_tfrecord_writes_shards_and_class_names(data) -> None:
     train = data["root"] / "digits_tfr" / "train"
     shards = sorted(p.name for p in train.glob("*.tfrecord"))
@@ -147,6 +148,7 @@ def test_convert_tfrecord_writes_shards_and_class_names(data) -> None:
     assert "1797/1797" in data["convert_digits"].stderr  # the progress bar reached the end
 
 
+@pytest.mark.processes
 def test_ctrl_c_in_the_middle_of_a_batch_read_stops_then_resumes_to_the_end(data, tmp_path):
     """Ctrl-C to horovodrun while a worker's input pipeline is inside a batch's record reads
     (one read held for 2 s by tests/workers/slow_phase.py): the workers agree on the stop as
@@ -182,6 +184,7 @@ def test_ctrl_c_in_the_middle_of_a_batch_read_stops_then_resumes_to_the_end(data
     assert s["status"] == "completed" and s["epochs_completed"] == 2, s
 
 
+@pytest.mark.processes
 def test_training_from_tfrecord_pads_the_remainder_and_reports_input_wait(tfrecord_run) -> None:
     out, stdout = tfrecord_run
     summary = json.loads((out / "summary.json").read_text())
@@ -213,6 +216,7 @@ def exactness_runs(data, tfrecord_run) -> dict[int, str]:
     return outputs
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("workers", [1, 2, 3])
 def test_each_example_goes_to_one_worker_with_equal_steps(exactness_runs, workers) -> None:
     """Checked on rank 0 of the job (data_exactness.py asserts, and prints only on success):
@@ -227,6 +231,7 @@ def test_each_example_goes_to_one_worker_with_equal_steps(exactness_runs, worker
     ], exactness_runs[workers]
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("workers", [1, 2, 3])
 def test_stream_gives_every_worker_the_same_full_steps(exactness_runs, workers) -> None:
     """data.read: stream, on 1 file of records plus an empty one (fewer than the workers)."""
@@ -236,6 +241,7 @@ def test_stream_gives_every_worker_the_same_full_steps(exactness_runs, workers) 
     ], exactness_runs[workers]
 
 
+@pytest.mark.processes
 def test_validation_metrics_are_equal_at_1_2_and_3_workers(exactness_runs) -> None:
     evals = {}
     for workers, out in exactness_runs.items():
@@ -252,6 +258,7 @@ def test_validation_metrics_are_equal_at_1_2_and_3_workers(exactness_runs) -> No
 # --------------------------------------------------------------------------- skip, diagnostics
 
 
+@pytest.mark.processes
 def test_corrupt_files_are_skipped_and_counted_and_input_wait_is_recorded(data, tmp_path) -> None:
     """One run with planted corrupt files and on_corrupt: skip. Its input wait is recorded, in
     [0, 1]; how it is measured and when it warns is tested on controlled clocks in
@@ -283,6 +290,7 @@ def test_corrupt_files_are_skipped_and_counted_and_input_wait_is_recorded(data, 
     assert "data.cache: memory" in proc.stdout  # the advice for decoded images
 
 
+@pytest.mark.processes
 def test_data_bench_prints_input_and_model_rates(data, tmp_path) -> None:
     proc = check(run([PYTHON, "-m", "hvd_train", "data-bench", "--config", str(QUICKSTART),
                       "--batches", "10",
@@ -370,6 +378,7 @@ def error_lines(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if line.startswith("hvd_train: error:")]
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("case", BAD_CASES)
 def test_bad_input_exits_2_naming_the_file_or_folder(bad_root, case) -> None:
     root, cases = bad_root
@@ -386,6 +395,7 @@ def test_bad_input_exits_2_naming_the_file_or_folder(bad_root, case) -> None:
         assert lines == [f"hvd_train: error: {expected}"]
 
 
+@pytest.mark.processes
 def test_convert_stops_at_a_corrupt_file_unless_told_to_skip(bad_root) -> None:
     root, _ = bad_root
     proc = convert(root / "corrupt", root / "out", 2, root)
@@ -418,6 +428,7 @@ def test_image_source_config_rules(overrides: list[str], message: str) -> None:
     assert str(info.value) == message
 
 
+@pytest.mark.processes
 def test_file_urls_go_through_gfile_and_read_what_local_paths_read(data) -> None:
     """`file://` takes the code for gs:// and s3:// (tf.io.gfile listing, GFile reads)."""
     proc = check(run([PYTHON, str(WORKERS / "gfile_paths.py"), str(data["ids"]),
@@ -441,6 +452,7 @@ def test_the_shipped_digits_are_the_uci_test_set_scikit_learn_ships() -> None:
     assert counts == [178, 182, 177, 183, 181, 182, 181, 179, 174, 180]
 
 
+@pytest.mark.processes
 def test_a_shard_cut_short_under_a_running_job_ends_it_with_a_data_error(data, tmp_path) -> None:
     """A hostile trial of the batched reader: a TFRecord file truncated while 2 workers read it
     ends the job with one line naming the file (exit code 2, summary.json `failed`), never a

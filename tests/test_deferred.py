@@ -10,6 +10,8 @@ from harness import PYTHON, check, run
 
 from hvd_train.runtime.keras.binding import has_keras3
 
+pytestmark = pytest.mark.processes
+
 # A process's start as every command that trains, evaluates or predicts does it, alone (where
 # `quiet_tensorflow` imports TensorFlow) or as a launcher's worker, then what a user's code may do with
 # matplotlib, and Keras' own plotting, in one process.

@@ -47,6 +47,7 @@ def test_dockerfile_passes_hadolint() -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+@pytest.mark.processes
 def test_launch_scripts_pass_shellcheck() -> None:
     scripts = sorted(str(p) for p in (ROOT / "launch").glob("*.sh"))
     scripts += [

@@ -40,6 +40,7 @@ def gpu_host(tmp_path, monkeypatch) -> None:
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
 
 
+@pytest.mark.processes
 @pytest.mark.multiworker
 def test_a_gpu_tensorflow_cannot_use_fails_the_job_and_the_cpu_on_purpose_trains(
     tmp_path, gpu_host

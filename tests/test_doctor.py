@@ -31,6 +31,7 @@ def here(tmp_path_factory) -> dict:
     return json.loads(out)
 
 
+@pytest.mark.processes
 def test_doctor_reports_this_machine_ready(here) -> None:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -55,6 +56,7 @@ def test_doctor_reports_this_machine_ready(here) -> None:
     assert facts["mpirun"]["version"].startswith("mpirun (Open MPI)")
 
 
+@pytest.mark.processes
 def test_doctor_prints_a_report_and_exits_0(tmp_path, here) -> None:
     code, out, err = doctor(cwd=tmp_path)
     assert code == 0
@@ -87,6 +89,7 @@ def plant_horovod_built_against(
     return planted.parent
 
 
+@pytest.mark.processes
 def test_doctor_fails_on_a_horovod_built_against_another_tensorflow(tmp_path, here) -> None:
     # A Horovod install whose build record (metadata.json, written by Horovod's setup.py and
     # checked by its own import) says it was compiled against TensorFlow 2.14.0: the real
@@ -105,6 +108,7 @@ def test_doctor_fails_on_a_horovod_built_against_another_tensorflow(tmp_path, he
     assert line.strip() == f"hvd_train=0.1.0 tensorflow={tf_version} horovod={SERIES_VERSION}"
 
 
+@pytest.mark.processes
 def test_versions_takes_the_last_check_of_an_unchanged_install(tmp_path, here) -> None:
     """`--versions`, the question the multi-node pre-flight asks every host at every launch,
     imports neither TensorFlow nor Horovod when this interpreter's last check was of the same
@@ -149,6 +153,7 @@ def warnings_(facts: dict) -> list[str]:
     return [p.message for p in diagnose(facts) if p.level == "warning"]
 
 
+@pytest.mark.processes
 def test_this_machines_facts_have_no_problem(facts) -> None:
     assert errors(facts) == [] and warnings_(facts) == []
 
@@ -168,6 +173,7 @@ STACK_KERASES = [
 ]  # fmt: skip
 
 
+@pytest.mark.processes
 def test_no_keras_3_on_a_newer_tensorflow_is_an_error(facts) -> None:
     on_tensorflow(facts, "2.18.1", "keras 2.15.0", "tf_keras 2.18.0")
     assert errors(facts) == [
@@ -176,12 +182,14 @@ def test_no_keras_3_on_a_newer_tensorflow_is_an_error(facts) -> None:
     ]
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize(("tf_version", "keras", "tf_keras"), STACK_KERASES)
 def test_supported_stacks_have_no_problem(facts, tf_version, keras, tf_keras) -> None:
     on_tensorflow(facts, tf_version, keras, tf_keras)
     assert errors(facts) == [] and warnings_(facts) == []
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("tf_version", ["2.16.1", "2.17.1", "2.22.0"])
 def test_another_tensorflow_with_both_kerases_is_only_untested(facts, tf_version) -> None:
     minor = tf_version.rpartition(".")[0]
@@ -192,12 +200,14 @@ def test_another_tensorflow_with_both_kerases_is_only_untested(facts, tf_version
     ]
 
 
+@pytest.mark.processes
 def test_tf_keras_of_another_minor_version_is_a_warning(facts) -> None:
     on_tensorflow(facts, "2.18.1", "keras 3.15.1", "tf_keras 2.17.0")
     assert errors(facts) == []
     assert warnings_(facts) == ["tf_keras 2.17.0 with TensorFlow 2.18.1: tf_keras should match TensorFlow's minor version"]  # fmt: skip
 
 
+@pytest.mark.processes
 def test_no_tf_keras_is_a_warning_for_model_keras_tf_keras(facts) -> None:
     # Keras 3 trains the default; tf_keras only what asks for it.
     on_tensorflow(facts, "2.21.0", "keras 3.15.1", None)
@@ -214,6 +224,7 @@ def test_no_tf_keras_is_a_warning_for_model_keras_tf_keras(facts) -> None:
     )
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize(
     ("python", "tf_version", "supported"),
     [("3.11.7", "2.15.1", True), ("3.12.1", "2.15.1", False), ("3.12.1", "2.19.1", True),
@@ -246,6 +257,7 @@ def test_the_doctor_knows_the_pythons_the_install_takes() -> None:
     assert install == doctor
 
 
+@pytest.mark.processes
 def test_extension_that_does_not_load_is_an_error(facts) -> None:
     facts["horovod"]["tensorflow_extension_error"] = (
         "NotFoundError: mpi_lib.so: undefined symbol: _ZN10tensorflow8OpKernel"
@@ -257,6 +269,7 @@ def test_extension_that_does_not_load_is_an_error(facts) -> None:
     ]
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize(
     ("controllers", "mpirun", "level", "start"),
     [
@@ -272,6 +285,7 @@ def test_controller_problems(facts, controllers, mpirun, level, start) -> None:
     assert len(found) == 1 and found[0].level == level, diagnose(facts)
 
 
+@pytest.mark.processes
 def test_gpus_tensorflow_cannot_see_are_a_warning(facts) -> None:
     facts["nvidia_smi_gpus"] = 4
     assert errors(facts) == []
@@ -280,6 +294,7 @@ def test_gpus_tensorflow_cannot_see_are_a_warning(facts) -> None:
     )
 
 
+@pytest.mark.processes
 def test_gpus_without_nccl_are_a_warning(facts) -> None:
     facts["tensorflow"]["gpus"] = ["/physical_device:GPU:0"]
     assert warnings_(facts)[0].startswith("TensorFlow sees GPUs but Horovod was built without NCCL")
@@ -287,6 +302,7 @@ def test_gpus_without_nccl_are_a_warning(facts) -> None:
     assert warnings_(facts) == []
 
 
+@pytest.mark.processes
 def test_horovodrun_that_loses_a_stopped_workers_exit_code_is_a_warning(facts) -> None:
     facts["horovod"]["keeps_stop_exit_code"] = False
     assert errors(facts) == []
@@ -297,6 +313,7 @@ def test_horovodrun_that_loses_a_stopped_workers_exit_code_is_a_warning(facts) -
     ]
 
 
+@pytest.mark.processes
 def test_missing_tensorflow_or_horovod_is_an_error(facts) -> None:
     broken = copy.deepcopy(facts)
     broken["tensorflow"] = {"version": None, "error": "ModuleNotFoundError: No module named 'tensorflow'"}  # fmt: skip

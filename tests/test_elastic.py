@@ -85,6 +85,7 @@ def test_a_commit_holds_the_position_of_the_steps_it_holds(k: int) -> None:
         assert state.commits == [(1, 7), (1, 11), (1, 15), (1, 22), (2, 0)]
 
 
+@pytest.mark.processes
 @pytest.mark.stack
 def test_a_worker_lost_in_a_grouped_all_reduce_resets_the_survivor(tmp_path) -> None:
     """Rank 1 exits between steps; rank 0's next collective, a grouped all-reduce as the
@@ -100,6 +101,7 @@ def test_a_worker_lost_in_a_grouped_all_reduce_resets_the_survivor(tmp_path) -> 
     assert survivor == {"resets": [1], "steps": STEPS, "size": 1}, survivor
 
 
+@pytest.mark.processes
 @pytest.mark.stack
 def test_an_error_in_an_elastic_run_that_is_not_a_collectives_ends_it(tmp_path) -> None:
     """A TensorFlow UnknownError from anything but a collective ends the run with that error:

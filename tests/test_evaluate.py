@@ -18,7 +18,7 @@ from PIL import Image
 
 from hvd_train.record import rundir
 
-pytestmark = pytest.mark.multiworker
+pytestmark = [pytest.mark.multiworker, pytest.mark.processes]
 
 DIGITS_VAL = 359  # the quickstart's validation split: divides by neither 2 nor 3
 HVD = [PYTHON, "-m", "hvd_train"]

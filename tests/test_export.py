@@ -111,12 +111,14 @@ def trained(tmp_path_factory) -> pathlib.Path:
     return _train(tmp_path_factory.mktemp("export"), "run")
 
 
+@pytest.mark.processes
 @pytest.mark.stack
 @pytest.mark.parametrize("fmt", _formats())
 def test_each_format_predicts_like_the_trained_model(trained, fmt: str) -> None:
     _assert_predicts_like_the_run(trained, fmt, _exports(trained, fmt))
 
 
+@pytest.mark.processes
 @pytest.mark.skipif(not binding.has_keras3(), reason="keras.io's models are Keras 3's")
 def test_a_subclassed_model_without_get_config_exports_from_its_factory(tmp_path) -> None:
     """A subclassed model without get_config (keras.io's: only model.weights.h5) exports,
@@ -127,6 +129,7 @@ def test_a_subclassed_model_without_get_config_exports_from_its_factory(tmp_path
         _assert_predicts_like_the_run(run_dir, fmt, _exports(run_dir, fmt))
 
 
+@pytest.mark.processes
 @pytest.mark.skipif(not binding.has_keras3(), reason="mixed_float16's LiteRT case is Keras 3's")
 def test_a_mixed_float16_model_exports_within_its_tolerance(tmp_path) -> None:
     """mixed_float16: SavedModel and ONNX within 1e-2; LiteRT, which would need TensorFlow's
@@ -142,6 +145,7 @@ def test_a_mixed_float16_model_exports_within_its_tolerance(tmp_path) -> None:
     assert not list((run_dir / "export").glob("*.partial*"))
 
 
+@pytest.mark.processes
 def test_a_tf_keras_run_exports_every_format(tmp_path) -> None:
     """A tf_keras run exports every format (through TensorFlow's converters and tf2onnx)."""
     run_dir = _train(tmp_path, "k2", "runtime.keras=tf_keras")
@@ -149,6 +153,7 @@ def test_a_tf_keras_run_exports_every_format(tmp_path) -> None:
         _assert_predicts_like_the_run(run_dir, fmt, _exports(run_dir, fmt))
 
 
+@pytest.mark.processes
 def test_a_checkpoint_of_a_run_that_did_not_complete_exports(trained, tmp_path) -> None:
     """A run that did not complete is refused, and its checkpoint exports with --model."""
     copy = tmp_path / "stopped"

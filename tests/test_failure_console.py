@@ -13,7 +13,7 @@ import time
 import pytest
 from harness import BIN, PYTHON, QUICKSTART, ROOT, finish, workers
 
-pytestmark = pytest.mark.multiworker
+pytestmark = [pytest.mark.multiworker, pytest.mark.processes]
 
 QUICK = ["--config", str(QUICKSTART), "--set", "train.verbose=1",
          "--set", "logging.tensorboard=false"]  # fmt: skip

@@ -36,7 +36,7 @@ from hvd_train.record.summary import problems
 from hvd_train.runtime.keras import binding
 from hvd_train.train.checkpoint import is_checkpoint, read_state
 
-pytestmark = pytest.mark.multiworker
+pytestmark = [pytest.mark.multiworker, pytest.mark.processes]
 
 # The quickstart (digits, 22 steps/epoch at 2 workers) without dropout: the only randomness
 # left is the data order, which is a function of (seed, epoch), so a resumed run must repeat an

@@ -302,6 +302,7 @@ def test_bind_cores_takes_the_gpus_cores_on_a_gpu_host_else_a_block(
     assert cores.for_worker(5, 8) == [40, 41, 42, 43, 44, 45, 46, 47]
 
 
+@pytest.mark.processes
 def test_every_rank_refuses_a_gpu_another_rank_holds(tmp_path) -> None:
     """The ranks all-gather their GPU's identity (its machine and PCI bus id, as NCCL tells
     GPUs apart) before any collective that could reach NCCL: two ranks on one GPU, as a

@@ -57,6 +57,7 @@ def cases(tmp_path_factory) -> dict[str, dict]:
     return {c["name"]: c for c in found}
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("name", MIRRORED + OWN)
 def test_horovods_keras_case_passes_on_keras3(cases, name) -> None:
     """The case passed on both ranks (a case that failed on either is reported failed)."""
@@ -70,6 +71,7 @@ def test_the_cases_left_out_are_named_in_the_docs() -> None:
         assert re.sub(r"_[01]$", "", name) in doc, name
 
 
+@pytest.mark.processes
 def test_horovods_keras_mnist_example_trains_alike_on_every_rank(tmp_path) -> None:
     """Horovod's tensorflow2_keras_mnist.py with its import changed: the warm-up reaches the
     scaled rate (0.001 x 2) at its third epoch, as its callback says; rank 0 writes a
@@ -91,6 +93,7 @@ def test_horovods_keras_mnist_example_trains_alike_on_every_rank(tmp_path) -> No
     assert check(run([PYTHON, "-c", script], tmp_path)).stdout.split() == ["Adam"]
 
 
+@pytest.mark.processes
 def test_every_name_of_horovods_keras_api_is_there() -> None:
     """The names issue 61 lists, as Horovod's `horovod.tensorflow.keras` has them."""
     names = {
@@ -114,6 +117,7 @@ def test_every_name_of_horovods_keras_api_is_there() -> None:
     assert json.loads(out.strip().splitlines()[-1]) == [], out
 
 
+@pytest.mark.processes
 def test_horovods_elastic_keras_mnist_example_trains_alike_on_every_rank(tmp_path) -> None:
     """Horovod's elastic tensorflow2_keras_mnist_elastic.py with its import changed, under
     `horovodrun --min-np 1 --max-np 2` and a discovery script offering two one-slot hosts: it
@@ -132,6 +136,7 @@ def test_horovods_elastic_keras_mnist_example_trains_alike_on_every_rank(tmp_pat
     ]  # fmt: skip
 
 
+@pytest.mark.processes
 def test_horovods_synthetic_benchmark_runs_with_fp16_all_reduce(tmp_path) -> None:
     """Horovod's tensorflow2_keras_synthetic_benchmark.py with its import changed, run small
     through its own options (MobileNetV3Small, batch 4, 3 iterations of 2 batches, CPU,

@@ -55,6 +55,7 @@ def added_blocks(patch: pathlib.Path) -> list[tuple[str, str]]:
     return blocks
 
 
+@pytest.mark.processes
 def test_a_stopped_worker_keeps_its_exit_code() -> None:
     proc = subprocess.run([PYTHON, str(WORKERS / "stop_codes.py"), "20"], cwd=WORKERS,
                           capture_output=True, text=True, timeout=300)  # fmt: skip
@@ -181,6 +182,7 @@ def test_stopping_a_worker_whose_shell_just_ended_raises_nothing(monkeypatch) ->
     assert safe_shell_exec.terminate_executor_shell_and_children(shell.pid) is None
 
 
+@pytest.mark.processes
 def test_horovodrun_imports_without_distutils(tmp_path) -> None:
     """0009: with distutils not importable (as on Python 3.12+ without setuptools' copy),
     horovodrun's modules import, js_run included."""
@@ -197,6 +199,7 @@ def test_horovodrun_imports_without_distutils(tmp_path) -> None:
     assert "no distutils here" in proc.stderr, "the block did not hold: this test proves nothing"
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("controller", ["--gloo", "--mpi"])
 def test_horovodrun_starts_a_job_without_importing_tensorflow(tmp_path, controller) -> None:
     """With a TensorFlow that cannot be imported first on the path, horovodrun still starts the
@@ -234,6 +237,7 @@ def _installed(metadata, name: str) -> bool:
         return False
 
 
+@pytest.mark.processes
 def test_a_failed_worker_ends_horovodrun_in_one_line(tmp_path) -> None:
     """Rank 1 killed: horovodrun's last line names it, its code and its signal, and no
     traceback of horovodrun's own code follows; horovodrun exits with that code."""

@@ -48,6 +48,7 @@ def cases(tmp_path_factory) -> dict[str, dict]:
     return {c["name"]: c for c in found}
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("name", MIRRORED + OWN)
 def test_custom_loop_case_passes_on_keras3(cases, name) -> None:
     """The case passed on both ranks, ending with the same weights on both (a case that failed
@@ -62,6 +63,7 @@ def test_the_custom_loop_cases_are_named_in_the_docs() -> None:
         assert name in doc, name
 
 
+@pytest.mark.processes
 def test_every_name_of_horovods_tensorflow2_api_is_there() -> None:
     """The names of `horovod.tensorflow` that Horovod's TF2 examples and test_tensorflow.py's
     TF2 cases use, with Horovod's argument names."""
@@ -87,6 +89,7 @@ def test_every_name_of_horovods_tensorflow2_api_is_there() -> None:
     assert local
 
 
+@pytest.mark.processes
 def test_the_unchanged_import_fails_in_one_line_naming_hvd_train(tmp_path) -> None:
     """Horovod's tensorflow2_mnist.py training step with `import horovod.tensorflow as hvd` left
     as it is, on Keras 3 (one worker: Horovod's tape keys its sources by `.ref()` at any size):

@@ -47,6 +47,7 @@ def write_script(path: pathlib.Path, text: str = "echo localhost:2\n") -> pathli
     return path
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize(
     "tail",
     ["; touch {m}", " && touch {m}", " | tee {m}", "$(touch {m})", "`touch {m}`", "\ntouch {m}",
@@ -136,6 +137,7 @@ def launch(args: list[str], cwd: pathlib.Path) -> list[str]:
                         "--config", str(QUICKSTART), *SETS, *args], cwd))  # fmt: skip
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("controller", ["--gloo", "--mpi"])
 def test_every_launcher_starts_the_same_job_from_the_same_config(
     tmp_path, monkeypatch, controller
@@ -228,6 +230,7 @@ def test_mpi_args_reach_horovodruns_shell_quoted() -> None:
     assert flags[0] == "--mpi-args=--mca plm_rsh_args '-p 2222' --mca btl_base_include self,vader"
 
 
+@pytest.mark.processes
 def test_launch_takes_interface_names_only(tmp_path) -> None:
     # Horovod pastes them into mpirun's shell command line.
     proc = run([sys.executable, "-m", "hvd_train", "launch", "--config", str(QUICKSTART),

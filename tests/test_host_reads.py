@@ -23,6 +23,7 @@ SETS = ["data.source=synthetic", f"data.train_examples={32 * STEPS_PER_EPOCH}",
         f"checkpoint.check_every_steps={EVERY}"]  # fmt: skip
 
 
+@pytest.mark.processes
 @pytest.mark.stack
 @pytest.mark.parametrize("keras", BINDING_RUNS)
 def test_the_host_reads_a_tensor_only_where_the_ranks_agree(keras: str, tmp_path) -> None:

@@ -385,6 +385,7 @@ def test_an_nccl_header_without_its_library_is_passed_over(tmp_path) -> None:
     ) in line, line
 
 
+@pytest.mark.processes
 def test_the_cpu_install_on_a_gpu_host_needs_no_toolkit_and_keeps_its_wheel_key(tmp_path) -> None:
     """HVD_TRAIN_DEVICE=cpu on a host whose nvidia-smi lists a GPU, with no nvcc: the CPU
     build, and its wheel's cache key made of what it was before the GPU identity was added
@@ -440,6 +441,7 @@ esac
     ], pip
 
 
+@pytest.mark.processes
 def test_after_a_gpu_install_a_cpu_tensorflow_and_a_horovod_without_nccl_are_named(
     tmp_path,
 ) -> None:
@@ -456,6 +458,7 @@ def test_after_a_gpu_install_a_cpu_tensorflow_and_a_horovod_without_nccl_are_nam
     ]
 
 
+@pytest.mark.processes
 def test_a_driver_too_old_for_cuda_12_is_named_after_the_install_with_its_floor(tmp_path) -> None:
     """TensorFlow lists both GPUs, but its first op fails (a driver of CUDA 11's age, which
     listing alone passed): one line with the ops' reason, the driver found and CUDA 12's floor,

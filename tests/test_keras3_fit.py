@@ -65,6 +65,7 @@ def _same(a: list[np.ndarray], b: list[np.ndarray]) -> bool:
     return len(a) == len(b) and all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
 
 
+@pytest.mark.processes
 @keras3_only
 @pytest.mark.multiworker
 def test_both_ranks_end_with_identical_weights_from_different_starts(job) -> None:
@@ -79,6 +80,7 @@ def test_both_ranks_end_with_identical_weights_from_different_starts(job) -> Non
     assert reports[0]["layers"][2] == "SyncBatchNormalization", reports[0]["layers"]
 
 
+@pytest.mark.processes
 @keras3_only
 @pytest.mark.multiworker
 def test_each_epoch_s_metrics_are_the_ranks_mean_and_the_same_on_both(job) -> None:
@@ -96,6 +98,7 @@ def test_each_epoch_s_metrics_are_the_ranks_mean_and_the_same_on_both(job) -> No
             assert history[0][key][epoch] == pytest.approx(mean, rel=1e-6), (epoch, key)
 
 
+@pytest.mark.processes
 @keras3_only
 @pytest.mark.multiworker
 def test_the_rate_warms_up_from_base_to_base_times_the_workers(job) -> None:
@@ -109,6 +112,7 @@ def test_the_rate_warms_up_from_base_to_base_times_the_workers(job) -> None:
         assert r["optimizer"] == "keras.src.optimizers.adam.Adam"
 
 
+@pytest.mark.processes
 @keras3_only
 @pytest.mark.multiworker
 def test_the_saved_model_loads_in_plain_keras_3_with_rank_0_s_weights(job) -> None:
@@ -131,6 +135,7 @@ np.savez("loaded.npz", *model.get_weights())
     assert _same(loaded, _halves(weights[0])[1])
 
 
+@pytest.mark.processes
 @keras3_only
 @pytest.mark.multiworker
 def test_broadcast_initial_state_turns_off_xla_which_cannot_compile_the_all_reduce(job) -> None:
@@ -146,6 +151,7 @@ def test_broadcast_initial_state_turns_off_xla_which_cannot_compile_the_all_redu
         ]
 
 
+@pytest.mark.processes
 @keras3_only
 @pytest.mark.multiworker
 def test_the_script_chooses_no_keras_for_the_rest_of_hvd_train(job) -> None:

@@ -34,6 +34,7 @@ def lines(script: str, cwd: pathlib.Path) -> list[str]:
     return check(fresh(["-c", script], cwd)).stdout.strip().splitlines()
 
 
+@pytest.mark.processes
 def test_import_hvd_train_and_its_cli_choose_no_keras_and_import_no_tensorflow(tmp_path) -> None:
     out = lines("import os, sys, hvd_train.cli\n"
                 "print('tensorflow' in sys.modules, os.environ.get('TF_USE_LEGACY_KERAS'))",
@@ -41,6 +42,7 @@ def test_import_hvd_train_and_its_cli_choose_no_keras_and_import_no_tensorflow(t
     assert out == ["False None"]
 
 
+@pytest.mark.processes
 @newer_only
 def test_users_import_keras_still_means_keras_3_beside_the_keras_2_binding(tmp_path) -> None:
     # Before and after Horovod's Keras API is imported by the Keras 2 binding: the binding of
@@ -78,6 +80,7 @@ def trained_with(tmp_path: pathlib.Path) -> str:
     return summary["versions"]["keras"].split()[0]
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize(
     ("keras_import", "sets", "expected"),
     [("import tensorflow as tf\nkeras = tf.keras", [], "keras"),  # 2.15: tf.keras is keras 2
@@ -96,6 +99,7 @@ def test_a_factory_trains_with_the_keras_of_its_model(tmp_path, keras_import, se
     assert (tmp_path / "out" / "model.keras").is_file()
 
 
+@pytest.mark.processes
 @newer_only
 def test_a_factory_of_the_other_keras_than_model_keras_is_one_line(tmp_path) -> None:
     factory = factory_file(tmp_path, "import tf_keras as keras")
@@ -157,6 +161,7 @@ def test_tensorboard_missing_is_one_line_before_training(monkeypatch) -> None:
     require_tensorboard(load_config(QUICKSTART, ["logging.tensorboard=false"]).logging)
 
 
+@pytest.mark.processes
 @newer_only
 @pytest.mark.multiworker
 @pytest.mark.parametrize(("wrote", "resumes"), [("tf_keras", "keras"), ("keras", "tf_keras")])

@@ -25,6 +25,7 @@ from hvd_train.runtime.keras import binding
 pytestmark = [
     pytest.mark.multiworker,
     pytest.mark.skipif(not binding.has_keras3(), reason="Keras 3 (TensorFlow 2.16+)"),
+    pytest.mark.processes,
 ]
 
 HVD = [PYTHON, "-m", "hvd_train"]

@@ -23,6 +23,7 @@ pytestmark = [
         importlib.util.find_spec("keras_hub") is None,
         reason="keras_hub is not installed: HVD_TRAIN_KERAS_HUB=1 make install (docs/install.md)",
     ),
+    pytest.mark.processes,
 ]
 
 CONFIG = ROOT / "examples" / "kerashub.yaml"

@@ -25,6 +25,8 @@ from harness import QUICKSTART, ROOT, finish_listening, run, start
 import hvd_train
 from hvd_train.record.summary import problems
 
+pytestmark = pytest.mark.processes
+
 SINGLE = ROOT / "launch" / "single_node.sh"
 MULTI = ROOT / "launch" / "multi_node.sh"
 # The virtualenv the scripts default to: the one for the stack HVD_TRAIN_TF names (scripts/stack.sh).

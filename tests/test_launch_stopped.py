@@ -164,6 +164,7 @@ print(f"code={{code}} stop_signal={{s.stop_signal}}", flush=True)
 """
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("local_worker", [True, False])
 def test_slurms_warning_signal_reaches_the_workers_here_not_horovodrun(
     tmp_path, local_worker

@@ -249,6 +249,7 @@ def test_no_import_cycles_inside_hvd_train() -> None:
     assert not found, "import cycles inside hvd_train: " + "; ".join(" -> ".join(c) for c in found)
 
 
+@pytest.mark.processes
 def test_the_light_layers_import_without_tensorflow_horovod_or_keras() -> None:
     """Every module of `LIGHT` (and cli.py), imported one after another in one fresh process
     in which importing TensorFlow, Horovod, Keras 3, tf_keras, MLflow or wandb fails."""

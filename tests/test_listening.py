@@ -46,6 +46,7 @@ def trains(cmd: list[str], tmp_path: pathlib.Path) -> tuple[set, set, str, dict]
     return seen, transports, proc.stderr, s
 
 
+@pytest.mark.processes
 @pytest.mark.multiworker
 @pytest.mark.parametrize(
     ("launcher", "controller"),
@@ -85,6 +86,7 @@ def test_a_job_on_one_host_listens_on_loopback_only(tmp_path, launcher, controll
         assert list(startup)[:2] == ["process", "config"] and startup["process"] > 0, startup
 
 
+@pytest.mark.processes
 @pytest.mark.multiworker
 def test_an_elastic_job_on_one_host_listens_on_loopback_only(tmp_path) -> None:
     """Nothing of a Horovod Elastic job on one host listens beyond loopback: two one-slot hosts,
@@ -209,6 +211,7 @@ def test_horovodrun_leaves_open_mpis_libfabric_transport_closed_on_one_host(mpir
     assert btl("localhost:2", env={"OMPI_MCA_btl_base_include": "ofi"}) == ["^openib"]
 
 
+@pytest.mark.processes
 def test_the_library_binds_to_loopback_in_mpirun_alone_and_leaves_the_ranks(tmp_path) -> None:
     """The library horovodrun puts in mpirun's LD_PRELOAD (scripts/loopback_bind.c), in a
     program named mpirun: a bind to every interface, IPv4 or IPv6, lands on loopback, one to

@@ -136,6 +136,7 @@ def tracked(tmp_path_factory) -> dict:
     return seen
 
 
+@pytest.mark.processes
 @needs_server
 @pytest.mark.multiworker
 def test_a_server_lost_mid_run_neither_stops_the_training_nor_goes_unrecorded(tracked) -> None:
@@ -152,6 +153,7 @@ def test_a_server_lost_mid_run_neither_stops_the_training_nor_goes_unrecorded(tr
     assert {("val_accuracy", 2), ("val_accuracy", 3), ("examples_per_sec", 3)} <= unsent, unsent
 
 
+@pytest.mark.processes
 @needs_server
 @pytest.mark.multiworker
 def test_a_continued_run_is_one_finished_mlflow_run_whose_history_goes_on(tracked) -> None:
@@ -187,6 +189,7 @@ def test_a_continued_run_is_one_finished_mlflow_run_whose_history_goes_on(tracke
     assert run.data.metrics["train_examples_per_sec"] == pytest.approx(s["train_examples_per_sec"])
 
 
+@pytest.mark.processes
 @needs_server
 @pytest.mark.multiworker
 def test_a_killed_worker_ends_the_mlflow_run_failed(tracked) -> None:
@@ -208,6 +211,7 @@ def test_a_killed_worker_ends_the_mlflow_run_failed(tracked) -> None:
     assert uploaded["mlflow"]["run_id"] == run.info.run_id, uploaded
 
 
+@pytest.mark.processes
 @needs_server
 @pytest.mark.multiworker
 def test_a_server_unreachable_at_start_is_one_line_and_exit_2(tmp_path) -> None:

@@ -86,6 +86,7 @@ def small(tmp_path_factory) -> tuple[pathlib.Path, dict[str, dict]]:
     return root, _job(root, spec, workers=2)
 
 
+@pytest.mark.processes
 @pytest.mark.multiworker
 @pytest.mark.parametrize("name", BUILTIN)
 def test_each_builtin_model_trains_a_step(request, name: str) -> None:
@@ -98,6 +99,7 @@ def test_each_builtin_model_trains_a_step(request, name: str) -> None:
     assert (root / name / "model.keras").is_file()
 
 
+@pytest.mark.processes
 @pytest.mark.stack
 @pytest.mark.multiworker
 def test_factory_example_trains_unchanged_at_2_workers(small) -> None:
@@ -113,6 +115,7 @@ def test_factory_example_trains_unchanged_at_2_workers(small) -> None:
     assert r["final_metrics"]["val_accuracy"] > 0.3, r
 
 
+@pytest.mark.processes
 @pytest.mark.multiworker
 def test_sync_batch_norm_keeps_statistics_identical_on_all_workers(small) -> None:
     """Plain BatchNormalization updates its moving statistics from each worker's own batch, and
@@ -128,6 +131,7 @@ def test_sync_batch_norm_keeps_statistics_identical_on_all_workers(small) -> Non
     assert mobilenet["bn_statistics"] == 2 * 52
 
 
+@pytest.mark.processes
 @pytest.mark.multiworker
 def test_exported_sync_model_loads_without_horovod_with_the_same_predictions(small) -> None:
     root, _ = small
@@ -166,6 +170,7 @@ def subclassed(tmp_path_factory) -> tuple[pathlib.Path, dict[str, dict]]:
     return root, _job(root, spec, workers=2)
 
 
+@pytest.mark.processes
 @pytest.mark.multiworker
 @pytest.mark.skipif(not binding.has_keras3(), reason="Keras 3 (TensorFlow 2.16+)")
 def test_a_subclassed_keras3_model_trains_resumes_and_exports(subclassed) -> None:
@@ -382,6 +387,7 @@ def test_a_factory_that_raises_at_import_is_named_by_file_and_line(tmp_path, mon
         build_model(load_config(None, ["model.factory=needs:build"]), (8, 8, 1), 10)
 
 
+@pytest.mark.processes
 def test_a_job_whose_factory_raises_names_the_users_line(tmp_path) -> None:
     (tmp_path / "bad.py").write_text("import os\nraise RuntimeError('my bug')\n")
     d = tmp_path / "run"

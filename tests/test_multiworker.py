@@ -28,7 +28,7 @@ from hvd_train.config import load_config
 from hvd_train.data.sources import load_source
 from hvd_train.runtime.keras import binding
 
-pytestmark = pytest.mark.multiworker
+pytestmark = [pytest.mark.multiworker, pytest.mark.processes]
 
 README_VAL_ACCURACY = 0.95  # the quickstart accuracy the README promises
 

@@ -188,6 +188,7 @@ def test_jit_compile_takes_the_whole_step_only_where_horovod_has_its_xla_ops(
     assert not xla.whole_step(False, gpu=True) and not xla.whole_step(True, gpu=False)
 
 
+@pytest.mark.processes
 def test_xla_ops_are_enabled_before_horovods_library_loads(tmp_path) -> None:
     """A worker started as `hvd-train train` starts, with runtime.jit_compile on a host made to
     look like a GPU host whose Horovod has its XLA all-reduce, has HOROVOD_ENABLE_XLA_OPS=1 in
@@ -203,6 +204,7 @@ def test_xla_ops_are_enabled_before_horovods_library_loads(tmp_path) -> None:
     assert "AT_LOAD ['1'] CODE 0" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("command", ["train", "data-bench"])
 def test_xla_flags_are_set_before_tensorflow_is_imported(tmp_path, command) -> None:
     """With runtime.jit_compile on a CPU host, XLA auto-clustering's flag is in TF_XLA_FLAGS
@@ -254,6 +256,7 @@ def test_a_whole_step_xla_compile_all_reduces_tensor_by_tensor(monkeypatch) -> N
     assert _allreduce_ops(False, monkeypatch) == {"HorovodGroupedAllreduce"}
 
 
+@pytest.mark.processes
 @pytest.mark.stack  # runtime.jit_compile, mixed precision: on every stack
 @pytest.mark.multiworker
 def test_speed_knobs_are_applied_in_every_worker(tmp_path: pathlib.Path) -> None:
@@ -385,6 +388,7 @@ def accumulation_runs(tmp_path_factory) -> pathlib.Path:
     return root
 
 
+@pytest.mark.processes
 def test_accumulating_two_batches_trains_exactly_like_one_twice_as_large(
     accumulation_runs: pathlib.Path,
 ) -> None:
@@ -415,6 +419,7 @@ def test_accumulating_two_batches_trains_exactly_like_one_twice_as_large(
         assert a["val_accuracy"] == b["val_accuracy"]
 
 
+@pytest.mark.processes
 def test_step_time_and_per_worker_rate_are_recorded(accumulation_runs: pathlib.Path) -> None:
     for name in ("acc", "big"):
         run_dir = accumulation_runs / name
@@ -432,6 +437,7 @@ def test_step_time_and_per_worker_rate_are_recorded(accumulation_runs: pathlib.P
         assert s["allreduce_time_share"] is None  # no timeline asked for
 
 
+@pytest.mark.processes
 @pytest.mark.multiworker
 def test_epoch_time_leaves_out_waiting_for_rank_0s_epoch_end(tmp_path: pathlib.Path) -> None:
     """Rank 0 ends each epoch slowly, after the collectives (tests/workers/slow_chief.py), as

@@ -21,7 +21,7 @@ import pytest
 import yaml
 from harness import KERASES, PYTHON, WORKERS, check, horovodrun
 
-pytestmark = [pytest.mark.multiworker, pytest.mark.stack]
+pytestmark = [pytest.mark.multiworker, pytest.mark.stack, pytest.mark.processes]
 
 STEPS = 6  # steps per epoch; a checkpoint every 3 steps, so ckpt-00000003 is mid-window at 2
 EPOCHS = 2

@@ -19,6 +19,7 @@ from hvd_train.config import load_config, rules
 from hvd_train.runtime.keras import binding, contract
 
 
+@pytest.mark.processes
 @pytest.mark.multiworker
 @pytest.mark.parametrize(
     ("where", "settings", "step"),
@@ -302,6 +303,7 @@ def test_replica_checks_every_n_steps_need_the_check_on(tmp_path) -> None:
     assert load_config(None).runtime.check_replicas == "epoch"
 
 
+@pytest.mark.processes
 @pytest.mark.skipif(binding.KERAS3 not in KERASES, reason="Keras 3 (TensorFlow 2.16+)")
 def test_keras3_accumulation_leaves_a_weight_without_gradient_alone(tmp_path) -> None:
     """AdamW with weight decay, accumulation over 2 batches: a weight whose gradient is None in
@@ -330,6 +332,7 @@ print("skipped", w.numpy().tolist(), "iterations", int(scaled.iterations.numpy()
     assert "skipped [1.0, 1.0] iterations 1" in out, out
 
 
+@pytest.mark.processes
 def test_keras2_accumulation_trains_an_embedding(tmp_path) -> None:
     """tf_keras (Keras 2) with accumulation over 2 batches and an Embedding, whose gradient is
     sparse: Horovod's accumulation takes it made dense (it fails at trace time otherwise), and

@@ -80,6 +80,7 @@ def test_an_earlier_job_keeps_what_it_did_and_nothing_else() -> None:
     }  # fmt: skip
 
 
+@pytest.mark.processes
 def test_a_rerun_of_a_finished_run_changes_nothing_and_raising_epochs_continues(
     tmp_path,
 ) -> None:

@@ -356,6 +356,7 @@ def errors_in(proc: subprocess.CompletedProcess) -> list[str]:
     return [ln for ln in proc.stderr.splitlines() if ln.startswith("hvd_train: error:")]
 
 
+@pytest.mark.processes
 def test_a_single_process_on_a_refused_run_dir_exits_2_with_one_line(tmp_path, sleeper) -> None:
     """Three refusals in one test (each a real process: TensorFlow, data, Horovod started)."""
     held = tmp_path / "held"
@@ -379,6 +380,7 @@ def test_a_single_process_on_a_refused_run_dir_exits_2_with_one_line(tmp_path, s
     assert sorted(os.listdir(foreign)) == ["notes.txt"]
 
 
+@pytest.mark.processes
 def test_a_run_started_from_its_run_dirs_config_leaves_it_as_it_is(tmp_path) -> None:
     """The earlier run's resolved config given back as --config (how a run is repeated)."""
     d = tmp_path / "run"
@@ -406,6 +408,7 @@ def rank_of(pid: int) -> str:
     return next(e for e in environ if e.startswith(b"HOROVOD_RANK=")).decode()
 
 
+@pytest.mark.processes
 @pytest.mark.multiworker
 def test_a_second_job_on_a_running_jobs_run_dir_is_refused_and_the_first_completes(
     tmp_path,

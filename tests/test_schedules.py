@@ -246,6 +246,7 @@ def test_inconsistent_schedule_settings_are_config_errors(overrides, message) ->
 NO_HOROVOD = "import sys; sys.modules['horovod'] = None; from hvd_train.cli import main; sys.exit(main(sys.argv[1:]))"
 
 
+@pytest.mark.processes
 def test_lr_plot_draws_the_schedule_without_horovod(tmp_path: pathlib.Path) -> None:
     """The quickstart at 2 workers: digits (1,438 training examples), batch 32 x 2 = 64, so
     22 steps an epoch; the rate ramps from 0.001 to 0.002 over 2 epochs, then down to 0.0001."""
@@ -262,6 +263,7 @@ def test_lr_plot_draws_the_schedule_without_horovod(tmp_path: pathlib.Path) -> N
     assert last == pytest.approx(0.05 * 0.002)  # step 263, the last, at min_lr_fraction
 
 
+@pytest.mark.processes
 def test_lr_plot_needs_the_example_count_only_when_it_cannot_know_it(tmp_path) -> None:
     args = [PYTHON, "-m", "hvd_train", "lr-plot", "--config", str(QUICKSTART),
             "--train-examples", "640", "--workers", "2", "--out", str(tmp_path / "a.png")]  # fmt: skip

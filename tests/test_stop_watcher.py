@@ -44,18 +44,21 @@ def run(steps: int = 0, before: str = "", after: str = "", env: dict | None = No
                           text=True, timeout=120, env=env)  # fmt: skip
 
 
+@pytest.mark.processes
 def test_a_stop_before_any_step_ends_the_process_at_once_recorded() -> None:
     proc = run(steps=0)
     assert proc.returncode == 143, proc.stdout + proc.stderr
     assert "ABANDON signal=15 ran=False failed=False: before any step ran" in proc.stdout
 
 
+@pytest.mark.processes
 def test_a_stop_that_outlasts_the_grace_ends_the_process_without_a_checkpoint() -> None:
     proc = run(steps=3)
     assert proc.returncode == 143, proc.stdout + proc.stderr
     assert "ABANDON signal=15 ran=True failed=False: its stop did not finish" in proc.stdout
 
 
+@pytest.mark.processes
 def test_a_run_that_wrote_its_ending_is_left_to_end_by_itself() -> None:
     proc = run(steps=3, before="s.done.set()",
                after="time.sleep(2); print('ENDED BY ITSELF'); sys.exit(0)")  # fmt: skip
@@ -63,6 +66,7 @@ def test_a_run_that_wrote_its_ending_is_left_to_end_by_itself() -> None:
     assert "ENDED BY ITSELF" in proc.stdout and "ABANDON" not in proc.stdout
 
 
+@pytest.mark.processes
 def test_mpiruns_kill_sequence_is_recorded_as_a_failure_not_a_stop() -> None:
     """mpirun ends a job with SIGCONT, then SIGTERM: that is not a user's stop."""
     env = {**os.environ, "OMPI_COMM_WORLD_RANK": "0"}
@@ -90,6 +94,7 @@ print("RETURNED", stops.first_failure_awaited({wait_s}), flush=True)
 """
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("mpirun_ends", [True, False])
 def test_rank_0_that_saw_a_knock_on_under_mpirun_waits_for_mpirun_to_end_the_job(
     mpirun_ends,
@@ -151,6 +156,7 @@ def before_the_record(
                           text=True, timeout=120, env={**os.environ, **env})  # fmt: skip
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT", "SIGUSR1"])
 def test_a_stop_before_the_record_is_recorded_by_rank_0_itself(tmp_path, sig) -> None:
     d = tmp_path / "run"
@@ -164,6 +170,7 @@ def test_a_stop_before_the_record_is_recorded_by_rank_0_itself(tmp_path, sig) ->
     assert not (d / LOCK_NAME).exists()  # run.dir is free for the same command again
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("sender", ["mpirun alone", "the supervisor", "mpirun, supervised"])
 def test_a_signal_in_an_mpi_workers_start_up_is_a_stop_only_from_the_launcher(
     tmp_path, sender
@@ -189,6 +196,7 @@ def test_a_signal_in_an_mpi_workers_start_up_is_a_stop_only_from_the_launcher(
         assert "stopped_by" not in s, s
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("sender", ["a user's stop", "mpirun, supervised"])
 def test_a_signal_the_moment_it_is_caught_is_recorded_by_rank_0_itself(tmp_path, sender) -> None:
     """A launcher or a test may signal a worker as soon as the worker is seen to catch the
@@ -213,6 +221,7 @@ def test_a_signal_the_moment_it_is_caught_is_recorded_by_rank_0_itself(tmp_path,
         assert s["status"] == "failed" and s["error"].startswith("mpirun ended the job"), s
 
 
+@pytest.mark.processes
 def test_rank_0_that_holds_run_dir_already_writes_its_ending(tmp_path) -> None:
     """Between rank 0's claim on run.dir and its record's start lies the collective that tells
     every rank the claim's outcome: a worker that dies there gets mpirun's SIGTERM to rank 0,
@@ -244,6 +253,7 @@ trainer.train(load_config({config!r}, ["run.dir={run_dir}", "data.source=synthet
 """
 
 
+@pytest.mark.processes
 def test_rank_0_whose_claim_collective_fails_writes_its_ending(tmp_path) -> None:
     """Under Gloo, a worker that dies in the collective after rank 0's claim makes Horovod
     raise in rank 0 at once, before horovodrun's SIGTERM: rank 0 writes `failed` under its
@@ -260,6 +270,7 @@ def test_rank_0_whose_claim_collective_fails_writes_its_ending(tmp_path) -> None
     assert (d / "config.yaml").exists() and not (d / LOCK_NAME).exists()
 
 
+@pytest.mark.processes
 def test_another_rank_stopped_before_the_record_writes_nothing(tmp_path) -> None:
     d = tmp_path / "run"
     proc = before_the_record(d, HOROVOD_RANK="1", HOROVOD_SIZE="2")

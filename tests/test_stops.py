@@ -37,7 +37,7 @@ from harness import (
 from hvd_train.record.summary import problems
 from hvd_train.train.checkpoint import is_checkpoint, read_state
 
-pytestmark = pytest.mark.multiworker
+pytestmark = [pytest.mark.multiworker, pytest.mark.processes]
 
 CONTROLLERS = ["gloo", "mpi"]
 JOB_END_LIMIT_S = 60  # a job must end this soon after its stop or its fault

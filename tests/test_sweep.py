@@ -14,6 +14,8 @@ from mlflow_server import QUIET, unavailable
 
 from hvd_train.record import mlflow_run
 
+pytestmark = pytest.mark.processes
+
 NO_MLFLOW = unavailable(server=False)
 
 

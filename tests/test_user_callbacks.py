@@ -134,6 +134,7 @@ def test_record_of_an_early_stop_and_of_a_signal_at_the_same_epoch() -> None:
     )  # fmt: skip
 
 
+@pytest.mark.processes
 def test_bad_callback_args_end_the_run_in_one_line_with_exit_code_2(tmp_path) -> None:
     bad = callbacks_set([{"class": "EarlyStopping", "args": {"patiense": 2}}])
     proc = run([PYTHON, "-m", "hvd_train", "--config", str(QUICKSTART), "--set", bad,
@@ -148,6 +149,7 @@ def test_bad_callback_args_end_the_run_in_one_line_with_exit_code_2(tmp_path) ->
     assert last.endswith(f"; full log: {tmp_path / 'run' / 'logs' / 'rank-0.log'}"), last
 
 
+@pytest.mark.processes
 def test_an_epoch_keras_ends_early_on_an_end_of_data_error_fails_the_run(tmp_path) -> None:
     """TensorFlow's end-of-data error raised mid-epoch (here by a callback) makes Keras end the
     epoch quietly, with a warning, and leave the later epochs empty. The run is not complete:
@@ -178,6 +180,7 @@ def _lines(path: pathlib.Path) -> list[list[str]]:
     return [line.split() for line in path.read_text().splitlines()]
 
 
+@pytest.mark.processes
 @pytest.mark.multiworker
 def test_a_stop_on_one_rank_mid_epoch_ends_every_rank_at_that_epochs_end(tmp_path) -> None:
     """Rank 1 alone sets stop_training after step 5 of epoch 2 (of 6): both ranks finish epoch
@@ -213,6 +216,7 @@ def test_a_stop_on_one_rank_mid_epoch_ends_every_rank_at_that_epochs_end(tmp_pat
     assert not (out / "log.rank1").exists()
 
 
+@pytest.mark.processes
 @pytest.mark.multiworker
 def test_early_stopping_ends_the_job_on_every_rank_and_the_record_says_so(tmp_path) -> None:
     """EarlyStopping, by its bare Keras name, with a min_delta no epoch can reach: it stops
@@ -232,6 +236,7 @@ def _rates_in_csv(run_dir: pathlib.Path) -> list[float]:
         return [float(row["learning_rate"]) for row in csv.DictReader(f)]
 
 
+@pytest.mark.processes
 @pytest.mark.multiworker
 def test_reduce_lr_on_plateau_scales_the_schedule_and_a_resume_keeps_the_factor(tmp_path) -> None:
     """ReduceLROnPlateau with a min_delta no epoch reaches and patience 0 halves the rate after

@@ -79,6 +79,7 @@ def tracked(tmp_path_factory) -> dict:
     return seen
 
 
+@pytest.mark.processes
 @needs_wandb
 def test_a_completed_run_logs_its_config_each_epoch_and_its_summary(tracked) -> None:
     """Job 1: the resolved config and the job's figures, one row per epoch equal to
@@ -107,6 +108,7 @@ def test_a_completed_run_logs_its_config_each_epoch_and_its_summary(tracked) -> 
     assert w.exit_code == 0
 
 
+@pytest.mark.processes
 @needs_wandb
 def test_a_continued_run_continues_the_same_wandb_run(tracked) -> None:
     """Job 2, train.epochs raised from 2 to 3: the same W&B run id (kept in summary.json), its
@@ -124,6 +126,7 @@ def test_a_continued_run_continues_the_same_wandb_run(tracked) -> None:
     assert w.exit_code == 0
 
 
+@pytest.mark.processes
 @needs_wandb
 def test_a_failed_run_ends_its_wandb_run_failed(tmp_path) -> None:
     """A NaN loss at epoch 2: the record says failed, the W&B run ends with exit code 1 (W&B's
@@ -144,6 +147,7 @@ def test_a_failed_run_ends_its_wandb_run_failed(tmp_path) -> None:
     assert w.artifacts == []  # a model only for a completed run
 
 
+@pytest.mark.processes
 @needs_wandb
 def test_a_stopped_run_ends_its_wandb_run_with_the_stop_s_exit_code(tmp_path) -> None:
     """SIGTERM after epoch 1: the record says interrupted (stopped by SIGTERM), and the W&B run
@@ -168,6 +172,7 @@ def test_a_stopped_run_ends_its_wandb_run_with_the_stop_s_exit_code(tmp_path) ->
     assert sorted(w.by_epoch("loss")) == epochs and epochs[0] == 1, (w.history, epochs)
 
 
+@pytest.mark.processes
 @needs_wandb
 def test_w_and_b_unreachable_online_is_one_line_and_exit_2(tmp_path) -> None:
     """Online, with nothing listening at WANDB_BASE_URL: one line, exit code 2, and run.dir
