@@ -90,7 +90,7 @@ def test_metrics_match_the_runs_final_validation(trained, evaluations) -> None:
     # Not to the last bit: training's validation deals examples out one by one (worker r takes
     # every N-th), evaluate deals whole batches, and a row's float32 output can differ in its
     # last bits with its place in the batch (and with the thread count). That moves the mean
-    # loss by a few float32 ulps (2^-23 = 1.2e-7) at most; measured: 1.3e-9 relative.
+    # loss by a few float32 ulps (2^-23 = 1.2e-7) at most.
     assert got["loss"] == pytest.approx(final["val_loss"], rel=1e-6)
 
 

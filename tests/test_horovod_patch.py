@@ -1,10 +1,10 @@
 """Horovod as scripts/install.sh builds it: 0.28.1's sdist with the series of
 patches/horovod-0.28.1 applied before the build. The series applies cleanly to the pristine
 sdist, the installed Horovod carries it (its version says which), and each change does what its
-header says: horovodrun keeps a stopped worker's exit code (unpatched, 34 of 100 stops here came
-back as exit code 0, so 20 stops that all keep their 143 would happen by chance about once in
-4,000 runs), it starts a job without importing TensorFlow to check how Horovod was built, and a
-job whose worker failed ends in one line, with that worker's exit code."""
+header says: horovodrun keeps a stopped worker's exit code (unpatched, a third of stops came back
+as exit code 0: docs/validation.md; 20 stops that all keep their 143 do not pass by chance), it
+starts a job without importing TensorFlow to check how Horovod was built, and a job whose
+worker failed ends in one line, with that worker's exit code."""
 
 from __future__ import annotations
 

@@ -172,14 +172,12 @@ def test_two_workers_at_batch_b_train_like_one_worker_at_2b(tmp_path: pathlib.Pa
 
     Why float64 (`tests/workers/float64_models.py`, convnet7 layer for layer): in float32 the
     gradients differ by ~1e-6 relative, and after ~20 steps a ReLU input lying within that of 0
-    switches sides in one run only; that unit's gradient then differs wholly and the runs part
-    (measured: loss 0.65517 vs 0.65480 at epoch 2; weights up to 28% apart after 4 epochs). In
+    switches sides in one run only; that unit's gradient then differs wholly and the runs part. In
     float64 the gradients differ by ~1e-14, no ReLU switches in the run, and Adam, whose step is
     lr x m/sqrt(v), does not compound a relative error: the weights end a few units of their
-    last place apart (measured: 4e-15 of each tensor's largest weight, as after the first
-    step). Whereas other batches, another rate or a sum instead of a mean change a weight by a
-    whole step, ~lr = 1e-3 (~4e-3 of the largest weights of 0.25). FLOAT64_WEIGHTS_REL = 1e-9
-    lies 10^5 from each.
+    last place apart, as after the first step. Whereas other batches, another rate or a sum
+    instead of a mean change a weight by a whole step, ~lr = 1e-3 (~4e-3 of the largest weights
+    of 0.25). FLOAT64_WEIGHTS_REL = 1e-9 lies 10^5 from each.
 
     The logged training loss is Keras' float32 running mean: each of the epoch's `steps` batch
     losses is rounded to float32 and added, then divided (and averaged over the workers):

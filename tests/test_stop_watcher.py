@@ -201,10 +201,9 @@ def test_a_signal_in_an_mpi_workers_start_up_is_a_stop_only_from_the_launcher(
 def test_a_signal_the_moment_it_is_caught_is_recorded_by_rank_0_itself(tmp_path, sender) -> None:
     """A launcher or a test may signal a worker as soon as the worker is seen to catch the
     signal (SigCgt in /proc, as tests/test_stops.py waits for it): the watcher and the
-    start-up's recorder are in place from that moment. Before d9a4948, a signal that came after
-    the handler and before the watcher was lost (the process trained on), and one before the
-    recorder ended the process unrecorded (seen once in `make test`: test_stops.py's SIGTERM
-    after a rank's death, the record then the launcher's)."""
+    start-up's recorder are in place from that moment (before, a signal that came after the
+    handler and before the watcher was lost, and one before the recorder ended the process
+    unrecorded: lab/test-suite-time)."""
     d = tmp_path / "run"
     if sender == "a user's stop":
         env = {"HOROVOD_RANK": "0", "HOROVOD_SIZE": "2"}
@@ -257,8 +256,8 @@ trainer.train(load_config({config!r}, ["run.dir={run_dir}", "data.source=synthet
 def test_rank_0_whose_claim_collective_fails_writes_its_ending(tmp_path) -> None:
     """Under Gloo, a worker that dies in the collective after rank 0's claim makes Horovod
     raise in rank 0 at once, before horovodrun's SIGTERM: rank 0 writes `failed` under its
-    claim (before, nothing: 20 of 30 such jobs under raw horovodrun --gloo had no record, in
-    the early-death soak of 2026-11-28) and gives run.dir back."""
+    claim and gives run.dir back (before, under raw horovodrun --gloo, most such jobs left no
+    record: docs/benchmarks.md, "Early deaths")."""
     d = tmp_path / "run"
     code = IN_THE_CLAIMS_COLLECTIVE.format(root=str(ROOT), config=str(QUICKSTART), run_dir=str(d))
     proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,

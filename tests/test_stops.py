@@ -270,8 +270,8 @@ def test_a_rank_killed_inside_a_shared_memory_all_reduce_is_recorded_as_anywhere
     # Epochs enough that the job never ends by itself before rank 0 is caught: the catching,
     # not the job's length, bounds the test (200 attempts). A wide MLP at 4 examples a worker
     # spends most of a step all-reducing its 10.5M gradients, so a stop of rank 1 at a random
-    # moment mostly lands inside an all-reduce; with quickstart's convnet it rarely did (CI
-    # missed 200 times in a row under load).
+    # moment mostly lands inside an all-reduce; with quickstart's convnet it rarely did
+    # (lab/test-suite-time).
     wide = ("model.name=mlp", "model.dense_units=[2048,2048]", "train.batch_size=4",
             "data.train_examples=256")  # fmt: skip
     proc = start(horovodrun("gloo", trainer(d, *SYNTHETIC, *wide, "train.epochs=100000")), tmp_path)
