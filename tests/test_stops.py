@@ -124,27 +124,46 @@ def catches_sigterm(pid: int | None) -> bool:
     return bool(caught & (1 << (signal.SIGTERM - 1)))
 
 
-def assert_checkpoints_load(run_dir: pathlib.Path) -> list[pathlib.Path]:
-    found = sorted((run_dir / "checkpoints").glob("ckpt-*"))
+def assert_checkpoints_load(
+    run_dir: pathlib.Path,
+    *,
+    exactly: list[tuple[int, int]] | None = None,
+    newest_after_epoch: int | None = None,
+) -> list[pathlib.Path]:
+    """run.dir's checkpoints, oldest first: each loads, and they are the ones the caller
+    expects. `exactly`: their positions, (epoch, step) as state.json has them (the epoch to
+    continue, 0-based, and the steps of it done); [] for none. `newest_after_epoch`: one at
+    least, the newest written at the end of that epoch (1-based) or later."""
+    assert (exactly is None) != (newest_after_epoch is None), "say which checkpoints to expect"
+    found = [p for p in (run_dir / "checkpoints").glob("ckpt-*")]
     assert all(is_checkpoint(str(p)) for p in found), found
+    found.sort(key=lambda p: read_state(str(p))["global_step"])
+    at = [(read_state(str(p))["epoch"], read_state(str(p))["step"]) for p in found]
+    if exactly is not None:
+        assert at == exactly, (at, found)
+    else:
+        assert at and at[-1] >= (newest_after_epoch, 0), (at, found)
     return found
 
 
-def assert_stop_recorded(s: dict, run_dir: pathlib.Path) -> None:
-    """An `interrupted` record whose last checkpoint is where the next run continues."""
-    assert s.get("status") == "interrupted", s
-    assert s["stopped_by"] in ("SIGTERM", "SIGINT") or "stopped by" in s["_output"], s
-    kept = assert_checkpoints_load(run_dir)
-    if s.get("last_checkpoint"):
-        assert pathlib.Path(s["last_checkpoint"]) in kept, (s, kept)
-    if s.get("stop_detail") and "nothing to save" in s["stop_detail"]:
-        return  # no step ran: the newest checkpoint (if any) is where the next run continues
-    if s.get("stopped_at") and s.get("last_checkpoint"):  # a stop checkpoint was written
-        state = read_state(s["last_checkpoint"])
-        assert (state["epoch"] + 1, state["step"]) == (
-            s["stopped_at"]["epoch"],
-            s["stopped_at"]["step"],
-        ), s
+# How a stop ended (the record's stop_detail, or none): it came before any step ran; or rank 0
+# wrote its stop checkpoint; or the stop outlasted its grace and ended without one.
+NOTHING_TO_SAVE = "before any step ran: nothing to save"
+STOP_CHECKPOINT = "a stop checkpoint"
+NO_STOP_CHECKPOINT = "no stop checkpoint"
+
+
+def assert_stop_recorded(s: dict, by: str, ending: str) -> None:
+    """An `interrupted` record of a stop by signal `by` that ended as `ending` says. With a
+    stop checkpoint, the record's last checkpoint is that one: a complete checkpoint of the
+    position the record says the stop left, where the next run continues."""
+    assert s.get("status") == "interrupted" and s.get("stopped_by") == by, s
+    if ending != STOP_CHECKPOINT:
+        assert ending in s.get("stop_detail", ""), s
+        return
+    assert "stop_detail" not in s and is_checkpoint(s["last_checkpoint"]), s
+    state = read_state(s["last_checkpoint"])
+    assert {"epoch": state["epoch"] + 1, "step": state["step"]} == s["stopped_at"], (s, state)
 
 
 def stop(proc, controller: str) -> None:
@@ -162,7 +181,9 @@ def test_stop_in_the_first_seconds_records_interrupted(tmp_path, controller) -> 
     wait_until(lambda: summary(d).get("status") == "running", proc, "a running record")
     stop(proc, controller)
     s = ended(d, proc)
-    assert_stop_recorded(s, d)
+    # horovodrun (Gloo) passes its Ctrl-C on as SIGTERM; the launcher (MPI), the SIGTERM.
+    assert_stop_recorded(s, "SIGTERM", NOTHING_TO_SAVE)
+    assert_checkpoints_load(d, exactly=[])
     if controller == "mpi":  # through hvd-train launch, which says what it passed on
         assert "[hvd_train launch] attempt 1 stopped by SIGTERM" in s["_output"], s["_output"]
         assert s["_exit_code"] == 128 + signal.SIGTERM, s
@@ -176,25 +197,28 @@ def test_stop_right_after_a_resume_keeps_the_checkpoint_it_resumed_from(
 ) -> None:
     d = tmp_path / "run"
     check(run(horovodrun(controller, trainer(d, "train.epochs=1")), tmp_path))
-    resumed_from = str(assert_checkpoints_load(d)[-1])
+    (resumed_from,) = map(str, assert_checkpoints_load(d, exactly=[(1, 0)]))
     proc = start(stoppable_job(controller, d, "train.epochs=3"), tmp_path)
     wait_until(lambda: summary(d).get("resumed_from") == resumed_from, proc, "the resume")
     stop(proc, controller)
     s = ended(d, proc)
-    assert_stop_recorded(s, d)
-    assert s["resumed_from"] == resumed_from
+    # The stop comes as the record names the resume, before the first (traced) step ends.
+    assert_stop_recorded(s, "SIGTERM", NOTHING_TO_SAVE)
+    assert s["resumed_from"] == resumed_from == s["last_checkpoint"], s
+    assert s["stopped_at"] == {"epoch": 2, "step": 0}, s
+    assert list(map(str, assert_checkpoints_load(d, exactly=[(1, 0)]))) == [resumed_from]
     if controller == "mpi":  # `hvd-train launch`, stopped by SIGTERM
         assert s["_exit_code"] == 128 + signal.SIGTERM, s
-    if "nothing to save" in s.get("stop_detail", ""):
-        assert s["stopped_at"] == {"epoch": 2, "step": 0}, s
-        assert str(assert_checkpoints_load(d)[-1]) == resumed_from
 
 
 @pytest.mark.parametrize("controller", ["gloo", variant("mpi")])
 def test_stop_during_a_checkpoint_write_then_the_rerun_completes(tmp_path, controller) -> None:
     """Each checkpoint write takes 2 s (tests/workers/slow_phase.py); the stop comes in the
-    middle of the first one. Whatever the stop could save, the record says interrupted, every
-    checkpoint left loads, and the same command then runs to the end, leaving nothing
+    middle of the first one. Under Gloo the stop has no grace (HVD_TRAIN_STOP_GRACE_S=0: with
+    horovodrun's 3.5 s, the rest of that write and the stop checkpoint's own 2 s made the ending
+    a race): rank 0 ends in the middle of the write, which stays under its temporary name. Under
+    MPI the supervisor's grace lets the write finish and the stop checkpoint follow. Either way
+    the record says interrupted, and the same command then runs to the end, leaving nothing
     half-written behind."""
     d, marker = tmp_path / "run", tmp_path / "checkpoint-begun"
     program = [PYTHON, str(WORKERS / "slow_phase.py"), "checkpoint", "--config",
@@ -202,7 +226,7 @@ def test_stop_during_a_checkpoint_write_then_the_rerun_completes(tmp_path, contr
     os.environ["SLOW_PHASE_MARKER"] = str(marker)
     try:
         if controller == "gloo":
-            proc = start(horovodrun("gloo", program), tmp_path)
+            proc = start(horovodrun("gloo", program), tmp_path, {"HVD_TRAIN_STOP_GRACE_S": "0"})
         else:  # the supervisor of `hvd-train launch`, around horovodrun --mpi
             proc = start([PYTHON, "-m", "hvd_train.launcher.supervise", "--", *horovodrun("mpi", program)],
                          tmp_path)  # fmt: skip
@@ -211,12 +235,20 @@ def test_stop_during_a_checkpoint_write_then_the_rerun_completes(tmp_path, contr
         s = ended(d, proc)
     finally:
         del os.environ["SLOW_PHASE_MARKER"]
-    assert_stop_recorded(s, d)
+    if controller == "gloo":
+        assert_stop_recorded(s, "SIGTERM", NO_STOP_CHECKPOINT)
+        assert_checkpoints_load(d, exactly=[])
+        assert list((d / "checkpoints").glob(".tmp*")), "no write cut short"
+        stop_checkpoint = []
+    else:
+        assert_stop_recorded(s, "SIGTERM", STOP_CHECKPOINT)
+        stop_checkpoint = [(1, s["stopped_at"]["step"])]  # in epoch 2, after the first write
+        assert_checkpoints_load(d, exactly=[(1, 0), *stop_checkpoint])
     check(run(horovodrun(controller, trainer(d, "train.epochs=2")), tmp_path))
     s = summary(d)
     assert s["status"] == "completed" and s["epochs_completed"] == 2, s
     assert not list((d / "checkpoints").glob(".tmp*"))
-    assert_checkpoints_load(d)
+    assert_checkpoints_load(d, exactly=[(1, 0), *stop_checkpoint, (2, 0)])
 
 
 @pytest.mark.parametrize(
@@ -255,7 +287,7 @@ def test_a_killed_rank_is_recorded_failed(tmp_path, controller, rank) -> None:
         assert s["error"].startswith("another worker ended first: rank 1 (exit code 137"), s
     else:
         assert s["error"].startswith("mpirun ended the job"), s
-    assert_checkpoints_load(d)
+    assert_checkpoints_load(d, newest_after_epoch=1)
 
 
 @pytest.mark.stack  # Horovod's C++ core, as each stack's build compiles it (patch 0013)
@@ -286,7 +318,7 @@ def test_a_rank_killed_inside_a_shared_memory_all_reduce_is_recorded_as_anywhere
     s = ended(d, proc)
     assert s["status"] == "failed" and s["failed_rank"] == 1, s
     assert s["error"].startswith("another worker ended first: rank 1 (exit code 137"), s
-    assert_checkpoints_load(d)
+    assert_checkpoints_load(d, newest_after_epoch=1)
 
 
 @pytest.mark.parametrize(
@@ -297,20 +329,18 @@ def test_a_rank_killed_in_validation_or_a_checkpoint_write_is_recorded_failed(
     tmp_path, controller, phase
 ) -> None:
     """SIGKILL to rank 1 in the middle of the first validation (every rank validates) or of the
-    first checkpoint write (rank 0's, held for 2 s by tests/workers/slow_phase.py). Rank 0 is
-    then inside that phase when horovodrun or mpirun ends it: the record says `failed` with
-    the first failure, never `interrupted`; the checkpoints left all load, none half-written."""
+    first checkpoint write (rank 0's), each held for 30 s by tests/workers/slow_phase.py: far
+    longer than horovodrun or mpirun takes to end rank 0, which is then inside that phase. The
+    record says `failed` with the first failure, never `interrupted`; no checkpoint is left,
+    none half-written."""
     d, marker = tmp_path / "run", tmp_path / "phase-begun"
     program = [PYTHON, str(WORKERS / "slow_phase.py"), phase, "--config", str(QUICKSTART),
                *sets(f"run.dir={d}", *SYNTHETIC, "train.epochs=3")]  # fmt: skip
-    os.environ["SLOW_PHASE_MARKER"] = str(marker)
-    try:
-        proc = start(horovodrun(controller, program), tmp_path)
-        wait_until(marker.exists, proc, f"the {phase}")
-        os.kill(workers(str(d))[1], signal.SIGKILL)
-        s = ended(d, proc)
-    finally:
-        del os.environ["SLOW_PHASE_MARKER"]
+    held = {"SLOW_PHASE_MARKER": str(marker), "SLOW_PHASE_S": "30"}
+    proc = start(horovodrun(controller, program), tmp_path, held)
+    wait_until(marker.exists, proc, f"the {phase}")
+    os.kill(workers(str(d))[1], signal.SIGKILL)
+    s = ended(d, proc)
     assert s["status"] == "failed" and "stopped_by" not in s, s
     if controller == "gloo":
         assert (
@@ -318,8 +348,10 @@ def test_a_rank_killed_in_validation_or_a_checkpoint_write_is_recorded_failed(
         ), s
     else:
         assert s["error"].startswith("mpirun ended the job"), s
-    kept = assert_checkpoints_load(d)  # a write cut short stays under its temporary name
-    assert s.get("last_checkpoint") is None or pathlib.Path(s["last_checkpoint"]) in kept, s
+    # Both phases come before epoch 1's checkpoint is in place (a write cut short stays under
+    # its temporary name): there is none.
+    assert_checkpoints_load(d, exactly=[])
+    assert s.get("last_checkpoint") is None, s
 
 
 def test_launcher_names_the_first_failure_in_the_record(tmp_path) -> None:
@@ -349,11 +381,12 @@ def test_a_killed_launcher_leaves_a_true_record(tmp_path, controller) -> None:
         launcher = next(p for p in launcher.children(recursive=True) if p.name() == "mpirun")
     launcher.kill()
     s = ended(d, proc)
-    if controller == "gloo":
-        assert_stop_recorded(s, d)
+    kept = assert_checkpoints_load(d, newest_after_epoch=1)
+    if controller == "gloo":  # well inside the grace: a few steps, then a 1 MB checkpoint
+        assert_stop_recorded(s, "SIGTERM", STOP_CHECKPOINT)
+        assert pathlib.Path(s["last_checkpoint"]) == kept[-1], (s, kept)
     else:
         assert s["status"] == "failed" and s["recorded_by"] == "keeper", s
-        assert_checkpoints_load(d)
 
 
 @pytest.mark.parametrize(

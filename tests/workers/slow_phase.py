@@ -1,6 +1,7 @@
 """Trains like `python -m hvd_train CONFIG_ARGS...`, with one phase held open for 2 s on every
-rank (a slow disk, a slow validation set), and the file named by SLOW_PHASE_MARKER created when
-the phase first begins: a test can then stop the job, or kill a rank, in the middle of it.
+rank (a slow disk, a slow validation set; SLOW_PHASE_S seconds when set), and the file named by
+SLOW_PHASE_MARKER created when the phase first begins: a test can then stop the job, or kill a
+rank, in the middle of it.
 
 - checkpoint: each checkpoint write, after its files are written and before they are renamed
   into place (rank 0 writes checkpoints).
@@ -22,7 +23,7 @@ from hvd_train.base import files
 from hvd_train.data import tfrecords
 from hvd_train.train import evaluation
 
-SLOW_S = 2.0
+SLOW_S = float(os.environ.get("SLOW_PHASE_S", "2"))
 
 
 def held(begins: bool) -> None:
