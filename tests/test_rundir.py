@@ -199,12 +199,21 @@ def test_of_processes_taking_over_one_stale_lock_at_once_exactly_one_wins(tmp_pa
 
 
 def test_an_earlier_runs_folder_is_claimed(tmp_path) -> None:
+    """Every file a run writes (and its temporary names) is a run's: the claim takes the lock
+    without run.overwrite, touches none of them, and its release gives the folder back."""
     for name in ("summary.json", "metrics.csv", "config.yaml", "model.keras", "best.keras",
                  "timeline.json", "log.txt", "summary.json.tmp", "model.tmp-12.keras"):  # fmt: skip
         (tmp_path / name).write_text("x")
     for name in ("checkpoints", "tensorboard", "model", "best", "logs", "model.old-12"):
         (tmp_path / name).mkdir()
-    rundir.claim(str(tmp_path), overwrite=False, config_path=None).release()
+    before = sorted(p.name for p in tmp_path.iterdir())
+    claim = rundir.claim(str(tmp_path), overwrite=False, config_path=None)  # no NotARunDir
+    lock = json.loads((tmp_path / LOCK_NAME).read_text())
+    assert (lock["pid"], lock["host"]) == (os.getpid(), HOST), lock
+    claim.release()
+    assert not (tmp_path / LOCK_NAME).exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+    assert all(p.read_text() == "x" for p in tmp_path.iterdir() if p.is_file())
 
 
 def test_files_that_are_not_a_runs_are_refused_and_overwrite_allows_them(tmp_path) -> None:
