@@ -15,7 +15,8 @@ import sys
 import textwrap
 
 import pytest
-from harness import QUICKSTART, ROOT
+from harness import PYTHON, QUICKSTART, ROOT, WORKERS
+from harness import run as run_job
 
 from hvd_train.record.run_record import end_before_start
 from hvd_train.record.rundir import LOCK_NAME
@@ -236,32 +237,17 @@ def test_rank_0_that_holds_run_dir_already_writes_its_ending(tmp_path) -> None:
     assert not (d / LOCK_NAME).exists()  # released as the process ended
 
 
-IN_THE_CLAIMS_COLLECTIVE = """
-import sys
-sys.path.insert(0, {root!r})
-import tensorflow as tf
-from hvd_train.config import load_config
-from hvd_train.train.run import trainer
-claim = trainer._prepare_run_dir
-def claimed_then_the_collective_failed(*args):
-    claim(*args)  # rank 0 claimed run.dir and wrote its config there
-    raise tf.errors.UnknownError(None, None, "Horovod has been shut down. This was caused by "
-                                 "an exception on one of the ranks")  # Gloo's, at once
-trainer._prepare_run_dir = claimed_then_the_collective_failed
-trainer.train(load_config({config!r}, ["run.dir={run_dir}", "data.source=synthetic"]))
-"""
-
-
 @pytest.mark.processes
 def test_rank_0_whose_claim_collective_fails_writes_its_ending(tmp_path) -> None:
     """Under Gloo, a worker that dies in the collective after rank 0's claim makes Horovod
     raise in rank 0 at once, before horovodrun's SIGTERM: rank 0 writes `failed` under its
     claim and gives run.dir back (before, under raw horovodrun --gloo, most such jobs left no
-    record: docs/benchmarks.md, "Early deaths")."""
+    record: docs/benchmarks.md, "Early deaths"). The collective fails in
+    tests/workers/claim_collective_fails.py."""
     d = tmp_path / "run"
-    code = IN_THE_CLAIMS_COLLECTIVE.format(root=str(ROOT), config=str(QUICKSTART), run_dir=str(d))
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
-                          text=True, timeout=300)  # fmt: skip
+    proc = run_job(
+        [PYTHON, str(WORKERS / "claim_collective_fails.py"), str(QUICKSTART), str(d)], tmp_path
+    )
     assert proc.returncode != 0 and "UnknownError" in proc.stderr, proc.stdout + proc.stderr
     s = json.loads((d / "summary.json").read_text())
     assert s["status"] == "failed" and s["recorded_by"] == "start-up", s
