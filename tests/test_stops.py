@@ -382,9 +382,13 @@ def test_a_killed_launcher_leaves_a_true_record(tmp_path, controller) -> None:
     launcher.kill()
     s = ended(d, proc)
     kept = assert_checkpoints_load(d, newest_after_epoch=1)
-    if controller == "gloo":  # well inside the grace: a few steps, then a 1 MB checkpoint
-        assert_stop_recorded(s, "SIGTERM", STOP_CHECKPOINT)
+    if controller == "gloo":
+        # The record names the newest complete checkpoint: the stop's own, when a few steps and
+        # a 1 MB write fit in the grace Horovod's middleman gives (5 s; they do on an idle
+        # machine), else the last epoch's, with the stop said to have ended without one.
         assert pathlib.Path(s["last_checkpoint"]) == kept[-1], (s, kept)
+        fitted = "stop_detail" not in s
+        assert_stop_recorded(s, "SIGTERM", STOP_CHECKPOINT if fitted else NO_STOP_CHECKPOINT)
     else:
         assert s["status"] == "failed" and s["recorded_by"] == "keeper", s
 
