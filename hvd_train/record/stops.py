@@ -60,7 +60,7 @@ class StopSignals:
     can run for seconds (the first, while TensorFlow traces and compiles), longer than a
     launcher waits: horovodrun sends SIGKILL 5 s after its SIGTERM. So a watcher thread learns
     of each signal at once, through Python's wakeup fd (written by the C-level handler even
-    while the main thread is inside TensorFlow), and ends the process itself, after `abandon`
+    while the main thread is inside TensorFlow), and ends the process itself, after `record_exit`
     has recorded the stop, when waiting would save nothing (no step has run in this process:
     the newest checkpoint already holds everything) or, on rank 0, when the stop has not
     finished within `grace_s`. A second signal of either kind ends the process at once,
@@ -71,7 +71,7 @@ class StopSignals:
         self.signum = 0
         self.steps_run = 0  # steps completed in this process (RunControl counts them)
         self.grace_s = stop_grace_s() if grace_s is None else grace_s
-        self._abandon: Callable[[int, str, bool, bool, int | None], None] = lambda *args: None
+        self._record_exit: Callable[[int, str, bool, bool, int | None], None] = lambda *args: None
         self._on_signal: Callable[[int], None] = lambda signum: None
         self.chief = True  # rank 0: only it waits out the grace (the others follow it)
         self.done = threading.Event()  # set when the run has written its own ending
@@ -82,19 +82,18 @@ class StopSignals:
 
     def recorded_by(
         self,
-        abandon: Callable[[int, str, bool, bool, int | None], None],
+        record_exit: Callable[[int, str, bool, bool, int | None], None],
         on_signal: Callable[[int], None] | None = None,
     ) -> None:
-        """Who records a stop from now on, as the run hands it on: start-up's record
-        (`installed`), then rank 0's summary.json from its start, then that record with where
-        training began.
+        """Who records a stop from now on, as the run hands it on once: start-up's record
+        (`installed`), then the trainer's run (`Run.end`, its record once it exists).
 
-        `abandon(signum, reason, ran, failed, failed_rank)` records the ending before the
+        `record_exit(signum, reason, ran, failed, failed_rank)` records the ending before the
         watcher ends the process (`ran`: a step ran in this process; `failed`: the launcher is
         killing the job, after `failed_rank` failed when it said which). `on_signal(signum)`,
         when given, notes each stop signal as it comes.
         """
-        self._abandon = abandon
+        self._record_exit = record_exit
         if on_signal is not None:
             self._on_signal = on_signal
 
@@ -175,7 +174,7 @@ class StopSignals:
         if self.done.is_set():
             return  # the run wrote its own ending meanwhile: let it exit as it does
         try:
-            self._abandon(signum, reason, self.steps_run > 0, failed, failed_rank)
+            self._record_exit(signum, reason, self.steps_run > 0, failed, failed_rank)
             for release in self.before_exit:
                 release()
         finally:
@@ -285,15 +284,15 @@ def stop_grace_s() -> float:
 def installed(cfg: Config) -> StopSignals:
     """The process's stop handling, installed now and ready for a stop before the record: until
     rank 0 starts summary.json (RunRecord), a stop or a failure elsewhere is recorded by
-    `_end_in_start_up`. The trainer hands the recording on once its record exists."""
+    `end_in_start_up`. The trainer hands the recording on once it runs."""
     signals = StopSignals()
     # Who records, before any signal is heard: a stop at the first moment is written too.
-    signals.recorded_by(functools.partial(_end_in_start_up, cfg.run, cfg.train.epochs))
+    signals.recorded_by(functools.partial(end_in_start_up, cfg.run, cfg.train.epochs))
     signals.install()
     return signals
 
 
-def _end_in_start_up(
+def end_in_start_up(
     run: RunConfig,
     epochs: int,
     signum: int,
@@ -304,7 +303,8 @@ def _end_in_start_up(
 ) -> None:
     """Rank 0 stopped, or ended after another worker failed, before its record existed (in
     TensorFlow's import, Horovod's start, the data's preparation): it writes the ending itself,
-    as the run would have (run_record.end_before_start). Under `hvd-train launch` the launcher
+    as the run would have (run_record.end_before_start). The trainer's `Run.end` takes over
+    once it runs (train/run/failure.py record_forced_exit), and calls this before the record. Under `hvd-train launch` the launcher
     adds what it knows; under raw horovodrun nobody else could."""
     if logs.launcher_rank() not in (None, 0):
         return

@@ -1,11 +1,10 @@
 """How a run that fails says so: each rank's one line, the record's `error` (this rank's, or
 that another rank failed first), the data reader's own error behind a TensorFlow one, and the
-ending the stop watcher records when it ends the process."""
+ending the stop watcher records when it ends the process (`record_forced_exit`)."""
 
 from __future__ import annotations
 
 import signal
-import time
 from typing import Any
 
 import tensorflow as tf
@@ -20,10 +19,10 @@ from hvd_train.base.errors import (
     users_frame,
 )
 from hvd_train.data import images
-from hvd_train.record.run_record import RecordError, RunRecord
-from hvd_train.record.stops import failed_first, first_failure_awaited
+from hvd_train.record.run_record import RecordError
+from hvd_train.record.stops import end_in_start_up, failed_first, first_failure_awaited
 from hvd_train.train.run.messages import one_line
-from hvd_train.train.run.state import Run, Start
+from hvd_train.train.run.state import Run
 
 
 def fail(run: Run, e: BaseException) -> None:
@@ -37,7 +36,7 @@ def fail(run: Run, e: BaseException) -> None:
     try:
         cause = record_cause(e, recorded=run.record is not None)
         cause["error"] += at
-        run.end_record(status="failed", **cause, error_type=type(e).__name__)
+        run.end("failed", **cause, error_type=type(e).__name__)
     except RecordError as e2:
         logs.say(f"hvd_train: error: {e2}")
 
@@ -76,40 +75,35 @@ def console_cause(e: BaseException) -> str:
     return f"{ANOTHER_FIRST}; this rank then saw {type(e).__name__}: {seen}"
 
 
-def abandon(
-    record: RunRecord,
-    start: Start | None,
+def record_forced_exit(
+    run: Run,
     signum: int,
     reason: str,
     ran: bool,
     failed: bool,
     failed_rank: int | None = None,
 ) -> None:
-    """Called by the stop watcher just before it ends this process: records the ending.
+    """Called by the stop watcher just before it ends this process: records the ending, failed
+    or interrupted, and says it.
 
-    `ran`: whether any step ran; without one, training continues where `start` says.
+    `ran`: whether any step ran; without one, training continues where `run.start` says.
     `failed`: the launcher is ending the job after a failure elsewhere, not stopping it;
     `failed_rank`: the rank that failed first, when the launcher said.
     """
+    if run.record is None:  # before rank 0's record, or another rank: as in its start-up
+        end_in_start_up(run.settings, run.epochs, signum, reason, ran, failed, failed_rank)
+        run.end(None)
+        return
     name = signal.Signals(signum).name
     if failed:
         known = {} if failed_rank is None else {"failed_rank": failed_rank}
-        end_quietly(record, status="failed", error=reason, **known)
+        run.end("failed", forced=True, error=reason, **known)
         logs.failed(reason if known else f"{ANOTHER_FIRST}, or the job was stopped: {reason}")
         return
-    fields: dict[str, Any] = {"status": "interrupted", "stopped_by": name, "stop_detail": reason}
-    if not ran and start is not None:
-        fields["stopped_at"] = {"epoch": start.epoch + 1, "step": start.step}
-    end_quietly(record, **fields)
-    last = record.summary.get("last_checkpoint")
+    fields: dict[str, Any] = {"stopped_by": name, "stop_detail": reason}
+    if not ran and run.start is not None:
+        fields["stopped_at"] = {"epoch": run.start.epoch + 1, "step": run.start.step}
+    run.end("interrupted", forced=True, **fields)
+    last = run.record.summary.get("last_checkpoint")
     resume = f"resumes from {last}" if last else "starts afresh"
     logs.say(f"hvd_train: stopped by {name} {reason}; the same command {resume}")
-
-
-def end_quietly(record: RunRecord, **fields: Any) -> None:
-    """Ends the record from the stop watcher: a failed write is said, not raised."""
-    try:
-        record.end(**fields, wall_time_s=time.time() - record.summary["started_at"])
-    except RecordError as e:
-        logs.say(f"hvd_train: error: {e}")
-    record.close()

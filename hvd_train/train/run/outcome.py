@@ -33,7 +33,7 @@ def summary_base(train: TrainConfig, plan: Derived, device: str) -> dict[str, An
         "world_size": plan.world_size,
         "controller": distributed.controller(),
         "device": device,
-        **batches(plan),
+        **batches_and_rates(plan),
         "batch_size_mode": train.batch_size_mode,
         "epochs": train.epochs,
         "epochs_completed": 0,
@@ -44,7 +44,8 @@ def summary_base(train: TrainConfig, plan: Derived, device: str) -> dict[str, An
     }
 
 
-def batches(plan: Derived) -> dict[str, Any]:
+def batches_and_rates(plan: Derived) -> dict[str, Any]:
+    """summary.json's batch sizes and steps per epoch for `plan`, and its learning rates."""
     return {
         "per_worker_batch_size": plan.per_worker_batch,
         "global_batch_size": plan.global_batch,
@@ -113,8 +114,7 @@ def rate_and_final(history: dict[str, list[float]]) -> dict[str, Any]:
 
 def stop(run: Run, summary: dict[str, Any]) -> None:
     """An agreed stop: rank 0 records it, every rank waits for that, then raises Interrupted."""
-    run.end_record(**summary)
-    run.signals.done.set()  # the stop is recorded: the watcher lets this process end itself
+    run.end(**summary)  # the stop is recorded: the watcher lets this process end itself
     # Every rank leaves only when rank 0 has written the stop checkpoint and the summary:
     # the launcher ends the whole job when the first rank exits.
     distributed.barrier_if_alive("hvd_train.stopped")
@@ -129,15 +129,15 @@ def stop(run: Run, summary: dict[str, Any]) -> None:
 
 
 def complete(run_dir: str, model: Model, summary: dict[str, Any], run: Run) -> None:
-    """A completed run: rank 0 exports model.keras and records the end. Where either raises,
-    the caller fails the run (`failure.fail`) before `say_done`."""
+    """A completed run: rank 0 exports model.keras and records the end, and the stop watcher
+    lets this process end itself. Where either raises, the caller fails the run
+    (`failure.fail`) before `say_done`."""
     export_model(RunDir(run_dir).model, model, summary, run.checkpointer)
-    run.end_record(**summary)
+    run.end(**summary)
 
 
 def say_done(run_dir: str, summary: dict[str, Any], run: Run) -> None:
-    """After `complete`: the stop watcher lets this process end itself; one closing line."""
-    run.signals.done.set()
+    """After `complete`: one closing line."""
     distributed.log(
         f"done in {time.perf_counter() - run.started:.1f} s: {closing_figures(summary)}; "
         f"results in {run_dir}"

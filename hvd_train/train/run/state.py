@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from hvd_train.base import logs
+from hvd_train.config import Config, RunConfig
 from hvd_train.record import rundir
-from hvd_train.record.run_record import RunRecord
+from hvd_train.record.run_record import RecordError, RunRecord, end_before_start
 from hvd_train.record.stops import StopSignals
+from hvd_train.runtime import distributed
 from hvd_train.train.callbacks.callback_list import RunCallbacks
 from hvd_train.train.callbacks.checkpointer import Checkpointer
 from hvd_train.train.run.tracking import Tracking
@@ -33,6 +36,8 @@ class Run:
     """What every ending of the run needs: the stop handling, rank 0's claim on run.dir and its
     record, and the current callbacks (their Checkpointer knows the last checkpoint)."""
 
+    settings: RunConfig  # run.dir and run.overwrite, for an ending before the record
+    epochs: int  # train.epochs, likewise
     signals: StopSignals
     started: float = field(default_factory=time.perf_counter)
     claims: list[rundir.Claim] = field(default_factory=list)  # rank 0's, from _open_run_dir
@@ -44,12 +49,44 @@ class Run:
     tracker: Tracking | None = None  # rank 0's MLflow run (logging.mlflow)
     earlier_wandb: dict[str, Any] = field(default_factory=dict)  # the W&B run it continues
     wandb: WandbTracking | None = None  # rank 0's W&B run (logging.wandb)
+    start: Start | None = None  # where training began, once known (a forced exit's stopped_at)
 
     def release(self) -> None:
         for claim in self.claims:
             claim.release()
 
-    def end_record(self, **fields: Any) -> None:
+    def end(
+        self, status: str | None, *, before_record: bool = False, forced: bool = False,
+        cause: Callable[[], dict[str, Any]] | None = None, **fields: Any,
+    ) -> None:  # fmt: skip
+        """The run's one way out: records its ending, lets the stop watcher go and releases
+        run.dir. Every ending calls it: completed, stopped, failed, and the watcher's.
+
+        Args:
+            status: summary.json's `status`; None: the run leaves with nothing of it written
+                (a refusal, nothing to train, bad input before run.dir was claimed).
+            before_record: rank 0 failed in its start-up, before its record started: the
+                ending is written under the claim the run would have taken.
+            forced: the stop watcher ends the process next: a failed write is said, not
+                raised, and nothing waits for MLflow (the keeper ends its run).
+            cause: with `before_record`, the ending's `error` fields, asked for once the
+                watcher is told (they may wait seconds for horovodrun's note).
+            **fields: the ending's other summary.json fields.
+        """
+        try:
+            if status is None:
+                return
+            if before_record:
+                self._end_before_record(status, cause, fields)
+            elif forced:
+                self._end_forced(status, fields)
+            else:
+                self._end_record(status, fields)
+        finally:
+            self.signals.done.set()  # the ending is written: the watcher lets the process end
+            self.release()
+
+    def _end_record(self, status: str, fields: dict[str, Any]) -> None:
         """Rank 0: the run's final summary.json (once; a stop already recorded wins).
 
         With logging.mlflow, a completed run's last points and files go to MLflow first, so that
@@ -60,13 +97,13 @@ class Run:
         """
         if not self.record:
             return
-        fields["wall_time_s"] = time.perf_counter() - self.started
+        fields = {"status": status, **fields, "wall_time_s": time.perf_counter() - self.started}
         if self.checkpointer is not None:
             fields["last_checkpoint"] = self.checkpointer.last
             fields["best_model_path"] = self.checkpointer.best_model
         tracker, self.tracker = self.tracker, None  # once, also when a write below fails
         wandb, self.wandb = self.wandb, None
-        completed = fields.get("status") == "completed"
+        completed = status == "completed"
         try:
             if wandb and not self.record.ended:
                 fields["wandb"] = wandb.sender.fields()
@@ -85,6 +122,32 @@ class Run:
             if wandb:
                 wandb.end(self.record.summary)
             self.record.close()
+
+    def _end_forced(self, status: str, fields: dict[str, Any]) -> None:
+        """The stop watcher's ending of the record: a failed write is said, not raised."""
+        if not self.record:
+            return
+        try:
+            wall_time_s = time.time() - self.record.summary["started_at"]
+            self.record.end(status=status, **fields, wall_time_s=wall_time_s)
+        except RecordError as e:
+            logs.say(f"hvd_train: error: {e}")
+        self.record.close()
+
+    def _end_before_record(
+        self, status: str, cause: Callable[[], dict[str, Any]] | None, fields: dict[str, Any]
+    ) -> None:
+        """Rank 0's ending before its record (run_record.end_before_start)."""
+        # First: the watcher, told the run writes its ending, leaves the process alone.
+        self.signals.done.set()
+        ending = {"status": status, **(cause() if cause else {}), **fields}
+        s = self.settings
+        end_before_start(s.dir, s.overwrite, distributed.size(), self.epochs, ending)
+
+    def note_signal(self, signum: int) -> None:
+        """Tells rank 0's keeper which stop signal came (it records it if rank 0 dies)."""
+        if self.record:
+            self.record.note(signal=signum)
 
     @property
     def checkpointer(self) -> Checkpointer | None:
@@ -109,16 +172,15 @@ class Run:
 
 
 @contextlib.contextmanager
-def running(signals: StopSignals) -> Iterator[Run]:
+def running(cfg: Config, signals: StopSignals) -> Iterator[Run]:
     """The run, its stops handled from the first moment: a stop during start-up ends at once,
-    recorded through `signals.recorded_by` (stops.installed's until the record exists, then the
-    record's; the watcher thread may end the process). run.dir is released at every ending:
-    completed, failed, interrupted."""
-    run = Run(signals)
+    recorded through `signals.recorded_by` (stops.installed's until the trainer hands it to
+    the run; the watcher thread may end the process). Every ending leaves through `Run.end`,
+    which releases run.dir: completed, failed, interrupted."""
+    run = Run(cfg.run, cfg.train.epochs, signals)
     run.signals.before_exit.append(run.release)
     try:
         yield run
     finally:
-        run.signals.done.set()
+        run.end(None)  # an ending already written stays: this lets the watcher go, run.dir too
         run.signals.uninstall()
-        run.release()

@@ -17,7 +17,7 @@ from hvd_train.config import Config, Derived, derive, dump_yaml
 from hvd_train.data.sources import Source, load_source
 from hvd_train.record import rundir
 from hvd_train.record.layout import RunDir
-from hvd_train.record.run_record import RunRecord, end_before_start
+from hvd_train.record.run_record import RunRecord
 from hvd_train.record.stops import StopSignals, installed
 from hvd_train.record.summary import (
     ENDINGS,
@@ -35,10 +35,10 @@ from hvd_train.train.checkpoint import plain_file_problem
 from hvd_train.train.models import weights_note
 from hvd_train.train.run.banner import log_plan
 from hvd_train.train.run.elastic import fit_elastic
-from hvd_train.train.run.failure import abandon, fail, reading_cause, record_cause
+from hvd_train.train.run.failure import fail, reading_cause, record_cause, record_forced_exit
 from hvd_train.train.run.fitting import fit_from
 from hvd_train.train.run.outcome import (
-    batches,
+    batches_and_rates,
     complete,
     gradient_size,
     say_done,
@@ -74,7 +74,11 @@ def train(
         TrainingError: a NaN or infinite loss, a failed write (exit code 1).
         Interrupted: SIGTERM or SIGINT; a checkpoint was written (exit code 128 + signal).
     """
-    with running(signals or installed(cfg)) as run:
+    with running(cfg, signals or installed(cfg)) as run:
+        # The one hand-over from start-up's recorder: the run's own ending from here on.
+        run.signals.recorded_by(
+            functools.partial(record_forced_exit, run), on_signal=run.note_signal
+        )
         # Read before Horovod starts: with nothing to train, its timeline is not opened either.
         finished_here = _finished_here(cfg)
         device = _start_worker(cfg, run, timeline=finished_here is None)
@@ -106,7 +110,7 @@ def train(
             if problem := plain_file_problem(model, built_in=not cfg.model.factory):
                 distributed.log(f"note: {problem}")
             start = resume(cfg, model, plan)
-            run.signals.recorded_by(functools.partial(abandon, run.record, start))
+            run.start = start  # a forced exit before any step ran says where to continue
             # The model's Keras, which a factory's model may have switched (runtime.keras: auto).
             run.base["versions"] = distributed.versions()
             run.note_start(
@@ -143,7 +147,7 @@ def _start_worker(cfg: Config, run: Run, timeline: bool = True) -> str:
         # Not the config's fault alone: the host's TensorFlow. Recorded as the run's failure,
         # so that a run that never trained says `failed`, not nothing.
         if distributed.is_chief():
-            _end_failed_in_start_up(cfg, e, {"error": str(e)})
+            run.end("failed", before_record=True, error=str(e), error_type=type(e).__name__)
         raise
     run.signals.chief = distributed.is_chief()
     return device
@@ -178,13 +182,9 @@ def _open_run_dir(
     carried.update({"wandb": run.earlier_wandb} if run.earlier_wandb else {})
     if run.earlier:  # the run so far, until this job resumes or starts afresh (note_start)
         carried.update(run_so_far(previous), earlier_jobs=run.earlier)
-    record = run.record = RunRecord(cfg.run.dir, {**run.base, **carried})
-    # Hooks first: a stop that comes while the record starts is recorded.
-    run.signals.recorded_by(
-        functools.partial(abandon, record, None),
-        on_signal=lambda signum: record.note(signal=signum),
-    )
-    record.start()
+    # The record first: a stop that comes while it starts is recorded (record_forced_exit).
+    run.record = RunRecord(cfg.run.dir, {**run.base, **carried})
+    run.record.start()
 
 
 def _end_under_the_claim(cfg: Config, run: Run, e: BaseException) -> None:
@@ -195,15 +195,8 @@ def _end_under_the_claim(cfg: Config, run: Run, e: BaseException) -> None:
     written its ending, then leaves the process to end as it does."""
     if not run.claims or run.record is not None:
         return  # no claim (a refusal: nothing of this job's may be written), or a record
-    run.signals.done.set()
-    _end_failed_in_start_up(cfg, e, record_cause(e, recorded=True))
-
-
-def _end_failed_in_start_up(cfg: Config, e: BaseException, cause: dict[str, Any]) -> None:
-    """Rank 0's `failed` ending before its record (run_record.end_before_start): `cause` is
-    the record's `error` (and `failed_rank`)."""
-    ending = {"status": "failed", **cause, "error_type": type(e).__name__}
-    end_before_start(cfg.run.dir, cfg.run.overwrite, distributed.size(), cfg.train.epochs, ending)
+    cause = functools.partial(record_cause, e, recorded=True)
+    run.end("failed", before_record=True, cause=cause, error_type=type(e).__name__)
 
 
 def _prepare_run_dir(cfg: Config, config_path: str | None, claims: list[rundir.Claim]) -> None:
@@ -288,5 +281,5 @@ def _fit(
         _start_wandb(cfg, run, previous.get("wandb") or {})
     if run.record:
         last = run.callbacks.plan
-        run.record.update(world_size=last.world_size, elastic=report, **batches(last))
+        run.record.update(world_size=last.world_size, elastic=report, **batches_and_rates(last))
     return history
