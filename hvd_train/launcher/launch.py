@@ -33,7 +33,6 @@ import shutil
 import signal
 import sys
 import time
-from typing import Any
 
 from hvd_train.base import logs, startup
 from hvd_train.base.errors import (
@@ -52,7 +51,13 @@ from hvd_train.launcher.supervise import Supervisor
 from hvd_train.record import mlflow_run, rundir
 from hvd_train.record.layout import RunDir
 from hvd_train.record.stops import STOP_SIGNALS
-from hvd_train.record.summary import early_summary, read_summary, write_summary
+from hvd_train.record.summary import (
+    LaunchFailure,
+    Summary,
+    early_summary,
+    read_summary,
+    write_summary,
+)
 
 GLOO_FIRST = re.compile(r"Terminating remaining workers after failure of Process (\d+)")
 GLOO_NAMED = re.compile(r"Process name: (\d+)\s+Exit code: (-?\d+)")
@@ -77,7 +82,7 @@ def attempts(cfg: Config, args: argparse.Namespace, np_: int) -> int:
     code (see `_exit_code`)."""
     summary_path = RunDir(cfg.run.dir).summary
     before = read_summary(summary_path)  # unchanged by a job that had nothing to train
-    history: list[dict[str, Any]] = []
+    history: list[LaunchFailure] = []
     supervisor = Supervisor()  # SIGTERM/SIGINT/SIGUSR1 to the launcher reach the workers
     ours = False  # whether an attempt claimed run.dir: its summary.json is then this job's
     for attempt in range(args.max_restarts + 1):
@@ -121,7 +126,7 @@ def attempts(cfg: Config, args: argparse.Namespace, np_: int) -> int:
     return _exit_code(history[-1], supervisor.stop_signal) if history else 1
 
 
-def _exit_code(failure: dict[str, Any], stop_signal: int) -> int:
+def _exit_code(failure: LaunchFailure, stop_signal: int) -> int:
     """The launcher's exit code: 128 + the signal when it passed a stop on (130 for Ctrl-C, 143
     for SIGTERM, as a shell reports a program a signal ended: a script can tell a stop from a
     failure); 2 when the rank that failed first says the user's input is at fault (as a worker
@@ -159,7 +164,7 @@ def _srun_ssh_folder() -> str:
     return folder
 
 
-def _held_by_another_job(run_dir: str, before: dict[str, Any] | None) -> bool:
+def _held_by_another_job(run_dir: str, before: rundir.Holder | None) -> bool:
     """After a failed attempt (its workers are gone): whether run.dir's lock is another job's,
     so the attempt was refused or never claimed run.dir and summary.json is not its own.
 
@@ -169,7 +174,7 @@ def _held_by_another_job(run_dir: str, before: dict[str, Any] | None) -> bool:
     return after is not None and (after == before or rundir.alive_here(after))
 
 
-def first_failure(output: str) -> dict[str, Any]:
+def first_failure(output: str) -> LaunchFailure:
     """{'rank': R, 'rank_exit_code': C, 'error': ...} of the worker that failed first.
 
     horovodrun and mpirun name the first process to *exit*. A rank killed by a signal exits at
@@ -202,7 +207,7 @@ def first_failure(output: str) -> dict[str, Any]:
     return {"rank": rank, "rank_exit_code": code, "error": None}
 
 
-def describe(failure: dict[str, Any], host: str | None = None) -> str:
+def describe(failure: LaunchFailure, host: str | None = None) -> str:
     """`rank R [on HOST] failed first: ERROR` or `... (exit code C, killed by SIG)`."""
     rank, code = failure["rank"], failure["rank_exit_code"]
     if rank is None:
@@ -222,7 +227,7 @@ STOP_CODES = frozenset(c for sig in STOP_SIGNALS for c in (128 + sig, -sig))
 
 
 def _say_ending(
-    failure: dict[str, Any], stop_signal: int, run_dir: str, hosts: str | None, advice: str
+    failure: LaunchFailure, stop_signal: int, run_dir: str, hosts: str | None, advice: str
 ) -> None:
     """The attempt's verdict in one line: who failed first, where, its log, what to do."""
     attempt = failure["attempt"]
@@ -288,7 +293,7 @@ def _short(cmd: list[str]) -> str:
                       for w in cmd)  # fmt: skip
 
 
-def _no_restart_reason(failure: dict[str, Any], summary_path: str, stop_signal: int) -> str:
+def _no_restart_reason(failure: LaunchFailure, summary_path: str, stop_signal: int) -> str:
     """Why a restart would fail the same way ("" when it may not): the stop was asked for, the
     first failure was the user's, or rank 0's error (summary.json's `error_type`) would recur."""
     if stop_signal:
@@ -299,7 +304,7 @@ def _no_restart_reason(failure: dict[str, Any], summary_path: str, stop_signal: 
     return cls.recurs if cls else ""
 
 
-def mark_ended(path: str, failure: dict[str, Any], stop_signal: int, cfg: Config, np_: int) -> None:
+def mark_ended(path: str, failure: LaunchFailure, stop_signal: int, cfg: Config, np_: int) -> None:
     """summary.json tells how the attempt ended, with the first failure as its cause.
 
     Rank 0 (or the keeper it left behind) has usually written the ending; the launcher knows
@@ -342,7 +347,7 @@ def mark_ended(path: str, failure: dict[str, Any], stop_signal: int, cfg: Config
         say(f"cannot write {path}: {e.strerror or e}")
 
 
-def _cause(failure: dict[str, Any]) -> str:
+def _cause(failure: LaunchFailure) -> str:
     """The record's `failure`: `describe`, but never a rank blamed for a stop it was sent.
 
     mpirun may report first the rank it ended itself (SIGTERM) after another one died, or no
@@ -365,7 +370,7 @@ def _follow_in_mlflow(cfg: Config) -> None:
         say(f"cannot set the status of the run's MLflow run: {mlflow_run.cause(e)}")
 
 
-def _died(failure: dict[str, Any]) -> bool:
+def _died(failure: LaunchFailure) -> bool:
     """Whether the rank that ended first died or failed, rather than stopped (SIGTERM, SIGINT or
     SIGUSR1, which a scheduler may send the workers themselves)."""
     code = failure["rank_exit_code"]
@@ -387,7 +392,7 @@ def _is_knock_on(error: str) -> bool:
     return error.startswith(ANOTHER_FIRST) or NO_STATUS in error
 
 
-def _record(path: str, history: list[dict[str, Any]], restarts: int) -> None:
+def _record(path: str, history: list[LaunchFailure], restarts: int) -> None:
     summary = _read(path)
     if summary:
         summary["launch"] = {"restarts": max(restarts, 0), "failures": history}
@@ -402,7 +407,7 @@ def _stopped_code(summary_path: str, stop_signal: int) -> int:
     return 0 if completed else 128 + stop_signal
 
 
-def _read(path: str, wait_s: float = 0.0) -> dict[str, Any]:
+def _read(path: str, wait_s: float = 0.0) -> Summary:
     """summary.json; with `wait_s`, waits that long for a `running` one to end (rank 0's
     keeper writes it once rank 0 has exited, a moment after the job)."""
     deadline = time.monotonic() + wait_s

@@ -18,14 +18,13 @@ import signal
 import socket
 import sys
 import time
-from typing import Any
 
 from hvd_train.base import logs
 from hvd_train.base.errors import NO_STATUS
 from hvd_train.record import mlflow_run, rundir
 from hvd_train.record.layout import RunDir
 from hvd_train.record.run_record import free_reserve
-from hvd_train.record.summary import read_summary, write_summary
+from hvd_train.record.summary import Summary, read_summary, write_summary
 
 
 def keep(run_dir: str, pid: int) -> None:
@@ -86,10 +85,10 @@ def _end_mlflow_run(run_dir: str, mlflow: dict[str, str]) -> None:
             pass
 
 
-def ended_without_rank0(summary: dict[str, Any], pid: int, stop_signal: int) -> dict[str, Any]:
+def ended_without_rank0(summary: Summary, pid: int, stop_signal: int) -> Summary:
     """The fields that end a record whose rank 0 died before writing its end."""
     who = f"rank 0 (pid {pid} on {socket.gethostname()})"
-    fields: dict[str, Any] = {"recorded_by": "keeper"}
+    fields: Summary = {"recorded_by": "keeper"}
     if stop_signal:
         name = signal.Signals(stop_signal).name
         fields.update(

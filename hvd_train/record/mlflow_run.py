@@ -211,7 +211,7 @@ class Sender(Losable):
     ):
         self.tracker = tracker
         self.uri = uri  # as given: the keeper's; summary.json gets it `shown`
-        self._fields: dict[str, Any] = {"tracking_uri": shown(uri)}
+        self._fields: Mlflow = {"tracking_uri": shown(uri)}
         self._say, self._on_change = say, on_change
         self.lost: str | None = None
         self.unsent: list[MetricPoint] = []

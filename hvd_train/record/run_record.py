@@ -26,6 +26,7 @@ from hvd_train.record import rundir
 from hvd_train.record.layout import RunDir
 from hvd_train.record.summary import (
     EARLIER_ENDING,
+    Summary,
     early_summary,
     read_summary,
     write_summary,
@@ -47,10 +48,10 @@ class RecordError(TrainingError):
 class RunRecord:
     """summary.json of one run, on rank 0. Every write is atomic; `end` is written once."""
 
-    def __init__(self, run_dir: str, summary: dict[str, Any]):
+    def __init__(self, run_dir: str, summary: Summary):
         self.run_dir = run_dir
         self.path = RunDir(run_dir).summary
-        self.summary = dict(summary)
+        self.summary = Summary(summary)
         self.ended = False
         self._lock = threading.Lock()  # the stop watcher thread may end the record too
         self._keeper: Any = None
@@ -137,7 +138,7 @@ class RunRecord:
 
 
 def end_before_start(
-    run_dir: str, overwrite: bool, world_size: int, epochs: int, ending: dict[str, Any]
+    run_dir: str, overwrite: bool, world_size: int, epochs: int, ending: Summary
 ) -> str:
     """Rank 0, stopped or failed in its start-up, before its RunRecord: writes `ending` into
     run.dir's summary.json, under the claim the run itself would have taken; returns what it

@@ -24,7 +24,7 @@ import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 from hvd_train.base import logs
 from hvd_train.base.errors import RunDirError
@@ -37,6 +37,16 @@ LOCK_NAME = layout.LOCK
 TEMPORARY = TEMPORARY_PATTERNS
 # A lock read while its creator has not written it yet (a job starting at the same moment).
 _UNWRITTEN_WAIT_S = 2.0
+
+
+class Holder(TypedDict, total=False):
+    """run.dir's lock: the process that holds it (`_this_process`)."""
+
+    pid: int
+    host: str
+    start_time: int | None  # clock ticks after boot: a reused pid is not the holder
+    pid_namespace: str | None  # a container's own pid space (see `_this_process`)
+    time: str  # when it was taken
 
 
 class InUse(RunDirError):
@@ -90,7 +100,7 @@ class Claim:
     """This process's hold on run.dir, from `claim`."""
 
     run_dir: str
-    holder: dict[str, Any]
+    holder: Holder
     config_path: str | None
     log: Callable[[str], None]
     released: bool = False
@@ -131,7 +141,7 @@ def release_stale(run_dir: str, pid: int, host: str) -> bool:
     return _remove_lock_if(run_dir, lambda held: (held["pid"], held["host"]) == (pid, host))
 
 
-def read_lock(run_dir: str) -> dict[str, Any] | None:
+def read_lock(run_dir: str) -> Holder | None:
     """The lock's record (pid, host, start_time, time, ...), or None without a readable lock."""
     try:
         with open(RunDir(run_dir).lock) as f:
@@ -147,7 +157,7 @@ def held_by_this_process(run_dir: str) -> bool:
     return held is not None and _same_holder(held, _this_process())
 
 
-def alive_here(held: dict[str, Any]) -> bool:
+def alive_here(held: Holder) -> bool:
     """True if a lock's record names a process that is running on this host."""
     return _same_host(held) and _alive(held["pid"], held.get("start_time"))
 
@@ -199,7 +209,7 @@ def _refuse_foreign_files(run_dir: str) -> None:
 # --------------------------------------------------------------------------- the lock
 
 
-def _take_lock(run_dir: str, me: dict[str, Any], log: Callable[[str], None]) -> None:
+def _take_lock(run_dir: str, me: Holder, log: Callable[[str], None]) -> None:
     """Takes the lock, or takes over a stale one, one claimant of this host at a time.
 
     Claimants on this host queue on an flock of run.dir itself, so two that find the same
@@ -216,7 +226,7 @@ def _take_lock(run_dir: str, me: dict[str, Any], log: Callable[[str], None]) -> 
         os.close(guard)  # releases the flock
 
 
-def _take_lock_guarded(run_dir: str, me: dict[str, Any], log: Callable[[str], None]) -> None:
+def _take_lock_guarded(run_dir: str, me: Holder, log: Callable[[str], None]) -> None:
     path = RunDir(run_dir).lock
     for _ in range(10):  # each pass creates the lock, refuses, or found it gone or stale
         if _create_lock(path, me, run_dir):
@@ -236,7 +246,7 @@ def _take_lock_guarded(run_dir: str, me: dict[str, Any], log: Callable[[str], No
     )
 
 
-def _create_lock(path: str, me: dict[str, Any], run_dir: str) -> bool:
+def _create_lock(path: str, me: Holder, run_dir: str) -> bool:
     """True if this process created the lock; False if one exists."""
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
@@ -260,7 +270,7 @@ def _not_writable(run_dir: str, e: OSError) -> NotWritable:
     )
 
 
-def _read_holder(path: str, run_dir: str) -> tuple[dict[str, Any] | None, tuple[int, int]]:
+def _read_holder(path: str, run_dir: str) -> tuple[Holder | None, tuple[int, int]]:
     """The lock's record and file identity; (None, ...) if the lock is gone.
 
     An empty lock may be one another job has just created and not yet written: it is read
@@ -301,7 +311,7 @@ def _valid(held: Any) -> bool:
     )
 
 
-def _refuse_if_held(run_dir: str, path: str, held: dict[str, Any]) -> None:
+def _refuse_if_held(run_dir: str, path: str, held: Holder) -> None:
     """Raises InUse unless the lock is stale (its process is gone from this host)."""
     pid, host, since = held["pid"], held["host"], held.get("time", "?")
     if not _same_host(held):
@@ -342,7 +352,7 @@ def _remove_lock(path: str, ident: tuple[int, int], run_dir: str) -> bool:
     return True
 
 
-def _remove_lock_if(run_dir: str, match: Callable[[dict[str, Any]], bool]) -> bool:
+def _remove_lock_if(run_dir: str, match: Callable[[Holder], bool]) -> bool:
     path = RunDir(run_dir).lock
     try:
         held, ident = _read_holder(path, run_dir)
@@ -359,7 +369,7 @@ def _remove_lock_if(run_dir: str, match: Callable[[dict[str, Any]], bool]) -> bo
 # --------------------------------------------------------------------------- processes
 
 
-def _this_process() -> dict[str, Any]:
+def _this_process() -> Holder:
     pid = os.getpid()
     return {
         "pid": pid,
@@ -372,12 +382,12 @@ def _this_process() -> dict[str, Any]:
     }
 
 
-def _same_host(held: dict[str, Any]) -> bool:
+def _same_host(held: Holder) -> bool:
     ns = held.get("pid_namespace")
     return held["host"] == socket.gethostname() and (ns is None or ns == _pid_namespace())
 
 
-def _same_holder(held: dict[str, Any], me: dict[str, Any]) -> bool:
+def _same_holder(held: Holder, me: Holder) -> bool:
     keys = ("pid", "host", "start_time", "pid_namespace")
     return all(held.get(k) == me.get(k) for k in keys)
 

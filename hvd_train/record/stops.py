@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 from hvd_train.base import logs
 from hvd_train.base.errors import ANOTHER_FIRST, exit_description
 from hvd_train.record.run_record import end_before_start
+from hvd_train.record.summary import Summary
 
 if TYPE_CHECKING:
     from hvd_train.config import Config, RunConfig
@@ -314,7 +315,7 @@ def end_in_start_up(
         # SIGCONT may have come before this process heard signals: never a stop here.
         failed, reason = True, MPIRUN_KILLED
     if failed:
-        ending: dict = {"status": "failed", "error": reason}
+        ending: Summary = {"status": "failed", "error": reason}
         if failed_rank is not None:
             ending["failed_rank"] = failed_rank
     else:

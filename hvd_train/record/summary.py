@@ -183,7 +183,7 @@ class Summary(TypedDict, total=False):
     launch: Launch  # hvd-train launch's attempts
 
 
-def write_summary(path: str, summary: Summary | dict[str, Any]) -> None:
+def write_summary(path: str, summary: Summary) -> None:
     """Writes `summary` to `path` atomically (base/files.py: a reader sees the old or the new).
 
     Raises:
@@ -300,7 +300,7 @@ def earlier_job(summary: Mapping[str, Any]) -> EarlierJob:
     return _present(summary, keys)
 
 
-def run_so_far(summary: Mapping[str, Any]) -> dict[str, Any]:
+def run_so_far(summary: Mapping[str, Any]) -> Summary:
     """What the record of a job that continues a run says until the job's own start is known
     (and after, when it fails first): the epochs, checkpoint, metrics and models the earlier
     jobs left in run.dir, which a job that fails before it resumes has not touched."""
@@ -309,8 +309,9 @@ def run_so_far(summary: Mapping[str, Any]) -> dict[str, Any]:
     return _present(summary, keys)
 
 
-def _present(summary: Mapping[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
-    """The fields of `keys` that `summary` holds, with a value."""
+def _present(summary: Mapping[str, Any], keys: tuple[str, ...]) -> Any:
+    """The fields of `keys` that `summary` holds, with a value (an EarlierJob or a Summary,
+    as the keys make it)."""
     return {k: summary[k] for k in keys if summary.get(k) is not None}
 
 

@@ -137,7 +137,7 @@ class WandbRun(Losable):
 
     def fields(self) -> Wandb:
         """summary.json's `wandb`: the run, where it is kept, and what went wrong in this job."""
-        found: dict[str, Any] = {k: v for k, v in self.earlier.items() if k != "lost"}
+        found: Wandb = {k: v for k, v in self.earlier.items() if k != "lost"}
         found["mode"] = self.place.mode
         if self.run is not None:
             found.update(run_id=self.run.id, project=self.run.project or "",
@@ -145,7 +145,7 @@ class WandbRun(Losable):
                          dir=os.path.dirname(self.run.dir))  # the run's, not its files/  # fmt: skip
         if self.lost:
             found["lost"] = self.lost
-        return found  # type: ignore[return-value]
+        return found
 
     def log_epoch(self, epoch: int, values: Mapping[str, float]) -> None:
         """One epoch's values (`epoch`: 1-based, the x-axis of every chart); W&B's service

@@ -17,6 +17,7 @@ import tensorflow as tf
 from hvd_train.base import startup
 from hvd_train.config import Config, Derived
 from hvd_train.record.layout import RunDir
+from hvd_train.record.summary import Summary
 from hvd_train.runtime import distributed
 from hvd_train.train.callbacks.base import Callback
 
@@ -83,7 +84,7 @@ class StepTimer(Callback):
         return steps, sum(steps), [(start, start + sum(steps))], f"first {skip} steps"
 
 
-def throughput_summary(timer: StepTimer, cfg: Config) -> dict[str, Any]:
+def throughput_summary(timer: StepTimer, cfg: Config) -> Summary:
     """summary.json's throughput keys, warm-up left out; the all-reduce shares need
     `horovod.timeline: true` (they are computed on rank 0, null elsewhere and without it)."""
     plan = timer.plan
@@ -102,7 +103,7 @@ def throughput_summary(timer: StepTimer, cfg: Config) -> dict[str, Any]:
     }
 
 
-def log_throughput(summary: dict[str, Any]) -> None:
+def log_throughput(summary: Summary) -> None:
     """Rank 0's closing throughput line."""
     share = summary.get("allreduce_time_share")
     comm = f", all-reduce {100 * share:.1f}% of training time" if share is not None else ""

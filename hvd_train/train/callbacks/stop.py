@@ -13,13 +13,13 @@ import math
 import signal
 import time
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 import tensorflow as tf
 
 from hvd_train.base.errors import TrainingError
 from hvd_train.record.stops import StopSignals
+from hvd_train.record.summary import StoppedEarly
 from hvd_train.runtime import distributed
 from hvd_train.train.callbacks.base import Callback, passes
 
@@ -218,7 +218,7 @@ class AgreedStop(Callback):
         super().__init__()
         self.names, self.control = names, control
         self.asked: set[int] = set()  # indices of the user callbacks that asked to stop
-        self.stopped_early: dict[str, Any] | None = None  # {epoch: 1-based, by: class name}
+        self.stopped_early: StoppedEarly | None = None
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
         if self.asked and not self.control.stopping:

@@ -28,7 +28,7 @@ from hvd_train.config import Config, LoggingConfig, to_dict
 from hvd_train.record import mlflow_run
 from hvd_train.record.layout import RunDir
 from hvd_train.record.run_record import RunRecord
-from hvd_train.record.summary import Mlflow
+from hvd_train.record.summary import Mlflow, Summary
 from hvd_train.runtime import distributed
 from hvd_train.train.callbacks.bookkeeping import BOOKKEEPING
 
@@ -59,7 +59,7 @@ class Tracking:
     def __init__(self, sender: mlflow_run.Sender, run_dir: str, log_model: bool):
         self.sender, self.run_dir, self.log_model = sender, RunDir(run_dir), log_model
 
-    def before_end(self, summary: Mapping[str, Any]) -> Mlflow:
+    def before_end(self, summary: Summary) -> Mlflow:
         """Everything but the ending: the last points, the final metrics and figures,
         config.yaml and a completed run's model. Returns summary.json's `mlflow`."""
         completed = summary.get("status") == "completed"
@@ -121,7 +121,7 @@ def start_tracking(cfg: Config, record: RunRecord | None, earlier: Mlflow) -> Tr
     return Tracking(sender, cfg.run.dir, cfg.logging.mlflow_log_model)
 
 
-def params(cfg: Config, summary: Mapping[str, Any]) -> dict[str, str]:
+def params(cfg: Config, summary: Summary) -> dict[str, str]:
     """The MLflow parameters: the resolved config as dotted keys (`train.batch_size`), this
     job's worker count, batches and learning rates, and the versions (`versions.tensorflow`)."""
     found = {k: mlflow_run.param_value(v) for k, v in flatten(to_dict(cfg)).items()}
@@ -131,7 +131,7 @@ def params(cfg: Config, summary: Mapping[str, Any]) -> dict[str, str]:
     return found
 
 
-def tags(run_dir: str, summary: Mapping[str, Any]) -> dict[str, str]:
+def tags(run_dir: str, summary: Summary) -> dict[str, str]:
     """The MLflow tags: controller, device, and where run.dir is (its host and path)."""
     return {
         "controller": str(summary.get("controller", "")),

@@ -19,14 +19,13 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
 from typing import Any
 
 from hvd_train import __version__
 from hvd_train.config import Config, LoggingConfig, to_dict
 from hvd_train.record import wandb_run
 from hvd_train.record.run_record import RunRecord
-from hvd_train.record.summary import Wandb
+from hvd_train.record.summary import Summary, Wandb
 from hvd_train.runtime import distributed
 from hvd_train.train.callbacks.bookkeeping import BOOKKEEPING
 from hvd_train.train.run.tracking import JOB_PARAMS
@@ -49,7 +48,7 @@ class WandbTracking:
     def __init__(self, tracked: wandb_run.WandbRun, log_model: bool):
         self.sender, self.log_model = tracked, log_model
 
-    def end(self, summary: Mapping[str, Any]) -> bool:
+    def end(self, summary: Summary) -> bool:
         """summary.json as it ended: its fields into the W&B run's summary, a completed run's
         model as an artifact, then the W&B run's end with the record's exit code. Returns
         whether W&B took the end."""
@@ -84,7 +83,7 @@ def start_wandb(cfg: Config, record: RunRecord | None, earlier: Wandb) -> WandbT
     return WandbTracking(tracked, cfg.logging.wandb_log_model)
 
 
-def config(cfg: Config, summary: Mapping[str, Any]) -> dict[str, Any]:
+def config(cfg: Config, summary: Summary) -> dict[str, Any]:
     """The W&B config: the resolved config as config.yaml nests it (`train.batch_size`), this
     job's worker count, batches and learning rates (`job.world_size`), and the versions
     (`versions.tensorflow`). A job that continues the run updates it: the latest job's wins."""
@@ -93,7 +92,7 @@ def config(cfg: Config, summary: Mapping[str, Any]) -> dict[str, Any]:
     return {**to_dict(cfg), "job": job, "versions": versions}
 
 
-def summary_fields(summary: Mapping[str, Any]) -> dict[str, Any]:
+def summary_fields(summary: Summary) -> dict[str, Any]:
     """summary.json's fields for the W&B run's summary: each one of a single value (status,
     epochs_completed, train_examples_per_sec, error, ...) and each of the last epoch's
     metrics as `final/<metric>`."""
