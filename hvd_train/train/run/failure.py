@@ -5,7 +5,6 @@ ending the stop watcher records when it ends the process (`record_forced_exit`).
 from __future__ import annotations
 
 import signal
-from typing import Any
 
 import tensorflow as tf
 
@@ -21,6 +20,7 @@ from hvd_train.base.errors import (
 from hvd_train.data import images
 from hvd_train.record.run_record import RecordError
 from hvd_train.record.stops import end_in_start_up, failed_first, first_failure_awaited
+from hvd_train.record.summary import Summary
 from hvd_train.train.run.messages import one_line
 from hvd_train.train.run.state import Run
 
@@ -52,7 +52,7 @@ def reading_cause(e: BaseException) -> BaseException:
     return DataError(f"reading the data failed: {one_line(failure)}")
 
 
-def record_cause(e: BaseException, recorded: bool) -> dict[str, Any]:
+def record_cause(e: BaseException, recorded: bool) -> Summary:
     """The summary's `error`: this rank's own error, or that another rank failed first, with
     `failed_rank` when horovodrun noted which (under Gloo; stops.first_failure_awaited).
     `recorded`: this rank writes the record (rank 0, once it started): only it asks."""
@@ -100,7 +100,7 @@ def record_forced_exit(
         run.end("failed", forced=True, error=reason, **known)
         logs.failed(reason if known else f"{ANOTHER_FIRST}, or the job was stopped: {reason}")
         return
-    fields: dict[str, Any] = {"stopped_by": name, "stop_detail": reason}
+    fields: Summary = {"stopped_by": name, "stop_detail": reason}
     if not ran and run.start is not None:
         fields["stopped_at"] = {"epoch": run.start.epoch + 1, "step": run.start.step}
     run.end("interrupted", forced=True, **fields)

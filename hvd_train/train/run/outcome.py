@@ -16,6 +16,7 @@ from hvd_train.config import Config, Derived, HorovodConfig, TrainConfig
 from hvd_train.data.diagnostics import data_summary
 from hvd_train.data.sources import Source
 from hvd_train.record.layout import RunDir
+from hvd_train.record.summary import Summary
 from hvd_train.runtime import distributed
 from hvd_train.runtime.keras.contract import Model
 from hvd_train.train.callbacks import perf
@@ -26,7 +27,7 @@ from hvd_train.train.checkpoint import export_plain_model, write_error
 from hvd_train.train.run.state import Run, Start
 
 
-def summary_base(train: TrainConfig, plan: Derived, device: str) -> dict[str, Any]:
+def summary_base(train: TrainConfig, plan: Derived, device: str) -> Summary:
     return {
         "status": "running",
         "started_at": time.time(),
@@ -44,7 +45,7 @@ def summary_base(train: TrainConfig, plan: Derived, device: str) -> dict[str, An
     }
 
 
-def batches_and_rates(plan: Derived) -> dict[str, Any]:
+def batches_and_rates(plan: Derived) -> Summary:
     """summary.json's batch sizes and steps per epoch for `plan`, and its learning rates."""
     return {
         "per_worker_batch_size": plan.per_worker_batch,
@@ -61,7 +62,7 @@ def summarize(
     source: Source,
     callbacks: RunCallbacks,
     start: Start,
-) -> dict[str, Any]:
+) -> Summary:
     """summary.json's results: how the run ended, its metrics, data and throughput."""
     summary = results(history, cfg.train, callbacks.control, callbacks.user_stop)
     # A resume with nothing left to train (its end still to do): the run's own figures.
@@ -83,7 +84,7 @@ def results(
     train: TrainConfig,
     control: RunControl,
     user: AgreedStop | None,
-) -> dict[str, Any]:
+) -> Summary:
     epoch, step = control.stopped_at or (train.epochs, 0)
     early = user.stopped_early if user and not control.stopping else None
     if early and early["epoch"] < train.epochs:
@@ -102,7 +103,7 @@ def results(
     }
 
 
-def rate_and_final(history: dict[str, list[float]]) -> dict[str, Any]:
+def rate_and_final(history: dict[str, list[float]]) -> Summary:
     times, examples = history.get("epoch_time_s", []), history.get("epoch_examples", [])
     skip = 1 if len(times) > 1 else 0  # a process's first epoch is warm-up (tracing)
     # float(): the times are the workers' mean, a numpy float32 that numpy 2 keeps through the
@@ -112,7 +113,7 @@ def rate_and_final(history: dict[str, list[float]]) -> dict[str, Any]:
     return {"train_examples_per_sec": rate, "final_metrics": final}
 
 
-def stop(run: Run, summary: dict[str, Any]) -> None:
+def stop(run: Run, summary: Summary) -> None:
     """An agreed stop: rank 0 records it, every rank waits for that, then raises Interrupted."""
     run.end(**summary)  # the stop is recorded: the watcher lets this process end itself
     # Every rank leaves only when rank 0 has written the stop checkpoint and the summary:
@@ -128,15 +129,15 @@ def stop(run: Run, summary: dict[str, Any]) -> None:
     )
 
 
-def complete(run_dir: str, model: Model, summary: dict[str, Any], run: Run) -> None:
+def complete(run_dir: str, model: Model, summary: Summary, run: Run) -> None:
     """A completed run: rank 0 exports model.keras and records the end, and the stop watcher
     lets this process end itself. Where either raises, the caller fails the run
     (`failure.fail`) before `say_done`."""
-    export_model(RunDir(run_dir).model, model, summary, run.checkpointer)
-    run.end(**summary)
+    exported = export_model(RunDir(run_dir).model, model, run.checkpointer)
+    run.end(**summary, **exported)
 
 
-def say_done(run_dir: str, summary: dict[str, Any], run: Run) -> None:
+def say_done(run_dir: str, summary: Summary, run: Run) -> None:
     """After `complete`: one closing line."""
     distributed.log(
         f"done in {time.perf_counter() - run.started:.1f} s: {closing_figures(summary)}; "
@@ -144,22 +145,21 @@ def say_done(run_dir: str, summary: dict[str, Any], run: Run) -> None:
     )
 
 
-def export_model(
-    path: str, model: Model, summary: dict[str, Any], checkpointer: Checkpointer | None
-) -> None:
-    """Rank 0 exports model.keras.
+def export_model(path: str, model: Model, checkpointer: Checkpointer | None) -> Summary:
+    """Rank 0 exports model.keras; returns summary.json's `model_path` ({} on other ranks).
 
     Raises:
         CheckpointError: model.keras could not be written (rank 0).
     """
-    if distributed.is_chief():
-        try:
-            summary["model_path"] = export_plain_model(model, path)
-        except (OSError, tf.errors.OpError) as e:
-            raise write_error(path, e, checkpointer.last if checkpointer else None) from e
+    if not distributed.is_chief():
+        return {}
+    try:
+        return {"model_path": export_plain_model(model, path)}
+    except (OSError, tf.errors.OpError) as e:
+        raise write_error(path, e, checkpointer.last if checkpointer else None) from e
 
 
-def closing_figures(summary: dict[str, Any]) -> str:
+def closing_figures(summary: Summary) -> str:
     """The closing line's figures: the last epoch's validation accuracy, or its training
     accuracy where there was no validation (or no accuracy metric: the loss), and throughput.
     A run with no validation must not say `val_accuracy 0.0000`."""
@@ -171,7 +171,7 @@ def closing_figures(summary: dict[str, Any]) -> str:
     return ", ".join(shown)
 
 
-def gradient_size(horovod: HorovodConfig, model: Model) -> dict[str, Any]:
+def gradient_size(horovod: HorovodConfig, model: Model) -> Summary:
     """What each step all-reduces, for `hvd-train plan`: the trainable parameters and their
     bytes as sent (float32, or float16 with horovod.compression: fp16)."""
     params = sum(math.prod(int(d) for d in w.shape) for w in model.trainable_weights)

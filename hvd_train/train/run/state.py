@@ -14,6 +14,7 @@ from hvd_train.config import Config, RunConfig
 from hvd_train.record import rundir
 from hvd_train.record.run_record import RecordError, RunRecord, end_before_start
 from hvd_train.record.stops import StopSignals
+from hvd_train.record.summary import EarlierJob, Mlflow, Summary, Wandb
 from hvd_train.runtime import distributed
 from hvd_train.train.callbacks.callback_list import RunCallbacks
 from hvd_train.train.callbacks.checkpointer import Checkpointer
@@ -31,6 +32,27 @@ class Start:
     metrics: dict[str, float] = field(default_factory=dict)  # the checkpoint's epoch-end metrics
 
 
+@dataclass(frozen=True)
+class Opened:
+    """run.dir as this job opened it: the record's opening fields and what the job carries
+    forward from run.dir's record before it, read once (rank 0's; other ranks carry none)."""
+
+    base: Summary  # this job's own opening fields (outcome.summary_base)
+    earlier_jobs: list[EarlierJob] = field(default_factory=list)  # the jobs that trained run.dir
+    so_far: Summary = field(default_factory=dict)  # what they left, until this job's start
+    mlflow: Mlflow = field(default_factory=dict)  # the MLflow run it continues ({}: a new one)
+    wandb: Wandb = field(default_factory=dict)  # the W&B run it continues ({}: a new one)
+
+    def opening(self) -> Summary:
+        """summary.json as the record starts: the runs it continues named from the start, so
+        that an ending before MLflow or W&B opens keeps them."""
+        carried: Summary = {"mlflow": self.mlflow} if self.mlflow else {}
+        carried.update({"wandb": self.wandb} if self.wandb else {})
+        if self.earlier_jobs:  # the run so far, until this job resumes or starts afresh
+            carried.update(self.so_far, earlier_jobs=self.earlier_jobs)
+        return {**self.base, **carried}
+
+
 @dataclass
 class Run:
     """What every ending of the run needs: the stop handling, rank 0's claim on run.dir and its
@@ -40,24 +62,21 @@ class Run:
     epochs: int  # train.epochs, likewise
     signals: StopSignals
     started: float = field(default_factory=time.perf_counter)
-    claims: list[rundir.Claim] = field(default_factory=list)  # rank 0's, from _open_run_dir
+    claim: rundir.Claim | None = None  # rank 0's, the moment it claims run.dir
     record: RunRecord | None = None  # rank 0's
-    base: dict[str, Any] = field(default_factory=dict)  # summary.json's opening fields
+    base: Summary = field(default_factory=dict)  # this job's opening fields, the model's Keras
     callbacks: RunCallbacks | None = None  # the latest build (one per elastic membership)
-    earlier: list[dict[str, Any]] = field(default_factory=list)  # jobs that trained run.dir
-    earlier_mlflow: dict[str, Any] = field(default_factory=dict)  # the MLflow run it continues
     tracker: Tracking | None = None  # rank 0's MLflow run (logging.mlflow)
-    earlier_wandb: dict[str, Any] = field(default_factory=dict)  # the W&B run it continues
     wandb: WandbTracking | None = None  # rank 0's W&B run (logging.wandb)
     start: Start | None = None  # where training began, once known (a forced exit's stopped_at)
 
     def release(self) -> None:
-        for claim in self.claims:
-            claim.release()
+        if self.claim is not None:
+            self.claim.release()
 
     def end(
         self, status: str | None, *, before_record: bool = False, forced: bool = False,
-        cause: Callable[[], dict[str, Any]] | None = None, **fields: Any,
+        cause: Callable[[], Summary] | None = None, **fields: Any,
     ) -> None:  # fmt: skip
         """The run's one way out: records its ending, lets the stop watcher go and releases
         run.dir. Every ending calls it: completed, stopped, failed, and the watcher's.
@@ -86,7 +105,7 @@ class Run:
             self.signals.done.set()  # the ending is written: the watcher lets the process end
             self.release()
 
-    def _end_record(self, status: str, fields: dict[str, Any]) -> None:
+    def _end_record(self, status: str, fields: Summary) -> None:
         """Rank 0: the run's final summary.json (once; a stop already recorded wins).
 
         With logging.mlflow, a completed run's last points and files go to MLflow first, so that
@@ -123,7 +142,7 @@ class Run:
                 wandb.end(self.record.summary)
             self.record.close()
 
-    def _end_forced(self, status: str, fields: dict[str, Any]) -> None:
+    def _end_forced(self, status: str, fields: Summary) -> None:
         """The stop watcher's ending of the record: a failed write is said, not raised."""
         if not self.record:
             return
@@ -135,12 +154,12 @@ class Run:
         self.record.close()
 
     def _end_before_record(
-        self, status: str, cause: Callable[[], dict[str, Any]] | None, fields: dict[str, Any]
+        self, status: str, cause: Callable[[], Summary] | None, fields: Summary
     ) -> None:
         """Rank 0's ending before its record (run_record.end_before_start)."""
         # First: the watcher, told the run writes its ending, leaves the process alone.
         self.signals.done.set()
-        ending = {"status": status, **(cause() if cause else {}), **fields}
+        ending: Summary = {"status": status, **(cause() if cause else {}), **fields}
         s = self.settings
         end_before_start(s.dir, s.overwrite, distributed.size(), self.epochs, ending)
 
@@ -153,11 +172,11 @@ class Run:
     def checkpointer(self) -> Checkpointer | None:
         return self.callbacks.checkpointer if self.callbacks else None
 
-    def note_start(self, start: Start, **model: Any) -> None:
+    def note_start(self, start: Start, earlier_jobs: list[EarlierJob], **model: Any) -> None:
         """Where training begins, for a stop's record and for summary.json, with `model`'s
-        figures (`gradient_size`)."""
+        figures (`gradient_size`, `versions`)."""
         if self.record:
-            # Afresh, nothing the earlier jobs left is this run's (record/summary.run_so_far).
+            # Afresh, nothing the earlier jobs left is this run's (Opened.so_far).
             afresh = {} if start.checkpoint else {"model_path": None, "best_model_path": None}
             self.record.update(
                 drop=() if start.checkpoint else ("final_metrics",),
@@ -167,7 +186,7 @@ class Run:
                 resumed_from=start.checkpoint,
                 last_checkpoint=start.checkpoint,
                 trained_from={"epoch": start.epoch + 1, "step": start.step},
-                earlier_jobs=self.earlier if start.checkpoint else [],
+                earlier_jobs=earlier_jobs if start.checkpoint else [],
             )
 
 

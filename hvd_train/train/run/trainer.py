@@ -9,7 +9,7 @@ ending needs), banner.py (the opening lines).
 from __future__ import annotations
 
 import functools
-from typing import Any, cast
+from typing import Any, NamedTuple
 
 from hvd_train.base import logs, startup
 from hvd_train.base.errors import DeviceError
@@ -21,7 +21,9 @@ from hvd_train.record.run_record import RunRecord
 from hvd_train.record.stops import StopSignals, installed
 from hvd_train.record.summary import (
     ENDINGS,
+    Mlflow,
     Summary,
+    Wandb,
     earlier_job,
     nothing_to_train,
     read_summary,
@@ -47,7 +49,7 @@ from hvd_train.train.run.outcome import (
     summary_base,
 )
 from hvd_train.train.run.resume import resume
-from hvd_train.train.run.state import Run, Start, running
+from hvd_train.train.run.state import Opened, Run, Start, running
 from hvd_train.train.run.tracking import check_tracker, start_tracking
 from hvd_train.train.run.wandb_tracking import check_wandb, start_wandb
 from hvd_train.train.step import build_compiled_model
@@ -84,7 +86,7 @@ def train(
         device = _start_worker(cfg, run, timeline=finished_here is None)
         startup.mark("horovod_init")
         if (finished := _nothing_to_train(finished_here)) is not None:
-            return None, cast(Summary, finished)
+            return None, finished
         # logging.mlflow, logging.wandb: a server that does not answer, before any write.
         check_tracker(cfg.logging)
         check_wandb(cfg.logging)
@@ -92,7 +94,7 @@ def train(
         startup.mark("data")
         plan = derive(cfg, distributed.size(), source.num_train)
         try:
-            _open_run_dir(cfg, config_path, run, plan, device)
+            opened = _open_run_dir(cfg, config_path, run, plan, device)
         except BaseException as e:
             _end_under_the_claim(cfg, run, e)
             raise
@@ -112,12 +114,13 @@ def train(
             start = resume(cfg, model, plan)
             run.start = start  # a forced exit before any step ran says where to continue
             # The model's Keras, which a factory's model may have switched (runtime.keras: auto).
-            run.base["versions"] = distributed.versions()
+            versions = distributed.versions()
+            run.base = {**opened.base, "versions": versions}
             run.note_start(
-                start, versions=run.base["versions"], **gradient_size(cfg.horovod, model)
+                start, opened.earlier_jobs, versions=versions, **gradient_size(cfg.horovod, model)
             )
-            run.tracker = start_tracking(cfg, run.record, run.earlier_mlflow)
-            _start_wandb(cfg, run, run.earlier_wandb)
+            run.tracker = start_tracking(cfg, run.record, opened.mlflow)
+            _start_wandb(cfg, run, opened.wandb)
             history = _fit(cfg, model, source, plan, start, run)
         except BaseException as e:
             cause = reading_cause(e)
@@ -134,7 +137,7 @@ def train(
             fail(run, e)  # the export or the record failed: said and recorded like any failure
             raise
         say_done(cfg.run.dir, summary, run)
-        return model, cast(Summary, run.record.summary if run.record else {**run.base, **summary})
+        return model, run.record.summary if run.record else {**run.base, **summary}
 
 
 def _start_worker(cfg: Config, run: Run, timeline: bool = True) -> str:
@@ -155,36 +158,36 @@ def _start_worker(cfg: Config, run: Run, timeline: bool = True) -> str:
 
 def _open_run_dir(
     cfg: Config, config_path: str | None, run: Run, plan: Derived, device: str
-) -> None:
+) -> Opened:
     """Claims run.dir (rank 0), moves this rank's output into its log there, and starts rank
     0's record: summary.json says `running` from here on."""
-    _prepare_run_dir(cfg, config_path, run.claims)
+    _prepare_run_dir(cfg, config_path, run)
     # run.dir is this job's now: this rank's output goes on in its log there.
     rank = distributed.rank()
     logs.attach(
         RunDir(cfg.run.dir).rank_log(rank), rank, logs.attempt_description(cfg.train.resume)
     )
-    run.base = summary_base(cfg.train, plan, device)
+    base = summary_base(cfg.train, plan, device)
     if not distributed.is_chief():
-        return
-    # What the jobs before this one did, kept when this one resumes (note_start).
-    previous = read_summary(RunDir(cfg.run.dir).summary)
-    if previous.get("status") in ENDINGS:
-        run.earlier = [*previous.get("earlier_jobs", []), earlier_job(previous)]
-    # One MLflow run per run.dir: every job continues it (but one told to start afresh), and
-    # the record names it from its start, so that an ending before MLflow opens keeps it.
-    if cfg.logging.mlflow and cfg.train.resume != "never" and previous.get("mlflow"):
-        run.earlier_mlflow = dict(previous["mlflow"])
-    # The same for the W&B run.
-    if cfg.logging.wandb and cfg.train.resume != "never" and previous.get("wandb"):
-        run.earlier_wandb = dict(previous["wandb"])
-    carried = {"mlflow": run.earlier_mlflow} if run.earlier_mlflow else {}
-    carried.update({"wandb": run.earlier_wandb} if run.earlier_wandb else {})
-    if run.earlier:  # the run so far, until this job resumes or starts afresh (note_start)
-        carried.update(run_so_far(previous), earlier_jobs=run.earlier)
+        return Opened(base)
+    opened = _carried_forward(cfg, base, read_summary(RunDir(cfg.run.dir).summary))
     # The record first: a stop that comes while it starts is recorded (record_forced_exit).
-    run.record = RunRecord(cfg.run.dir, {**run.base, **carried})
+    run.record = RunRecord(cfg.run.dir, opened.opening())
     run.record.start()
+    return opened
+
+
+def _carried_forward(cfg: Config, base: Summary, previous: Summary) -> Opened:
+    """What this job carries forward from `previous`, run.dir's record before it: the jobs
+    that trained the run (kept when this one resumes: note_start), and the MLflow and W&B
+    runs it continues (one of each per run.dir, unless told to start afresh)."""
+    continues = cfg.train.resume != "never"
+    mlflow = Mlflow(previous.get("mlflow") or {}) if cfg.logging.mlflow and continues else {}
+    wandb = Wandb(previous.get("wandb") or {}) if cfg.logging.wandb and continues else {}
+    if previous.get("status") not in ENDINGS:
+        return Opened(base, mlflow=mlflow, wandb=wandb)
+    earlier = [*previous.get("earlier_jobs", []), earlier_job(previous)]
+    return Opened(base, earlier, run_so_far(previous), mlflow, wandb)
 
 
 def _end_under_the_claim(cfg: Config, run: Run, e: BaseException) -> None:
@@ -193,49 +196,56 @@ def _end_under_the_claim(cfg: Config, run: Run, e: BaseException) -> None:
     horovodrun's SIGTERM). Rank 0 writes the ending under the claim it holds, naming the
     worker that failed first when horovodrun noted it; the stop watcher, told the run has
     written its ending, then leaves the process to end as it does."""
-    if not run.claims or run.record is not None:
+    if run.claim is None or run.record is not None:
         return  # no claim (a refusal: nothing of this job's may be written), or a record
     cause = functools.partial(record_cause, e, recorded=True)
     run.end("failed", before_record=True, cause=cause, error_type=type(e).__name__)
 
 
-def _prepare_run_dir(cfg: Config, config_path: str | None, claims: list[rundir.Claim]) -> None:
-    """Rank 0 claims run.dir (into `claims`) and writes the resolved config there, before
-    anything else is written; a refusal is raised on every rank, so none waits for rank 0."""
+def _prepare_run_dir(cfg: Config, config_path: str | None, run: Run) -> None:
+    """Rank 0 claims run.dir and writes the resolved config there, before anything else is
+    written; a refusal is raised on every rank, so none waits for rank 0."""
 
     def claim_and_write() -> None:
-        claim = rundir.claim(
+        # The run holds the claim at once: an ending in the collective below releases it.
+        run.claim = rundir.claim(
             cfg.run.dir,
             overwrite=cfg.run.overwrite,
             config_path=config_path,
             log=distributed.log,
         )
-        claims.append(claim)
-        claim.write_config(dump_yaml(cfg))
+        run.claim.write_config(dump_yaml(cfg))
 
     distributed.chief_computes(claim_and_write, "hvd_train.run_dir")
 
 
-def _start_wandb(cfg: Config, run: Run, earlier: dict[str, Any]) -> None:
+def _start_wandb(cfg: Config, run: Run, earlier: Wandb) -> None:
     """Rank 0's W&B run (logging.wandb), which the stop watcher also ends when it ends the
     process: its exit record is written before the process goes."""
-    run.wandb = start_wandb(cfg, run.record, cast(Any, earlier))
+    run.wandb = start_wandb(cfg, run.record, earlier)
     if run.wandb is not None and run.record is not None:
         tracking, record = run.wandb, run.record
         run.signals.before_exit.append(lambda: tracking.end(record.summary))
 
 
-def _finished_here(cfg: Config) -> dict[str, Any] | None:
+class Finished(NamedTuple):
+    """A rerun of a run with nothing left to train: why, in one line, and the run's record."""
+
+    why: str
+    summary: Summary
+
+
+def _finished_here(cfg: Config) -> Finished | None:
     """With train.resume auto, run.dir's record as this host reads it, and why it has nothing
-    left to train ({"why", "summary"}); None when it has."""
+    left to train; None when it has."""
     if cfg.train.resume != "auto" or cfg.run.overwrite:
         return None
     summary = read_summary(RunDir(cfg.run.dir).summary)
     why = nothing_to_train(summary, cfg.train.epochs, cfg.run.dir)
-    return {"why": why, "summary": summary} if why else None
+    return Finished(why, summary) if why else None
 
 
-def _nothing_to_train(finished_here: dict[str, Any] | None) -> dict[str, Any] | None:
+def _nothing_to_train(finished_here: Finished | None) -> Summary | None:
     """Rank 0's `_finished_here`, on every rank: when the run has nothing left to train, rank 0
     says why in one line and every rank gets the record as it is; else None. Nothing is
     written: not the config, not a log line, not the record."""
@@ -243,8 +253,8 @@ def _nothing_to_train(finished_here: dict[str, Any] | None) -> dict[str, Any] | 
     if found is None:
         return None
     logs.release(replay=False)  # a launcher's worker: its held start-up output is just noise
-    distributed.log(found["why"])
-    return found["summary"]
+    distributed.log(found.why)
+    return found.summary
 
 
 def _fit(
