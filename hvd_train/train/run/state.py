@@ -1,5 +1,6 @@
 """The state a run carries to every ending (completed, failed, interrupted): the stop handling,
-rank 0's claim on run.dir and its record, the current callbacks, and where training began."""
+rank 0's claim on run.dir and its record, the current callbacks, and where training began;
+what opening run.dir gives the job (`Opened`), and the run's one way out (`Run.end`)."""
 
 from __future__ import annotations
 
