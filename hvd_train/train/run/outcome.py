@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 import signal
 import time
-from typing import Any
 
 import tensorflow as tf
 

@@ -9,7 +9,7 @@ ending needs), banner.py (the opening lines).
 from __future__ import annotations
 
 import functools
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from hvd_train.base import logs, startup
 from hvd_train.base.errors import DeviceError
