@@ -12,6 +12,8 @@ import tensorflow as tf
 from harness import BIN, PYTHON, QUICKSTART, WORKERS, check, run, two_local_hosts
 
 from hvd_train.config import derive, load_config
+from hvd_train.data.job import plan_job
+from hvd_train.data.sources import load_source
 from hvd_train.runtime.schedules import lr_multiplier
 from hvd_train.train.run.elastic import TrackPosition, rescale_learning_rate
 from hvd_train.train.step import make_optimizer
@@ -22,14 +24,16 @@ STEPS = 6  # the worker's
 
 def test_a_smaller_world_trains_at_its_own_rate_and_keeps_the_multiplier() -> None:
     cfg = load_config(QUICKSTART, ["optimizer.warmup_epochs=0"])
-    two, one = derive(cfg, 2, 1438), derive(cfg, 1, 1438)
+    at_two = plan_job(cfg, load_source(cfg), 2)  # the quickstart's 1438 training examples
+    at_one = at_two.resized(1)
+    two, one = at_two.plan, at_one.plan
     model = tf.keras.Sequential([tf.keras.Input((3,)), tf.keras.layers.Dense(2)])
-    model.compile(optimizer=make_optimizer(cfg, two), loss="mse")
+    model.compile(optimizer=make_optimizer(at_two), loss="mse")
     x, y = np.zeros((4, 3)), np.zeros((4, 2))
     model.fit(x, y, verbose=0)  # the step is traced with two workers' rates
     assert float(model.optimizer.learning_rate) == pytest.approx(two.scaled_lr)
     lr_multiplier(model.optimizer).assign(0.5)  # as ReduceLROnPlateau, or a resumed run, left it
-    rescale_learning_rate(model, cfg, one, 1 / two.steps_per_epoch)  # one step of 2 workers
+    rescale_learning_rate(model, at_one, 1 / two.steps_per_epoch)  # one step of 2 workers
     assert float(model.optimizer._learning_rate.position(1)) == 2  # 2 steps of one worker
     model.fit(x, y, verbose=0)
     assert one.scaled_lr == pytest.approx(two.scaled_lr / 2)
@@ -41,12 +45,14 @@ def test_after_a_resize_the_schedule_trains_the_last_step_at_its_floor() -> None
     """The step counter of 2 epochs at 2 workers (22 steps each), then one worker alone (44
     steps an epoch) from epoch 2: the cosine reaches 0 at epoch 4's last step, not before."""
     cfg = load_config(QUICKSTART, ["optimizer.schedule=cosine", "train.epochs=4"])
-    two, one = derive(cfg, 2, 1438), derive(cfg, 1, 1438)
+    at_two = plan_job(cfg, load_source(cfg), 2)  # the quickstart's 1438 training examples
+    at_one = at_two.resized(1)
+    two, one = at_two.plan, at_one.plan
     model = tf.keras.Sequential([tf.keras.Input((3,)), tf.keras.layers.Dense(2)])
-    model.compile(optimizer=make_optimizer(cfg, two), loss="mse")
+    model.compile(optimizer=make_optimizer(at_two), loss="mse")
     model.optimizer.build(model.trainable_variables)
     model.optimizer.iterations.assign(2 * two.steps_per_epoch)  # as the last commit left it
-    rescale_learning_rate(model, cfg, one, 2.0)
+    rescale_learning_rate(model, at_one, 2.0)
     model.optimizer.iterations.assign_add(2 * one.steps_per_epoch - 2)
     assert float(model.optimizer.learning_rate) > 0.0  # epoch 4's last step but one
     model.optimizer.iterations.assign_add(1)

@@ -174,20 +174,20 @@ def test_prefetch_to_device_is_the_last_stage_fit_gets(monkeypatch, gpu: bool) -
     not run), the dataset `fit` gets ends with the device copy and its prefetch, after the
     resumed epoch's skip and the input-wait stamp, as TensorFlow requires; without a GPU it
     ends with the stamp."""
-    from hvd_train.config import derive, load_config
+    from hvd_train.config import load_config
+    from hvd_train.data.job import Position, plan_job
     from hvd_train.data.sources import load_source
     from hvd_train.train.run.fitting import fit_dataset
 
     cfg = load_config(None, ["data.source=digits", "data.prefetch_to_device=true"])
-    source = load_source(cfg)
-    plan = derive(cfg, 1, source.num_train)
+    job = plan_job(cfg, load_source(cfg), 1)
     monkeypatch.setattr(distributed, "rank", lambda: 0)
     if gpu:  # faked: the copy to /gpu:0 is built, never run
         visible, fake = tf.config.get_visible_devices, [tf.config.PhysicalDevice("GPU:0", "GPU")]
         monkeypatch.setattr(
             tf.config, "get_visible_devices", lambda kind=None: fake if kind == "GPU" else visible(kind)
         )  # fmt: skip
-    stages = _stages(fit_dataset(source, cfg, plan, 0, 3, InputWait(0.5)))
+    stages = _stages(fit_dataset(job, Position(0, 3), InputWait(0.5)))
     # the input-wait stamp (a map, with its options) right after the resumed epoch's skip and
     # take (its steps left), after train_dataset's prefetch
     fed = ["_OptionsDataset", "_MapDataset", "_TakeDataset", "_SkipDataset", "_PrefetchDataset"]

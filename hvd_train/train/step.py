@@ -10,32 +10,26 @@ from __future__ import annotations
 
 from typing import Any
 
-from hvd_train.config import Config, Derived
 from hvd_train.config.rules import refuse_keras2_loss_scale_with_accumulation
+from hvd_train.data.job import Job
 from hvd_train.runtime import tuning
 from hvd_train.runtime.keras import binding
 from hvd_train.runtime.schedules import learning_rate_schedule
 from hvd_train.train.models import build_model
 
 
-def build_compiled_model(
-    cfg: Config,
-    plan: Derived,
-    input_shape: tuple[int, ...],
-    num_classes: int,
-    device: str,
-) -> Any:
+def build_compiled_model(job: Job, device: str) -> Any:
     """The configured model, compiled for distributed training on this worker, with the
     Keras it was built with (runtime/keras/binding.py: the active binding afterwards).
 
     Args:
-        cfg: the config (`model`, `optimizer`, `runtime`, `horovod`, `train`).
-        plan: the derived sizes: the schedule's rates and steps.
-        input_shape: one example's shape.
-        num_classes: the classes the head predicts.
+        job: the config (`model`, `optimizer`, `runtime`, `horovod`, `train`), the derived
+            sizes (the schedule's rates and steps) and the data (one example's shape, the
+            classes the head predicts).
         device: "gpu" or "cpu", from `distributed.configure_devices`: XLA compiles the whole
             step only on GPU (on CPU, Horovod's all-reduce has no XLA kernel).
     """
+    cfg, input_shape, num_classes = job.cfg, job.source.input_shape, job.source.num_classes
     model = build_model(cfg, input_shape, num_classes)  # the active binding is the model's now
     active = binding.active()
     if active.NAME == binding.KERAS2:  # runtime.keras: auto, and the model is Keras 2's
@@ -44,7 +38,7 @@ def build_compiled_model(
     model.compile(
         # Horovod: average gradients across workers with ring-allreduce (compression,
         # accumulation and loss scaling as configured: see tuning.distributed_optimizer).
-        optimizer=tuning.distributed_optimizer(make_optimizer(cfg, plan), cfg),
+        optimizer=tuning.distributed_optimizer(make_optimizer(job), cfg),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=cfg.model.from_logits),
         metrics=["accuracy"],
         # Always explicit: Keras 3's "auto" is XLA on a GPU, all-reduce included, which XLA
@@ -58,11 +52,11 @@ def build_compiled_model(
     return model
 
 
-def make_optimizer(cfg: Config, plan: Derived) -> Any:
+def make_optimizer(job: Job) -> Any:
     """The configured optimizer of the active Keras, its rate following `optimizer.schedule`
-    after the warm-up."""
+    after the warm-up (scaled for `job`'s worker count)."""
     keras = binding.keras()
-    o, lr = cfg.optimizer, learning_rate_schedule(cfg, plan)
+    o, lr = job.cfg.optimizer, learning_rate_schedule(job.cfg, job.plan)
     if o.name == "sgd":
         return keras.optimizers.SGD(lr, momentum=o.momentum)
     if o.name == "adam":

@@ -1,6 +1,6 @@
 """`build_callbacks`: every callback of a run, built and placed in the one order that works
-(the one place that fixes it, as Keras' callback_list.py is), and `RunCallbacks`, what it
-returns."""
+(the one place that fixes it, as Keras' callback_list.py is); `RunLinks`, what the callbacks
+talk to outside the model; and `RunCallbacks`, what it returns."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from hvd_train.config import Config, Derived
+from hvd_train.config import Derived
 from hvd_train.data.diagnostics import advice_for
-from hvd_train.data.sources import Source
+from hvd_train.data.job import Job, Position
 from hvd_train.record.layout import RunDir
 from hvd_train.record.run_record import RunRecord
 from hvd_train.record.stops import StopSignals
@@ -52,46 +52,47 @@ class RunCallbacks:
     checkpointer: Checkpointer | None  # rank 0's; None elsewhere
 
 
+@dataclass(frozen=True)
+class RunLinks:
+    """What a run's callbacks talk to outside the model: the process's stop signals, rank 0's
+    record and its MLflow and W&B runs. The same for every membership under Horovod Elastic
+    (but the record, which a survivor that became rank 0 lacks)."""
+
+    signals: StopSignals  # the process's, which RunControl turns into agreed stops
+    # rank 0's summary.json, kept current after each epoch; None elsewhere (and on a survivor
+    # that became rank 0 under Horovod Elastic)
+    record: RunRecord | None = None
+    # rank 0's MLflow and W&B runs (logging.mlflow, logging.wandb; train/run/tracking.py,
+    # wandb_tracking.py), which get each epoch's values
+    trackers: Sequence[EpochSink] = ()
+
+
 def build_callbacks(
-    cfg: Config,
-    plan: Derived,
-    model: Any,
-    source: Source,
-    signals: StopSignals,
-    epoch: int,
-    first_step: int,
-    record: RunRecord | None = None,
-    leading: tuple[Any, ...] = (),
-    trackers: Sequence[EpochSink] = (),
+    job: Job, model: Any, at: Position, links: RunLinks, leading: tuple[Any, ...] = ()
 ) -> RunCallbacks:
     """Every callback of the run, built and placed in the one order that works (see below).
 
     Args:
-        cfg: the config.
-        plan: the derived sizes for this worker count.
+        job: the config, the derived sizes for this worker count and the data (its
+            validation split).
         model: the compiled model (for the exact validation).
-        source: the data (its validation split).
-        signals: the process's StopSignals, which RunControl turns into agreed stops.
-        epoch: the epoch training starts at (0-based); metrics.csv keeps the rows before it.
-        first_step: the steps of that epoch already done (a resume part-way).
-        record: rank 0's summary.json, kept current after each epoch; None elsewhere (and on
-            a survivor that became rank 0 under Horovod Elastic). Defaults to None.
+        at: where training starts: the epoch (0-based; metrics.csv keeps the rows before it)
+            and the steps of it already done (a resume part-way).
+        links: the stop signals, rank 0's record and trackers (`RunLinks`).
         leading: callbacks that run before all of these: Horovod Elastic's state commit and
             position tracking. Defaults to none.
-        trackers: rank 0's MLflow and W&B runs (logging.mlflow, logging.wandb;
-            train/run/tracking.py, wandb_tracking.py), which get each epoch's values.
-            Defaults to none.
 
     Raises:
         ConfigError: a `callbacks:` item that cannot be built (user_callbacks).
     """
+    cfg, plan, record = job.cfg, job.plan, links.record
     active = binding.active()
     control = RunControl(
-        signals,
+        links.signals,
         cfg.checkpoint.check_every_steps,
         plan.steps_per_epoch,
         cfg.checkpoint.every_steps,
-        first_step_in_epoch=first_step,
+        first_step_in_epoch=at.step,
     )
     user = build_user_callbacks(cfg.callbacks, control)
     input_wait = InputWait(
@@ -99,7 +100,7 @@ def build_callbacks(
         steps_per_execution=cfg.train.steps_per_execution,
     )  # fmt: skip
     timer = perf.StepTimer(plan)
-    evaluator = Evaluator(model, source, plan.per_worker_batch, cfg.model.from_logits)
+    evaluator = Evaluator(model, job.source, plan.per_worker_batch, cfg.model.from_logits)
     save_every = cfg.checkpoint.every_steps
     random = RandomStates(functools.partial(control.passed, save_every), bool(save_every))
     checking = cfg.runtime.check_replicas != "off"
@@ -122,7 +123,9 @@ def build_callbacks(
             random,
         )  # fmt: skip
     chief = (
-        _chief_callbacks(cfg, plan, control, epoch, checkpointer, trackers) if checkpointer else []
+        _chief_callbacks(job, control, at.epoch, checkpointer, links.trackers)
+        if checkpointer
+        else []
     )
     # Keras runs callbacks in list order at each event, all on the same `logs` dict, so later
     # callbacks see what earlier ones wrote. The order, and why:
@@ -183,8 +186,7 @@ def build_callbacks(
 
 
 def _chief_callbacks(
-    cfg: Config,
-    plan: Derived,
+    job: Job,
     control: RunControl,
     epoch: int,
     checkpointer: Checkpointer,
@@ -193,12 +195,12 @@ def _chief_callbacks(
     """Rank 0's: the console after everything that fills the logs (Keras' bar on a terminal
     when asked for, fit_from then turns it on; else one line per epoch), metrics.csv,
     TensorBoard, MLflow and W&B, the checkpoints, the profiler."""
-    run_dir = RunDir(cfg.run.dir)
+    cfg, run_dir = job.cfg, RunDir(job.cfg.run.dir)
     callbacks: list[Any] = []
     if wants_progress_bar(cfg.train.verbose):
         callbacks.append(ProgressBar())
     elif cfg.train.verbose:
-        callbacks.append(EpochLines(cfg.train.epochs, plan, control, cfg.train.log_every_s))
+        callbacks.append(EpochLines(cfg.train.epochs, job.plan, control, cfg.train.log_every_s))
     callbacks.append(MetricsCSV(run_dir.metrics, control, epoch))
     if cfg.logging.tensorboard:
         callbacks.append(TensorBoard(run_dir.tensorboard))

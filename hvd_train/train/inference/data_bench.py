@@ -8,9 +8,10 @@ from dataclasses import replace
 
 import tensorflow as tf
 
-from hvd_train.config import Config, Derived, derive
+from hvd_train.config import Config
+from hvd_train.data.job import Job, plan_job
 from hvd_train.data.pipeline import to_device, train_dataset
-from hvd_train.data.sources import Source, load_source
+from hvd_train.data.sources import load_source
 from hvd_train.record.layout import RunDir
 from hvd_train.runtime import distributed, worker
 from hvd_train.train.callbacks.base import Callback
@@ -24,14 +25,13 @@ def data_bench(cfg: Config, batches: int) -> dict[str, float]:
     Prints one line on rank 0 and returns the slowest worker's rates.
     """
     device = worker.start(cfg, RunDir(cfg.run.dir).timeline)  # as the trainer's workers start
-    source = load_source(cfg)
-    plan = derive(cfg, distributed.size(), source.num_train)
-    warm = 5
+    job = plan_job(cfg, load_source(cfg), distributed.size())
+    plan, warm = job.plan, 5
     epochs = -(-(warm + batches) // plan.steps_per_epoch)
     long_cfg = _with_epochs(cfg, epochs)
-    data = train_dataset(source, long_cfg, plan, distributed.rank())
+    data = train_dataset(job.source, long_cfg, plan, distributed.rank())
     input_rate = _pipeline_rate(to_device(data, cfg.data.prefetch_to_device), warm, batches)
-    model_rate = _model_rate(cfg, plan, source, device, warm, batches)
+    model_rate = _model_rate(job, device, warm, batches)
     rates = distributed.allgather_object((input_rate, model_rate), name="data_bench")
     worst_in, worst_model = min(r[0] for r in rates), min(r[1] for r in rates)
     ratio = worst_in / worst_model
@@ -61,14 +61,13 @@ def _pipeline_rate(ds: tf.data.Dataset, warm: int, batches: int) -> float:
     return n / (time.perf_counter() - start)
 
 
-def _model_rate(
-    cfg: Config, plan: Derived, source: Source, device: str, warm: int, batches: int
-) -> float:
+def _model_rate(job: Job, device: str, warm: int, batches: int) -> float:
     """The trainer's own training step (training_step.build_compiled_model: precision, XLA,
     Horovod's averaged gradients) on one in-memory batch repeated: what the model consumes when
     input costs nothing."""
-    model = build_compiled_model(cfg, plan, source.input_shape, source.num_classes, device)
-    x = tf.random.uniform([plan.per_worker_batch, *source.input_shape])
+    model = build_compiled_model(job, device)
+    plan = job.plan
+    x = tf.random.uniform([plan.per_worker_batch, *job.source.input_shape])
     y = tf.zeros([plan.per_worker_batch], tf.int32)
     clock = _StepClock(warm)
     ds = tf.data.Dataset.from_tensors((x, y)).repeat()

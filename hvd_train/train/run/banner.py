@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from hvd_train.base import device_choice
 from hvd_train.config import Config, Derived
-from hvd_train.data.sources import Source
+from hvd_train.data.job import Job
 from hvd_train.runtime import distributed
 
 
-def log_plan(cfg: Config, plan: Derived, source: Source, device: str) -> None:
+def log_plan(job: Job, device: str) -> None:
+    """The run's opening line (rank 0): workers, device, batches, learning rate, steps, data."""
+    cfg, plan, source = job.cfg, job.plan, job.source
     used = plan.examples_per_epoch
     n = source.num_train
     rest = f"{n - used} unused per epoch" if used <= n else f"{used - n} repeated per epoch"

@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from hvd_train.config import Config, Derived, derive
-from hvd_train.data.sources import Source
+from hvd_train.config import Derived
+from hvd_train.data.job import Job, Position
 from hvd_train.runtime import distributed, replicas
 from hvd_train.runtime.keras import binding
 from hvd_train.runtime.schedules import continue_at, learning_rate_schedule, lr_multiplier
@@ -57,21 +57,21 @@ class TrackPosition(Callback):
 
 def fit_elastic(
     model: Any,
-    source: Source,
-    cfg: Config,
-    start_epoch: int,
-    start_step: int,
-    make_callbacks: Callable[[Derived, int, int, tuple], RunCallbacks],
+    job: Job,
+    start: Position,
+    make_callbacks: Callable[[Job, Position, tuple], RunCallbacks],
 ) -> tuple[dict[str, list[float]], dict[str, Any]]:
-    """Trains to `train.epochs` under Horovod Elastic; returns the history and a report.
+    """Trains to `train.epochs` under Horovod Elastic from `start`; returns the history and a
+    report.
 
-    `make_callbacks(d, epoch, first_step, leading)` builds this membership's callbacks (they
-    depend on the worker count and on which worker is rank 0), with `leading` first.
+    `make_callbacks(job, at, leading)` builds this membership's callbacks (they depend on the
+    worker count, which `job`'s plan is for, and on which worker is rank 0), with `leading`
+    first.
     """
     history: dict[str, list[float]] = {}
     report: dict[str, Any] = {"resets": 0, "world_sizes": []}
     active = binding.active()
-    state = active.elastic_state(model, epoch=start_epoch, batch=start_step, global_batch=0)
+    state = active.elastic_state(model, epoch=start.epoch, batch=start.step, global_batch=0)
 
     def on_reset() -> None:
         report["resets"] += 1
@@ -81,7 +81,9 @@ def fit_elastic(
 
     @replicas.elastic_run
     def run(state: Any) -> None:
-        d = derive(cfg, distributed.size(), source.num_train)
+        # The plan follows the worker count: a new job for this membership, `job` unchanged.
+        resized = job.resized(distributed.size())
+        d = resized.plan
         report["world_sizes"].append(d.world_size)
         epoch, step = state.epoch, state.batch
         if step and state.global_batch and state.global_batch != d.global_batch:
@@ -89,22 +91,22 @@ def fit_elastic(
         if step >= d.steps_per_epoch:
             epoch, step = epoch + 1, 0
         state.epoch, state.batch = epoch, step
-        rescale_learning_rate(model, cfg, d, epoch + step / d.steps_per_epoch)
+        rescale_learning_rate(model, resized, epoch + step / d.steps_per_epoch)
         # Horovod Elastic: the position, committed (in memory) with the state every N steps
         # and at each epoch's end.
-        leading = (TrackPosition(state, d, cfg.elastic.commit_every_steps),)
-        callbacks = make_callbacks(d, epoch, step, leading)
-        fit_from(model, source, cfg, d, epoch, step, callbacks.all, callbacks.input_wait, history)
+        leading = (TrackPosition(state, d, job.cfg.elastic.commit_every_steps),)
+        callbacks = make_callbacks(resized, Position(epoch, step), leading)
+        fit_from(model, resized, Position(epoch, step), callbacks, history)
 
     run(state)
     return history, report
 
 
-def rescale_learning_rate(model: Any, cfg: Config, d: Derived, epoch: float) -> None:
-    """Gives the optimizer this worker count's schedule, with the rate multiplier it had, its
-    next step at `epoch` of the run (the step counter went on at other steps per epoch), and
-    retraces the step (the traced step holds the old rates as constants)."""
-    schedule = learning_rate_schedule(cfg, d)
+def rescale_learning_rate(model: Any, job: Job, epoch: float) -> None:
+    """Gives the optimizer the schedule of `job`'s worker count, with the rate multiplier it
+    had, its next step at `epoch` of the run (the step counter went on at other steps per
+    epoch), and retraces the step (the traced step holds the old rates as constants)."""
+    schedule = learning_rate_schedule(job.cfg, job.plan)
     multiplier = lr_multiplier(model.optimizer)
     if multiplier is not None:
         schedule.multiplier.assign(multiplier)

@@ -13,11 +13,11 @@ from typing import Any
 
 import tensorflow as tf
 
-from hvd_train.config import Config, Derived
+from hvd_train.data.job import Job, Position
 from hvd_train.data.pipeline import to_device, train_dataset
-from hvd_train.data.sources import Source
 from hvd_train.runtime import distributed
 from hvd_train.runtime.keras import binding
+from hvd_train.train.callbacks.callback_list import RunCallbacks
 from hvd_train.train.callbacks.input_wait import InputWait
 from hvd_train.train.callbacks.progress_bar import wants_progress_bar
 
@@ -33,32 +33,29 @@ SLOW_FIRST_BATCH = "Callback method `on_train_batch_end` is slow compared to the
 
 def fit_from(
     model: Any,
-    source: Source,
-    cfg: Config,
-    plan: Derived,
-    epoch: int,
-    step: int,
-    callbacks: tuple[Any, ...],
-    input_wait: InputWait,
+    job: Job,
+    at: Position,
+    callbacks: RunCallbacks,
     history: dict[str, list[float]] | None = None,
 ) -> dict[str, list[float]]:
-    """Runs `model.fit` from (epoch, step) to `train.epochs` with `callbacks` (in Keras' order,
-    as callback_list.build_callbacks makes them; `input_wait`, among them, time-stamps the data);
-    returns the joined history.
+    """Runs `model.fit` from `at` (epoch, step) to `train.epochs` with `callbacks.all` (in
+    Keras' order, as callback_list.build_callbacks makes them; `callbacks.input_wait`, among
+    them, time-stamps the data); returns the joined history.
 
     Each `fit`'s history is added to `history` as soon as it ends, so an elastic reset in a
     later `fit` keeps the earlier ones. Stops early when a callback sets `model.stop_training`
     (an agreed stop, a NaN).
     """
     history = {} if history is None else history
+    cfg, epoch, step = job.cfg, at.epoch, at.step
     # Keras' bar (build_callbacks put a progress_bar.ProgressBar in the list), else none.
     verbose = 1 if wants_progress_bar(cfg.train.verbose) else 0
     while epoch < cfg.train.epochs:
-        data = fit_dataset(source, cfg, plan, epoch, step, input_wait)
+        data = fit_dataset(job, Position(epoch, step), callbacks.input_wait)
         last = epoch + 1 if step else cfg.train.epochs  # a part-done epoch on its own
-        steps = plan.steps_per_epoch - step
+        steps = job.plan.steps_per_epoch - step
         # The hooks get each step's logs as tensors on both Kerases: no host read a step.
-        listed = binding.active().fit_callbacks(list(callbacks), model, verbose, last, steps)
+        listed = binding.active().fit_callbacks(list(callbacks.all), model, verbose, last, steps)
         with without_first_batch_timing_warning():
             h = model.fit(
                 data, initial_epoch=epoch, epochs=last, steps_per_epoch=steps, callbacks=listed,
@@ -72,20 +69,19 @@ def fit_from(
     return history
 
 
-def fit_dataset(
-    source: Source, cfg: Config, plan: Derived, epoch: int, step: int, input_wait: InputWait
-) -> tf.data.Dataset:
-    """This worker's batches from (epoch, step), as `fit` reads them: the epoch's data with the
+def fit_dataset(job: Job, at: Position, input_wait: InputWait) -> tf.data.Dataset:
+    """This worker's batches from `at` (epoch, step), as `fit` reads them: the epoch's data with the
     done steps skipped, the input-wait stamp, and last (TensorFlow requires it last) the copy
     to the GPU that `data.prefetch_to_device` asks for.
 
-    A part-done epoch (`step` > 0) is its own `fit` and gets only that epoch's steps left:
+    A part-done epoch (`at.step` > 0) is its own `fit` and gets only that epoch's steps left:
     where they are no multiple of `train.steps_per_execution` (a resume at another worker
     count, an elastic reset), Keras 3's last call ends at the end of this data instead of
     running on into the next epoch's batches."""
-    data = train_dataset(source, cfg, plan, distributed.rank(), first_epoch=epoch)
-    if step:
-        data = data.skip(step).take(plan.steps_per_epoch - step)
+    cfg, plan = job.cfg, job.plan
+    data = train_dataset(job.source, cfg, plan, distributed.rank(), first_epoch=at.epoch)
+    if at.step:
+        data = data.skip(at.step).take(plan.steps_per_epoch - at.step)
     return to_device(input_wait.attach(data), cfg.data.prefetch_to_device)
 
 

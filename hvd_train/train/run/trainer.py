@@ -13,8 +13,9 @@ from typing import NamedTuple
 
 from hvd_train.base import logs, startup
 from hvd_train.base.errors import DeviceError
-from hvd_train.config import Config, Derived, derive, dump_yaml
-from hvd_train.data.sources import Source, load_source
+from hvd_train.config import Config, Derived, dump_yaml
+from hvd_train.data.job import Job, Position, plan_job
+from hvd_train.data.sources import load_source
 from hvd_train.record import rundir
 from hvd_train.record.layout import RunDir
 from hvd_train.record.run_record import RunRecord
@@ -31,7 +32,7 @@ from hvd_train.record.summary import (
 )
 from hvd_train.runtime import distributed, tuning, worker
 from hvd_train.runtime.keras.contract import Model
-from hvd_train.train.callbacks.callback_list import RunCallbacks, build_callbacks
+from hvd_train.train.callbacks.callback_list import RunCallbacks, RunLinks, build_callbacks
 from hvd_train.train.callbacks.tensorboard import require_tensorboard
 from hvd_train.train.checkpoint import plain_file_problem
 from hvd_train.train.models import weights_note
@@ -92,7 +93,8 @@ def train(
         check_wandb(cfg.logging)
         source = load_source(cfg)
         startup.mark("data")
-        plan = derive(cfg, distributed.size(), source.num_train)
+        job = plan_job(cfg, source, distributed.size())
+        plan = job.plan
         try:
             opened = _open_run_dir(cfg, config_path, run, plan, device)
         except BaseException as e:
@@ -100,9 +102,9 @@ def train(
             raise
         startup.mark("run_dir")
         try:
-            log_plan(cfg, plan, source, device)
+            log_plan(job, device)
             tuning.log_knobs(cfg, plan)
-            model = build_compiled_model(cfg, plan, source.input_shape, source.num_classes, device)
+            model = build_compiled_model(job, device)
             startup.mark("model")
             if note := weights_note(cfg.model):
                 distributed.log(note)  # rank 0; a resume below then restores the checkpoint
@@ -121,7 +123,7 @@ def train(
             )
             run.tracker = start_tracking(cfg, run.record, opened.mlflow)
             _start_wandb(cfg, run, opened.wandb)
-            history = _fit(cfg, model, source, plan, start, run)
+            history = _fit(job, model, start, run)
         except BaseException as e:
             cause = reading_cause(e)
             fail(run, cause)
@@ -257,30 +259,21 @@ def _nothing_to_train(finished_here: Finished | None) -> Summary | None:
     return found.summary
 
 
-def _fit(
-    cfg: Config,
-    model: Model,
-    source: Source,
-    plan: Derived,
-    start: Start,
-    run: Run,
-) -> dict[str, list[float]]:
+def _fit(job: Job, model: Model, start: Start, run: Run) -> dict[str, list[float]]:
     """Trains from `start` to `train.epochs` (under Horovod Elastic when enabled); returns the
     history. `run.callbacks` are the last callbacks built."""
+    cfg = job.cfg
 
-    def wire(plan: Derived, epoch: int, step: int, leading: tuple = ()) -> RunCallbacks:
-        run.callbacks = build_callbacks(
-            cfg, plan, model, source, run.signals, epoch, step, run.record, leading,
-            [t.sender for t in (run.tracker, run.wandb) if t is not None],
-        )  # fmt: skip
+    def wire(job: Job, at: Position, leading: tuple = ()) -> RunCallbacks:
+        trackers = [t.sender for t in (run.tracker, run.wandb) if t is not None]
+        links = RunLinks(run.signals, run.record, trackers)
+        run.callbacks = build_callbacks(job, model, at, links, leading)
         return run.callbacks
 
+    at = Position(start.epoch, start.step)
     if not cfg.elastic.enabled:
-        callbacks = wire(plan, start.epoch, start.step)
-        return fit_from(
-            model, source, cfg, plan, start.epoch, start.step, callbacks.all, callbacks.input_wait
-        )
-    history, report = fit_elastic(model, source, cfg, start.epoch, start.step, wire)
+        return fit_from(model, job, at, wire(job, at))
+    history, report = fit_elastic(model, job, at, wire)
     # Horovod Elastic: when rank 0 was lost, a survivor became rank 0; it ends the record (the
     # lost one's keeper has meanwhile written `failed`).
     if run.record is None and distributed.is_chief():
