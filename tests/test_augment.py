@@ -118,20 +118,22 @@ def test_flat_inputs_are_a_data_error() -> None:
 def test_training_pipeline_applies_it_seeded_by_step() -> None:
     """In train_dataset: flip with probability 1 mirrors every batch; brightness draws the same
     numbers for the same step when the data is rebuilt from a later epoch (as on a resume)."""
-    from hvd_train.config import derive
+    from dataclasses import replace
+
+    from hvd_train.data.job import plan_job
     from hvd_train.data.pipeline import train_dataset
     from hvd_train.data.sources import load_source
 
     base = ["data.source=digits", "train.epochs=3"]
     plain_cfg = load_config(None, base)
-    src = load_source(plain_cfg)
-    plan = derive(plain_cfg, 1, src.num_train)
-    plain = next(iter(train_dataset(src, plain_cfg, plan, 0)))[0].numpy()
+    job = plan_job(plain_cfg, load_source(plain_cfg), 1)
+    plan = job.plan
+    plain = next(iter(train_dataset(job, 0)))[0].numpy()
     flip_cfg = load_config(None, [*base, "augment.flip=horizontal", "augment.flip_probability=1"])
-    flipped = next(iter(train_dataset(src, flip_cfg, plan, 0)))[0].numpy()
+    flipped = next(iter(train_dataset(replace(job, cfg=flip_cfg), 0)))[0].numpy()
     np.testing.assert_array_equal(flipped, plain[:, :, ::-1, :])
-    bright = load_config(None, [*base, "augment.brightness=0.3"])
-    whole = list(train_dataset(src, bright, plan, 0).take(plan.steps_per_epoch + 1))
-    later = next(iter(train_dataset(src, bright, plan, 0, first_epoch=1)))
+    bright = replace(job, cfg=load_config(None, [*base, "augment.brightness=0.3"]))
+    whole = list(train_dataset(bright, 0).take(plan.steps_per_epoch + 1))
+    later = next(iter(train_dataset(bright, 0, first_epoch=1)))
     np.testing.assert_array_equal(whole[plan.steps_per_epoch][0].numpy(), later[0].numpy())
     assert not np.array_equal(whole[0][0].numpy(), plain)

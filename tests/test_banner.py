@@ -6,10 +6,13 @@ from __future__ import annotations
 import json
 import pathlib
 
+import numpy as np
 import pytest
 from harness import PYTHON, QUICKSTART, check, run
 
-from hvd_train.config import derive, load_config
+from hvd_train.config import load_config
+from hvd_train.data.job import plan_job
+from hvd_train.data.sources import Source
 from hvd_train.train.models import weights_note
 from hvd_train.train.run.banner import lr_label
 
@@ -42,7 +45,8 @@ def test_lone_process_says_no_launcher_and_a_fixed_global_batch_is_not_scaled(tm
 )  # fmt: skip
 def test_learning_rate_label_says_what_derive_did(overrides, workers, label) -> None:
     cfg = load_config(None, ["train.batch_size=32", *overrides])
-    assert lr_label(cfg, derive(cfg, workers, num_train=1000)) == label
+    x, y = np.zeros((1000, 1), np.float32), np.zeros(1000, np.int32)  # 1000 examples, no more
+    assert lr_label(plan_job(cfg, Source(x, y, x[:0], y[:0], 2), workers)) == label
 
 
 def test_weights_note_names_the_file_loaded_only_when_one_is(tmp_path: pathlib.Path) -> None:

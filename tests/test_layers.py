@@ -25,7 +25,7 @@ LAYERS: dict[str, set[str]] = {
     "record": {"base", "config"},  # run.dir, summary.json, the keeper, the stops
     "launcher": {"base", "config", "record"},  # horovodrun, launch, supervise, Slurm, sweep, plan
     "runtime": {"base", "config"},  # Horovod's state, core binding, speed knobs, Keras bindings
-    "data": {"base", "config", "runtime"},  # sources, each worker's slice, decoding
+    "data": {"base", "config", "runtime"},  # sources, the job, each worker's slice, decoding
     "train": {"base", "config", "record", "runtime", "data"},  # the run and its parts
     "horovod": {"base", "config", "runtime"},  # Horovod's Keras API on Keras 3, for users' scripts
     "commands": {"base", "config", "record", "launcher", "runtime", "data", "train"},

@@ -20,8 +20,9 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from hvd_train.config import Config, Derived
+from hvd_train.config import Derived
 from hvd_train.data.augment import augment_batch_fn
+from hvd_train.data.job import Job
 from hvd_train.data.sources import Source
 
 __all__ = [
@@ -45,10 +46,9 @@ def epoch_batches(n: int, plan: Derived, rank: int, epoch: tf.Tensor, seed: int,
     return idx[:, rank, :]
 
 
-def train_dataset(
-    source: Source, cfg: Config, plan: Derived, rank: int, first_epoch: int = 0
-) -> tf.data.Dataset:
+def train_dataset(job: Job, rank: int, first_epoch: int = 0) -> tf.data.Dataset:
     """Full batches for epochs `first_epoch .. train.epochs-1`, exactly `steps_per_epoch` each."""
+    cfg, plan, source = job.cfg, job.plan, job.source
     x, y = tf.constant(source.x_train), tf.constant(source.y_train)
     n, seed, shuffle = source.num_train, cfg.runtime.seed, cfg.data.shuffle
 
@@ -59,7 +59,7 @@ def train_dataset(
         return tf.data.Dataset.from_tensor_slices(idx)
 
     if cfg.data.read == "stream" and source.decode:
-        ds = stream_indices(source, cfg, plan, rank, first_epoch)
+        ds = stream_indices(job, rank, first_epoch)
     else:
         ds = tf.data.Dataset.range(first_epoch, cfg.train.epochs).flat_map(one_epoch)
     if source.decode:
@@ -98,9 +98,7 @@ def to_device(ds: tf.data.Dataset, prefetch_to_device: bool) -> tf.data.Dataset:
     return ds
 
 
-def stream_indices(
-    source: Source, cfg: Config, plan: Derived, rank: int, first_epoch: int
-) -> tf.data.Dataset:
+def stream_indices(job: Job, rank: int, first_epoch: int) -> tf.data.Dataset:
     """`data.read: stream`: this worker's training examples, file by file, never ending.
 
     Files (`source.groups`; without groups, each example is its own file) go to workers
@@ -109,7 +107,8 @@ def stream_indices(
     exactly the examples of `steps_per_epoch` full batches per remaining epoch, so every worker
     runs the same number of steps whatever its files hold.
     """
-    mine = assign_files(source, plan.world_size, cfg.runtime.seed)[rank]
+    cfg, plan = job.cfg, job.plan
+    mine = assign_files(job.source, plan.world_size, cfg.runtime.seed)[rank]
     seed = cfg.runtime.seed * 1009 + rank * 7919 + first_epoch  # a resume streams anew
     ends = tf.constant(np.cumsum([len(f) for f in mine]), tf.int64)
     starts = tf.concat([[0], ends[:-1]], axis=0)

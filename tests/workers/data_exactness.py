@@ -21,7 +21,8 @@ binding.import_tensorflow()  # as hvd_train's workers import it: base/deferred.p
 import numpy as np
 import tensorflow as tf
 
-from hvd_train.config import derive, load_config
+from hvd_train.config import load_config
+from hvd_train.data.job import plan_job
 from hvd_train.data.pipeline import train_dataset, val_shard
 from hvd_train.data.sources import load_source
 from hvd_train.runtime import distributed
@@ -45,16 +46,17 @@ def check_source(source_name: str, folder: str, remainder: str) -> None:
         f"train.epochs={EPOCHS}", "data.validation_fraction=0.25",
     ])  # fmt: skip
     source = load_source(cfg)
-    d = derive(cfg, world, source.num_train)
+    job = plan_job(cfg, source, world)
+    d = job.plan
     epochs = [[] for _ in range(EPOCHS)]
     batches = 0
-    for step, (x, _) in enumerate(train_dataset(source, cfg, d, rank)):
+    for step, (x, _) in enumerate(train_dataset(job, rank)):
         assert x.shape[0] == d.per_worker_batch, f"rank {rank}: short batch {x.shape}"
         epochs[step // d.steps_per_epoch].extend(ids_of(x))
         batches += 1
     # A resume in the middle of epoch 1 (the trainer skips the steps done) continues the order.
     done = d.steps_per_epoch // 2
-    resumed = [i for x, _ in train_dataset(source, cfg, d, rank, 1).skip(done) for i in ids_of(x)]
+    resumed = [i for x, _ in train_dataset(job, rank, 1).skip(done) for i in ids_of(x)]
     mine_resumed = resumed == epochs[1][done * d.per_worker_batch :]
     val = val_shard(source, d.per_worker_batch, rank, world)
     val_ids = [i for x, _, w in val for i, wi in zip(ids_of(x), w.numpy(), strict=True) if wi > 0]
@@ -95,9 +97,10 @@ def check_stream(source_name: str, folder: str) -> None:
         f"train.epochs={EPOCHS}", "data.validation_fraction=0.25",
     ])  # fmt: skip
     source = load_source(cfg)
-    d = derive(cfg, world, source.num_train)
+    job = plan_job(cfg, source, world)
+    d = job.plan
     seen, batches = [], 0
-    for x, _ in train_dataset(source, cfg, d, rank):
+    for x, _ in train_dataset(job, rank):
         assert x.shape[0] == d.per_worker_batch, f"rank {rank}: short batch {x.shape}"
         seen.extend(ids_of(x))
         batches += 1

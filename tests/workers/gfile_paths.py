@@ -11,7 +11,8 @@ import sys
 
 import numpy as np
 
-from hvd_train.config import derive, load_config
+from hvd_train.config import load_config
+from hvd_train.data.job import plan_job
 from hvd_train.data.pipeline import train_dataset, val_shard
 from hvd_train.data.sources import load_source
 
@@ -22,9 +23,9 @@ def batches(source_name: str, folder: str) -> list[np.ndarray]:
         "train.batch_size=8", "train.epochs=1", "data.validation_fraction=0.25",
     ])  # fmt: skip
     source = load_source(cfg)
-    d = derive(cfg, 1, source.num_train)
+    job = plan_job(cfg, source, 1)
     val = val_shard(source, 8, 0, 1)
-    return [x.numpy() for x, _ in train_dataset(source, cfg, d, 0)] + [x.numpy() for x, _, _ in val]
+    return [x.numpy() for x, _ in train_dataset(job, 0)] + [x.numpy() for x, _, _ in val]
 
 
 for name, folder in (("image_folder", sys.argv[1]), ("tfrecord", sys.argv[2])):

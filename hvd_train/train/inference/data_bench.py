@@ -28,8 +28,8 @@ def data_bench(cfg: Config, batches: int) -> dict[str, float]:
     job = plan_job(cfg, load_source(cfg), distributed.size())
     plan, warm = job.plan, 5
     epochs = -(-(warm + batches) // plan.steps_per_epoch)
-    long_cfg = _with_epochs(cfg, epochs)
-    data = train_dataset(job.source, long_cfg, plan, distributed.rank())
+    long_job = replace(job, cfg=_with_epochs(cfg, epochs))  # the same plan: only epochs change
+    data = train_dataset(long_job, distributed.rank())
     input_rate = _pipeline_rate(to_device(data, cfg.data.prefetch_to_device), warm, batches)
     model_rate = _model_rate(job, device, warm, batches)
     rates = distributed.allgather_object((input_rate, model_rate), name="data_bench")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from hvd_train.base import device_choice
-from hvd_train.config import Config, Derived
 from hvd_train.data.job import Job
 from hvd_train.runtime import distributed
 
@@ -24,7 +23,7 @@ def log_plan(job: Job, device: str) -> None:
     distributed.log(
         f"{workers_label(plan.world_size)}, {shown} | batch {plan.per_worker_batch}/worker, "
         f"{plan.global_batch} global | learning rate {plan.base_lr:g} -> {plan.scaled_lr:g} "
-        f"({lr_label(cfg, plan)}{warm}) | {plan.steps_per_epoch} steps/epoch{calls} over {n} "
+        f"({lr_label(job)}{warm}) | {plan.steps_per_epoch} steps/epoch{calls} over {n} "
         f"training examples ({rest}) | {len(source.x_val)} validation examples"
     )
 
@@ -35,8 +34,9 @@ def workers_label(world_size: int) -> str:
     return "1 worker (no launcher)" if c == "none" else f"{world_size} worker(s), {c}"
 
 
-def lr_label(cfg: Config, plan: Derived) -> str:
+def lr_label(job: Job) -> str:
     """How `derive` scaled the learning rate: 'linear x2 for 2 workers', or why it did not."""
+    cfg, plan = job.cfg, job.plan
     if plan.lr_factor == 1.0:
         if cfg.optimizer.lr_scaling == "none":
             return "not scaled: optimizer.lr_scaling none"

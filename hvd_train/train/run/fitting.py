@@ -78,11 +78,10 @@ def fit_dataset(job: Job, at: Position, input_wait: InputWait) -> tf.data.Datase
     where they are no multiple of `train.steps_per_execution` (a resume at another worker
     count, an elastic reset), Keras 3's last call ends at the end of this data instead of
     running on into the next epoch's batches."""
-    cfg, plan = job.cfg, job.plan
-    data = train_dataset(job.source, cfg, plan, distributed.rank(), first_epoch=at.epoch)
+    data = train_dataset(job, distributed.rank(), first_epoch=at.epoch)
     if at.step:
-        data = data.skip(at.step).take(plan.steps_per_epoch - at.step)
-    return to_device(input_wait.attach(data), cfg.data.prefetch_to_device)
+        data = data.skip(at.step).take(job.plan.steps_per_epoch - at.step)
+    return to_device(input_wait.attach(data), job.cfg.data.prefetch_to_device)
 
 
 class _DropMessage(logging.Filter):
