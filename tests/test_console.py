@@ -23,7 +23,7 @@ import pytest
 from harness import BIN, PYTHON, QUICKSTART, ROOT, check, horovodrun
 
 from hvd_train.base import logs
-from hvd_train.config import derive, load_config
+from hvd_train.config import TrainConfig, derive, load_config
 from hvd_train.record.summary import problems
 from hvd_train.train.callbacks import progress_bar
 from hvd_train.train.callbacks.bookkeeping import BOOKKEEPING, BOOKKEEPING_TAGS
@@ -184,7 +184,8 @@ def make_lines(every_s: float, step_in_epoch: int = 0):
     control.stopped_mid_epoch = lambda: control.stopped
     logged: list[str] = []
     clock = FakeClock()
-    lines = EpochLines(12, plan, control, every_s, log=logged.append, clock=clock)
+    train = TrainConfig(epochs=12, log_every_s=every_s)
+    lines = EpochLines(train, plan, control, log=logged.append, clock=clock)
     return lines, control, clock, logged
 
 

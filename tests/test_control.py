@@ -8,6 +8,7 @@ import signal
 import pytest
 import tensorflow as tf
 
+from hvd_train.config import CheckpointConfig
 from hvd_train.record.stops import StopSignals
 from hvd_train.runtime import distributed
 from hvd_train.train.callbacks import stop as control
@@ -49,9 +50,8 @@ def make(monkeypatch):
 
     def make(every: int, step_s: float, checkpoint_every: int = 0, steps_per_epoch=10_000):
         clock = FakeClock(step_s)
-        ctl = RunControl(
-            StopSignals(), every, steps_per_epoch, checkpoint_every or None, clock=clock
-        )
+        k = CheckpointConfig(check_every_steps=every, every_steps=checkpoint_every or None)
+        ctl = RunControl(StopSignals(), k, steps_per_epoch, clock=clock)
         ctl.set_model(tf.keras.Sequential([tf.keras.Input((1,)), tf.keras.layers.Dense(1)]))
         ctl.set_params({"steps": steps_per_epoch})  # as fit sets them
         return ctl, clock
@@ -98,7 +98,8 @@ def test_with_several_steps_a_call_each_interval_is_met_at_the_call_that_reaches
 def test_a_part_done_epochs_short_last_call_counts_only_the_steps_it_ran(make) -> None:
     """A resume at step 4 of a 10-step epoch, 3 steps a call: Keras 3 gives the last call the
     index 8 (steps 6 to 8 of the 6 left), though it ran 0..5 and stopped at the data's end."""
-    ctl = RunControl(StopSignals(), 0, 10, None, first_step_in_epoch=4, clock=FakeClock(0.1))
+    k = CheckpointConfig(check_every_steps=0, every_steps=None)
+    ctl = RunControl(StopSignals(), k, 10, first_step_in_epoch=4, clock=FakeClock(0.1))
     ctl.set_params({"steps": 6})
     ctl.on_epoch_begin(0)
     for last in (2, 5, 8):

@@ -20,7 +20,6 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from hvd_train.config import Derived
 from hvd_train.data.augment import augment_batch_fn
 from hvd_train.data.job import Job
 from hvd_train.data.sources import Source
@@ -34,10 +33,12 @@ __all__ = [
 ]
 
 
-def epoch_batches(n: int, plan: Derived, rank: int, epoch: tf.Tensor, seed: int, shuffle: bool):
-    """The `[steps_per_epoch, per_worker_batch]` example indices of one worker in one epoch."""
+def epoch_batches(job: Job, rank: int, epoch: tf.Tensor):
+    """The `[steps_per_epoch, per_worker_batch]` example indices of one worker in one epoch:
+    the training examples shuffled by (`runtime.seed`, epoch) when `data.shuffle`."""
+    n, plan, seed = job.source.num_train, job.plan, job.cfg.runtime.seed
     idx = tf.range(n, dtype=tf.int64)
-    if shuffle:
+    if job.cfg.data.shuffle:
         idx = tf.random.experimental.stateless_shuffle(idx, seed=tf.stack([seed, epoch]))
     need = plan.steps_per_epoch * plan.global_batch
     if need > n:  # pad_by_repeat: the short last batch is filled from the epoch's first examples
@@ -50,10 +51,10 @@ def train_dataset(job: Job, rank: int, first_epoch: int = 0) -> tf.data.Dataset:
     """Full batches for epochs `first_epoch .. train.epochs-1`, exactly `steps_per_epoch` each."""
     cfg, plan, source = job.cfg, job.plan, job.source
     x, y = tf.constant(source.x_train), tf.constant(source.y_train)
-    n, seed, shuffle = source.num_train, cfg.runtime.seed, cfg.data.shuffle
+    seed = cfg.runtime.seed
 
     def one_epoch(epoch: tf.Tensor) -> tf.data.Dataset:
-        idx = epoch_batches(n, plan, rank, epoch, seed, shuffle)
+        idx = epoch_batches(job, rank, epoch)
         if source.decode:  # one index at a time, so that decoding runs in parallel
             idx = tf.reshape(idx, [-1])
         return tf.data.Dataset.from_tensor_slices(idx)

@@ -88,11 +88,7 @@ def build_callbacks(
     cfg, plan, record = job.cfg, job.plan, links.record
     active = binding.active()
     control = RunControl(
-        links.signals,
-        cfg.checkpoint.check_every_steps,
-        plan.steps_per_epoch,
-        cfg.checkpoint.every_steps,
-        first_step_in_epoch=at.step,
+        links.signals, cfg.checkpoint, plan.steps_per_epoch, first_step_in_epoch=at.step
     )
     user = build_user_callbacks(cfg.callbacks, control)
     input_wait = InputWait(
@@ -117,11 +113,7 @@ def build_callbacks(
     checkpointer = None
     if distributed.is_chief():
         store = CheckpointStore(cfg.run.dir, cfg.checkpoint)
-        best_path = RunDir(cfg.run.dir).best
-        checkpointer = Checkpointer(
-            store, control, plan, cfg.checkpoint, cfg.train.epochs, cfg.runtime.seed, best_path,
-            random,
-        )  # fmt: skip
+        checkpointer = Checkpointer(job, store, control, random)
     chief = (
         _chief_callbacks(job, control, at.epoch, checkpointer, links.trackers)
         if checkpointer
@@ -200,7 +192,7 @@ def _chief_callbacks(
     if wants_progress_bar(cfg.train.verbose):
         callbacks.append(ProgressBar())
     elif cfg.train.verbose:
-        callbacks.append(EpochLines(cfg.train.epochs, job.plan, control, cfg.train.log_every_s))
+        callbacks.append(EpochLines(cfg.train, job.plan, control))
     callbacks.append(MetricsCSV(run_dir.metrics, control, epoch))
     if cfg.logging.tensorboard:
         callbacks.append(TensorBoard(run_dir.tensorboard))

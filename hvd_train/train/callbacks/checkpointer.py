@@ -8,8 +8,8 @@ import time
 
 import tensorflow as tf
 
-from hvd_train.config import CheckpointConfig, Derived
-from hvd_train.record.layout import saved_model_folder, weights_file
+from hvd_train.data.job import Job
+from hvd_train.record.layout import RunDir, saved_model_folder, weights_file
 from hvd_train.runtime.keras import binding
 from hvd_train.runtime.schedules import lr_multiplier
 from hvd_train.train.callbacks.base import Callback
@@ -39,31 +39,29 @@ class Checkpointer(Callback):
     collective.
 
     Args:
+        job: the derived sizes the checkpoints record (steps per epoch, batches, workers);
+            from the config, the `checkpoint` section (when to write, and the metric for the
+            best), the run's epochs (`train.epochs`), `runtime.seed` (recorded in every
+            checkpoint's state) and run.dir (the best epoch's plain model goes to
+            run.dir/best.keras).
         store: run.dir's checkpoints.
         control: the run's RunControl, earlier in the list: the position, and the stops.
-        plan: the derived sizes the checkpoints record (steps per epoch, batches, workers).
-        checkpoint: the `checkpoint` section: when to write, and the metric for the best.
-        epochs: the run's epochs (`train.epochs`).
-        seed: `runtime.seed`, recorded in every checkpoint's state.
-        best_path: where the best epoch's plain model goes (run.dir/best.keras).
         random: every rank's random states, gathered where a checkpoint may be written
             (earlier in the list); kept in each checkpoint's state. Defaults to None (none).
     """
 
     def __init__(
         self,
+        job: Job,
         store: CheckpointStore,
         control: RunControl,
-        plan: Derived,
-        checkpoint: CheckpointConfig,
-        epochs: int,
-        seed: int,
-        best_path: str,
         random: RandomStates | None = None,
     ):
         super().__init__()
-        self.store, self.control, self.plan, self.k = store, control, plan, checkpoint
-        self.epochs, self.seed, self.best_path, self.random = epochs, seed, best_path, random
+        cfg, checkpoint = job.cfg, job.cfg.checkpoint
+        self.store, self.control, self.plan, self.k = store, control, job.plan, checkpoint
+        self.epochs, self.seed, self.random = cfg.train.epochs, cfg.runtime.seed, random
+        self.best_path = best_path = RunDir(cfg.run.dir).best
         self.last: str | None = store.newest()
         best = store.best()
         self.best_value = read_state(best)["metrics"][checkpoint.monitor] if best else None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from hvd_train.config import Derived
+from hvd_train.config import Derived, TrainConfig
 from hvd_train.runtime import distributed
 from hvd_train.train.callbacks.base import Callback
 from hvd_train.train.callbacks.bookkeeping import without_bookkeeping
@@ -14,29 +14,29 @@ from hvd_train.train.callbacks.stop import RunControl
 
 class EpochLines(Callback):
     """Rank 0's console: one line per epoch and, inside a long epoch, a progress line every
-    `every_s` seconds. Put it after the callbacks that fill the epoch's logs.
+    `train.log_every_s` seconds. Put it after the callbacks that fill the epoch's logs.
 
     Args:
-        epochs: the run's epochs (`train.epochs`).
+        train: the `train` section: the run's epochs (`epochs`), and the seconds between
+            progress lines inside an epoch (`log_every_s`; 0: none).
         plan: the run's derived sizes (steps per epoch, global batch).
         control: the run's RunControl, run before this: the step in the epoch (counting the
             steps before a resume) and whether a stop cut the epoch short.
-        every_s: seconds between progress lines inside an epoch; 0: none.
         log: prints one line. Defaults to `distributed.log` (rank 0, `[hvd_train]` prefix).
         clock: seconds. Defaults to `time.monotonic`.
     """
 
     def __init__(
         self,
-        epochs: int,
+        train: TrainConfig,
         plan: Derived,
         control: RunControl,
-        every_s: float,
         log: Callable[[str], None] = distributed.log,
         clock: Callable[[], float] = time.monotonic,
     ):
         super().__init__()
-        self.epochs, self.plan, self.control, self.every_s = epochs, plan, control, every_s
+        self.epochs, self.plan, self.control = train.epochs, plan, control
+        self.every_s = train.log_every_s
         self._log, self._clock = log, clock
         self._start = self._next = 0.0
         self._first_step = 0

@@ -18,6 +18,7 @@ import numpy as np
 import tensorflow as tf
 
 from hvd_train.base.errors import TrainingError
+from hvd_train.config import CheckpointConfig
 from hvd_train.record.stops import StopSignals
 from hvd_train.record.summary import StoppedEarly
 from hvd_train.runtime import distributed
@@ -47,10 +48,10 @@ class RunControl(Callback):
 
     Args:
         signals: the process's StopSignals: what this worker saw.
-        every: agree every this many steps; 0: about once a second.
+        checkpoint: the `checkpoint` section: `check_every_steps`, agree every this many
+            steps (0: about once a second); `every_steps`, a checkpoint is due every this
+            many position steps (then the weights are checked too; None: none mid-epoch).
         steps_per_epoch: the steps of a whole epoch.
-        checkpoint_every: `checkpoint.every_steps`: a checkpoint is due every this many
-            position steps (then the weights are checked too); None: none mid-epoch.
         first_step_in_epoch: the steps of the first epoch already done (a resume part-way).
             Defaults to 0.
         clock: seconds, for the step times. Defaults to `time.perf_counter`.
@@ -59,18 +60,17 @@ class RunControl(Callback):
     def __init__(
         self,
         signals: StopSignals,
-        every: int,
+        checkpoint: CheckpointConfig,
         steps_per_epoch: int,
-        checkpoint_every: int | None,
         first_step_in_epoch: int = 0,
         clock: Callable[[], float] = time.perf_counter,
     ):
         super().__init__()
         self.signals = signals
         self._clock = clock
-        self.every = every
+        self.every = checkpoint.check_every_steps
         self.steps_per_epoch = steps_per_epoch
-        self.checkpoint_every = checkpoint_every
+        self.checkpoint_every = checkpoint.every_steps
         self.epoch = 0
         self.step_in_epoch = 0  # steps of `epoch` done, counting those before a resume
         self._offset = first_step_in_epoch
