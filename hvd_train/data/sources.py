@@ -280,7 +280,8 @@ def select_folder(cfg: Config) -> Selection:
         [f"{train.ignored} files without a .jpg/.jpeg/.png name ignored"] if train.ignored else []
     )
     check = (images.file_problem, str)
-    return _select(cfg, train.files, val_files, names, check, check, notes)
+    listed_val = _Listed(val_files, check) if val_files is not None else None
+    return _select(cfg, _Listed(train.files, check), listed_val, names, notes)
 
 
 def _same_classes(train: Sequence[str], val: Sequence[str], val_dir: str) -> None:
@@ -295,32 +296,35 @@ def _same_classes(train: Sequence[str], val: Sequence[str], val_dir: str) -> Non
 Check = tuple[Callable[[object], "str | None"], Callable[[object], str]]  # (problem, describe)
 
 
+@dataclass(frozen=True)
+class _Listed:
+    """One split's listing: its items by class, and how to check one (`Check`)."""
+
+    per_class: Sequence[Sequence]
+    check: Check
+
+
 def _select(
-    cfg: Config,
-    train_per_class: Sequence[Sequence],
-    val_per_class: Sequence[Sequence] | None,
-    names: Sequence[str],
-    train_check: Check,
-    val_check: Check | None,
-    notes: list[str],
+    cfg: Config, train: _Listed, val: _Listed | None, names: Sequence[str], notes: list[str]
 ) -> Selection:
     """Split (or take the validation folder), caps, check: the common path of both sources.
 
-    Without a validation folder, validation items come from the training listing, so they are
-    checked with `train_check`.
+    Without a validation folder (`val` None), validation items come from the training listing,
+    so they are checked with `train.check`.
     """
     d, seed = cfg.data, cfg.runtime.seed
-    if val_per_class is None:
+    train_check = train.check
+    if val is None:
         train_pc, val_pc = images.split_by_fraction(
-            train_per_class, d.validation_fraction, seed, "data.train_dir", names
+            train.per_class, d.validation_fraction, seed, "data.train_dir", names
         )
         val_key, val_check = "data.train_dir", train_check
     else:
         train_pc, val_pc = (
-            images.shuffled(train_per_class, seed),
-            images.shuffled(val_per_class, seed),
+            images.shuffled(train.per_class, seed),
+            images.shuffled(val.per_class, seed),
         )
-        val_key = "data.val_dir"
+        val_key, val_check = "data.val_dir", val.check
     tr = images.choose_checked(train_pc, d.max_train_per_class, train_check[0])
     va = images.choose_checked(val_pc, d.max_val_per_class, val_check[0])
     bad = [("data.train_dir", train_check[1](x), why) for x, why in tr.bad]
@@ -353,16 +357,16 @@ def select_records(cfg: Config, train, val) -> Selection:
     if val is not None:
         _same_classes(names, val.class_names, cfg.data.val_dir)
     train_pc = _records_per_class(train, names, cfg.data.train_dir, "data.train_dir")
-    val_pc = None
+    listed_val = None
     if val is not None:
         val_pc = _records_per_class(val, names, cfg.data.val_dir, "data.val_dir")
-    val_check = _record_check(val) if val is not None else None
+        listed_val = _Listed(val_pc, _record_check(val))
     notes = [
         f"{len(r.left_out)} unreadable images were left out by convert-tfrecord ({folder})"
         for r, folder in ((train, cfg.data.train_dir), (val, cfg.data.val_dir))
         if r is not None and r.left_out
     ]
-    return _select(cfg, train_pc, val_pc, names, _record_check(train), val_check, notes)
+    return _select(cfg, _Listed(train_pc, _record_check(train)), listed_val, names, notes)
 
 
 def _record_check(records) -> Check:
