@@ -203,7 +203,7 @@ def test_the_worker_pins_its_mig_instance_before_tensorflow_loads(nvidia_smi, mo
 
     monkeypatch.setattr(startup, "mark", lambda phase: None)  # this process's marks untouched
     monkeypatch.setattr(stops, "installed", lambda cfg: None)
-    monkeypatch.setattr(logs, "quiet_tensorflow", lambda: None)
+    monkeypatch.setattr(logs, "quiet_tensorflow", lambda *args: None)
     monkeypatch.setattr(binding, "prepare", lambda choice: None)
     monkeypatch.setattr(binding, "import_tensorflow", import_tensorflow)
     with pytest.raises(Loaded):

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from hvd_train.base import logs
-from hvd_train.commands.train import before_tensorflow, parser
+from hvd_train.commands.environment import setup_environment
+from hvd_train.commands.train import parser
 from hvd_train.config import load_config
-from hvd_train.record.layout import RunDir
-from hvd_train.runtime.keras import binding
 
 
 def main(argv: list[str], prog: str) -> int:
@@ -18,14 +16,8 @@ def main(argv: list[str], prog: str) -> int:
     p.add_argument("--batches", type=int, default=50, help="batches timed (default 50)")
     args = p.parse_args(argv)
     cfg = load_config(args.config, args.overrides)
-    binding.prepare(cfg.runtime.keras)  # before TensorFlow loads: what tf.keras means
-    before_tensorflow(cfg.runtime)
-    logs.quiet_tensorflow(RunDir(cfg.run.dir).started_run_logs(), "hvd-train data-bench")
-    binding.import_tensorflow()  # matplotlib deferred, the collector paused
-    from hvd_train.runtime import xla
-
-    # Before Horovod's library loads: its XLA all-reduce is registered then or never.
-    xla.prepare(cfg.runtime.jit_compile)
+    # The training step timed as training runs it: a worker's device and XLA.
+    setup_environment(cfg, command="hvd-train data-bench", worker=True)
     from hvd_train.train.inference.data_bench import data_bench
 
     data_bench(cfg, max(1, args.batches))

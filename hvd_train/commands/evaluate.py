@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from hvd_train.base import logs
+from hvd_train.commands.environment import setup_environment
 from hvd_train.config import add_config_arguments, load_config
 from hvd_train.record.layout import RunDir
-from hvd_train.runtime.keras import binding
 
 # No TensorFlow at its top: it loads once a command runs.
 from hvd_train.train.inference.files import MODEL_HINT, refuse_foreign_json
@@ -51,11 +50,8 @@ def main(argv: list[str], prog: str) -> int:
     )  # fmt: skip
     args = p.parse_args(argv)
     cfg = load_config(args.config, args.overrides)
-    binding.prepare(cfg.runtime.keras)  # before TensorFlow loads: what tf.keras means
     out = args.out or RunDir(cfg.run.dir).evaluation
-    refuse_foreign_json(out)  # before the slow start
-    logs.quiet_tensorflow(RunDir(cfg.run.dir).started_run_logs(), "hvd-train evaluate")
-    binding.import_tensorflow()  # matplotlib deferred, the collector paused
+    setup_environment(cfg, command="hvd-train evaluate", check=lambda: refuse_foreign_json(out))
     from hvd_train.train.inference.evaluate import evaluate  # TensorFlow's side, loaded now
 
     evaluate(cfg, args.model, args.data, out, args.batch_size or cfg.train.batch_size)

@@ -6,12 +6,11 @@ import argparse
 import importlib.util
 import os
 
-from hvd_train.base import logs
 from hvd_train.base.errors import UserError
+from hvd_train.commands.environment import setup_environment
 from hvd_train.config import load_config
 from hvd_train.record.layout import RunDir
 from hvd_train.record.summary import read_summary
-from hvd_train.runtime.keras import binding
 
 # No TensorFlow at its top: it loads once a command runs.
 from hvd_train.train.inference.files import (
@@ -33,9 +32,7 @@ def main(argv: list[str], prog: str) -> int:
     out = args.out or run.exported(args.format)
     refuse_foreign_export(out, args.format)  # before the slow start
     cfg = load_config(run.config)
-    binding.prepare(cfg.runtime.keras)  # before TensorFlow loads: what tf.keras means
-    logs.quiet_tensorflow(run.started_run_logs(), "hvd-train export")
-    binding.import_tensorflow()  # matplotlib deferred, the collector paused
+    setup_environment(cfg, command="hvd-train export", run=run)
     from hvd_train.train.inference.export import export  # TensorFlow's side, loaded now
 
     export(cfg, args.model, args.format, out, args.batch_size or cfg.train.batch_size)

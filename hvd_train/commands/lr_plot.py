@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from hvd_train.base import logs
 from hvd_train.base.errors import UserError
+from hvd_train.commands.environment import setup_environment
 from hvd_train.commands.train import parser
 from hvd_train.config import Config
-from hvd_train.runtime.keras import binding
 
 
 def main(argv: list[str], prog: str) -> int:
@@ -22,8 +21,7 @@ def main(argv: list[str], prog: str) -> int:
     from hvd_train.config import derive, load_config
 
     cfg = load_config(args.config, args.overrides)
-    binding.prepare(cfg.runtime.keras)  # before TensorFlow loads: what tf.keras means
-    logs.quiet_tensorflow()
+    setup_environment(cfg)  # the schedule is TensorFlow's
     if args.workers < 1:
         raise UserError(f"--workers: expected a count >= 1, got {args.workers}")
     d = derive(cfg, args.workers, _train_examples(cfg, args.train_examples))

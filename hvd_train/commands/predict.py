@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from hvd_train.base import logs
+from hvd_train.commands.environment import setup_environment
 from hvd_train.commands.evaluate import parser
 from hvd_train.config import load_config
-from hvd_train.record.layout import RunDir
-from hvd_train.runtime.keras import binding
 from hvd_train.train.inference.files import refuse_foreign_csv  # no TensorFlow
 
 
@@ -27,10 +25,7 @@ def main(argv: list[str], prog: str) -> int:
     )  # fmt: skip
     args = p.parse_args(argv)
     cfg = load_config(args.config, args.overrides)
-    binding.prepare(cfg.runtime.keras)  # before TensorFlow loads: what tf.keras means
-    refuse_foreign_csv(args.out)
-    logs.quiet_tensorflow(RunDir(cfg.run.dir).started_run_logs(), "hvd-train predict")
-    binding.import_tensorflow()  # matplotlib deferred, the collector paused
+    setup_environment(cfg, command="hvd-train predict", check=lambda: refuse_foreign_csv(args.out))
     from hvd_train.train.inference.predict import predict  # TensorFlow's side, loaded now
 
     predict(cfg, args.model, args.images, args.out, args.batch_size or cfg.train.batch_size)
