@@ -211,11 +211,13 @@ def test_xla_flags_are_set_before_tensorflow_is_imported(tmp_path, command) -> N
     when a worker first imports TensorFlow, which may read XLA's flags then, once (it was set
     after the import)."""
     proc = check(run([
-        PYTHON, str(WORKERS / "xla_flags_at_tf_import.py"), command, "--config",
+        PYTHON, str(WORKERS / "state_at_tf_import.py"), command, "--config",
         str(QUICKSTART), "--set", "run.dir=out", "--set", "runtime.jit_compile=true",
     ], cwd=tmp_path))  # fmt: skip
     at_import = [ln for ln in proc.stdout.splitlines() if ln.startswith("AT_IMPORT ")]
-    assert at_import and "--tf_xla_cpu_global_jit" in at_import[0], proc.stdout + proc.stderr
+    assert at_import, proc.stdout + proc.stderr
+    flags = json.loads(at_import[0].removeprefix("AT_IMPORT "))["TF_XLA_FLAGS"]
+    assert "--tf_xla_cpu_global_jit" in (flags or ""), proc.stdout + proc.stderr
 
 
 def _allreduce_ops(jit_compile: bool, monkeypatch) -> set[str]:

@@ -1,7 +1,8 @@
-"""Runs `hvd-train ARGS` alone, as a user starts a command, and prints `AT_IMPORT <json>`: what
-the process holds at the moment `tensorflow` is first imported (the variables TensorFlow and
-CUDA read then, the SIGTERM handler, whether stderr is caught, the collector, the start-up
-marks). Then it ends the process: what comes after the import is not this check's.
+"""Runs `hvd-train ARGS` alone, as a user starts a command (or horovodrun a worker), and prints
+`AT_IMPORT <json>`: what the process holds at the moment `tensorflow` is first imported (the
+variables TensorFlow, XLA and CUDA read then, once; the SIGTERM handler; whether stderr is
+caught; the collector; the start-up marks). Then it ends the process: what comes after the
+import is not this check's.
 """
 
 import gc
