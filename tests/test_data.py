@@ -303,6 +303,7 @@ def test_data_bench_prints_input_and_model_rates(data, tmp_path) -> None:
     )
     assert m, proc.stdout
     assert int(m.group(1)) > 0 and int(m.group(2)) > 0
+    assert "Warning" not in proc.stderr, proc.stderr[-2000:]  # Keras' on the ignored shuffle
 
 
 # --------------------------------------------------------------------------- bad input

@@ -71,7 +71,9 @@ def _model_rate(job: Job, device: str, warm: int, batches: int) -> float:
     y = tf.zeros([plan.per_worker_batch], tf.int32)
     clock = _StepClock(warm)
     ds = tf.data.Dataset.from_tensors((x, y)).repeat()
-    model.fit(ds, steps_per_epoch=warm + batches, epochs=1, callbacks=[clock], verbose=0)
+    # shuffle=False: one batch repeated has no order to shuffle (Keras 3 warns it ignores it).
+    model.fit(ds, steps_per_epoch=warm + batches, epochs=1, callbacks=[clock], verbose=0,
+              shuffle=False)  # fmt: skip
     return batches * plan.per_worker_batch / (clock.end - clock.start)
 
 
