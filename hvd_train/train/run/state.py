@@ -12,6 +12,7 @@ from typing import Any
 
 from hvd_train.base import logs
 from hvd_train.config import Config, RunConfig
+from hvd_train.data.job import Position
 from hvd_train.record import rundir
 from hvd_train.record.run_record import RecordError, RunRecord, end_before_start
 from hvd_train.record.stops import StopSignals
@@ -24,11 +25,10 @@ from hvd_train.train.run.wandb_tracking import WandbTracking
 
 
 @dataclass(frozen=True)
-class Start:
-    """Where training begins: `epoch` (0-based) with `step` of its steps already done."""
+class Start(Position):
+    """Where training begins (`epoch`, 0-based, with `step` of its steps already done), and
+    the checkpoint it resumes from."""
 
-    epoch: int = 0
-    step: int = 0
     checkpoint: str | None = None
     metrics: dict[str, float] = field(default_factory=dict)  # the checkpoint's epoch-end metrics
 

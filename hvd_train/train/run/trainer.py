@@ -270,10 +270,9 @@ def _fit(job: Job, model: Model, start: Start, run: Run) -> dict[str, list[float
         run.callbacks = build_callbacks(job, model, at, links, leading)
         return run.callbacks
 
-    at = Position(start.epoch, start.step)
     if not cfg.elastic.enabled:
-        return fit_from(model, job, at, wire(job, at))
-    history, report = fit_elastic(model, job, at, wire)
+        return fit_from(model, job, start, wire(job, start))
+    history, report = fit_elastic(model, job, start, wire)
     # Horovod Elastic: when rank 0 was lost, a survivor became rank 0; it ends the record (the
     # lost one's keeper has meanwhile written `failed`).
     if run.record is None and distributed.is_chief():
