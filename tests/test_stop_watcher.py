@@ -27,8 +27,8 @@ import os, signal, sys, time
 sys.path.insert(0, {root!r})
 from hvd_train.record.stops import StopSignals
 s = StopSignals(grace_s=0.5)
-s.recorded_by(lambda signum, reason, ran, failed, failed_rank: print(
-    f"ABANDON signal={{signum}} ran={{ran}} failed={{failed}}: {{reason}}", flush=True))
+s.recorded_by(lambda e: print(
+    f"ABANDON signal={{e.signum}} ran={{e.ran}} failed={{e.failed}}: {{e.reason}}", flush=True))
 s.steps_run = {steps}
 s.install()
 {before}
@@ -81,8 +81,8 @@ import os, signal, sys, threading, time
 sys.path.insert(0, {root!r})
 from hvd_train.record import stops
 s = stops.StopSignals(grace_s=30)
-s.recorded_by(lambda signum, reason, ran, failed, failed_rank: print(
-    f"ABANDON signal={{signum}} ran={{ran}} failed={{failed}}: {{reason}}", flush=True))
+s.recorded_by(lambda e: print(
+    f"ABANDON signal={{e.signum}} ran={{e.ran}} failed={{e.failed}}: {{e.reason}}", flush=True))
 s.steps_run = 3
 s.install()
 def mpirun_ends_the_job():  # as mpirun does once a worker has died

@@ -9,6 +9,7 @@ Standard library only: installed before TensorFlow and Horovod load.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -54,6 +55,20 @@ MPIRUN_KILLED = (
 )
 
 
+@dataclasses.dataclass(frozen=True)
+class ForcedExit:
+    """The stop watcher's ending of this process, as it asks for it to be recorded: the signal,
+    why, whether a step ran in this process, and whether the launcher is ending the job after a
+    failure elsewhere (`failed_rank` failed first, when the launcher said which) rather than
+    stopping it."""
+
+    signum: int
+    reason: str
+    ran: bool = False
+    failed: bool = False
+    failed_rank: int | None = None
+
+
 class StopSignals:
     """Records SIGTERM/SIGINT/SIGUSR1 instead of dying, so training can stop at a step boundary.
 
@@ -72,7 +87,7 @@ class StopSignals:
         self.signum = 0
         self.steps_run = 0  # steps completed in this process (RunControl counts them)
         self.grace_s = stop_grace_s() if grace_s is None else grace_s
-        self._record_exit: Callable[[int, str, bool, bool, int | None], None] = lambda *args: None
+        self._record_exit: Callable[[ForcedExit], None] = lambda forced: None
         self._on_signal: Callable[[int], None] = lambda signum: None
         self.chief = True  # rank 0: only it waits out the grace (the others follow it)
         self.done = threading.Event()  # set when the run has written its own ending
@@ -83,16 +98,14 @@ class StopSignals:
 
     def recorded_by(
         self,
-        record_exit: Callable[[int, str, bool, bool, int | None], None],
+        record_exit: Callable[[ForcedExit], None],
         on_signal: Callable[[int], None] | None = None,
     ) -> None:
         """Who records a stop from now on, as the run hands it on once: start-up's record
         (`installed`), then the trainer's run (`Run.end`, its record once it exists).
 
-        `record_exit(signum, reason, ran, failed, failed_rank)` records the ending before the
-        watcher ends the process (`ran`: a step ran in this process; `failed`: the launcher is
-        killing the job, after `failed_rank` failed when it said which). `on_signal(signum)`,
-        when given, notes each stop signal as it comes.
+        `record_exit(forced)` records the ending (`ForcedExit`) before the watcher ends the
+        process. `on_signal(signum)`, when given, notes each stop signal as it comes.
         """
         self._record_exit = record_exit
         if on_signal is not None:
@@ -175,7 +188,7 @@ class StopSignals:
         if self.done.is_set():
             return  # the run wrote its own ending meanwhile: let it exit as it does
         try:
-            self._record_exit(signum, reason, self.steps_run > 0, failed, failed_rank)
+            self._record_exit(ForcedExit(signum, reason, self.steps_run > 0, failed, failed_rank))
             for release in self.before_exit:
                 release()
         finally:
@@ -293,35 +306,28 @@ def installed(cfg: Config) -> StopSignals:
     return signals
 
 
-def end_in_start_up(
-    run: RunConfig,
-    epochs: int,
-    signum: int,
-    reason: str,
-    ran: bool,
-    failed: bool,
-    failed_rank: int | None,
-) -> None:
+def end_in_start_up(run: RunConfig, epochs: int, forced: ForcedExit) -> None:
     """Rank 0 stopped, or ended after another worker failed, before its record existed (in
     TensorFlow's import, Horovod's start, the data's preparation): it writes the ending itself,
     as the run would have (run_record.end_before_start). The trainer's `Run.end` takes over
-    once it runs (train/run/failure.py record_forced_exit), and calls this before the record. Under `hvd-train launch` the launcher
-    adds what it knows; under raw horovodrun nobody else could."""
+    once it runs (train/run/failure.py record_forced_exit), and calls this before the record.
+    Under `hvd-train launch` the launcher adds what it knows; under raw horovodrun nobody else
+    could."""
     if logs.launcher_rank() not in (None, 0):
         return
-    name = signal.Signals(signum).name
+    name = signal.Signals(forced.signum).name
     if _UNDER_MPI and not os.environ.get(SUPERVISED):
         # mpirun alone sends no stop but its end of the job (SIGCONT, SIGTERM, SIGKILL), and a
         # SIGCONT may have come before this process heard signals: never a stop here.
-        failed, reason = True, MPIRUN_KILLED
-    if failed:
-        ending: Summary = {"status": "failed", "error": reason}
-        if failed_rank is not None:
-            ending["failed_rank"] = failed_rank
+        forced = dataclasses.replace(forced, failed=True, reason=MPIRUN_KILLED)
+    if forced.failed:
+        ending: Summary = {"status": "failed", "error": forced.reason}
+        if forced.failed_rank is not None:
+            ending["failed_rank"] = forced.failed_rank
     else:
-        ending = {"status": "interrupted", "stopped_by": name, "stop_detail": reason}
+        ending = {"status": "interrupted", "stopped_by": name, "stop_detail": forced.reason}
     said = end_before_start(run.dir, run.overwrite, logs.launcher_size(), epochs, ending)
-    if failed:
-        logs.failed(f"{reason}; {said}")
+    if forced.failed:
+        logs.failed(f"{forced.reason}; {said}")
     else:
-        logs.say(f"hvd_train: stopped by {name} during start-up ({reason}); {said}")
+        logs.say(f"hvd_train: stopped by {name} during start-up ({forced.reason}); {said}")

@@ -19,7 +19,12 @@ from hvd_train.base.errors import (
 )
 from hvd_train.data import images
 from hvd_train.record.run_record import RecordError
-from hvd_train.record.stops import end_in_start_up, failed_first, first_failure_awaited
+from hvd_train.record.stops import (
+    ForcedExit,
+    end_in_start_up,
+    failed_first,
+    first_failure_awaited,
+)
 from hvd_train.record.summary import Summary
 from hvd_train.train.run.messages import one_line
 from hvd_train.train.run.state import Run
@@ -75,33 +80,22 @@ def console_cause(e: BaseException) -> str:
     return f"{ANOTHER_FIRST}; this rank then saw {type(e).__name__}: {seen}"
 
 
-def record_forced_exit(
-    run: Run,
-    signum: int,
-    reason: str,
-    ran: bool,
-    failed: bool,
-    failed_rank: int | None = None,
-) -> None:
+def record_forced_exit(run: Run, forced: ForcedExit) -> None:
     """Called by the stop watcher just before it ends this process: records the ending, failed
-    or interrupted, and says it.
-
-    `ran`: whether any step ran; without one, training continues where `run.start` says.
-    `failed`: the launcher is ending the job after a failure elsewhere, not stopping it;
-    `failed_rank`: the rank that failed first, when the launcher said.
-    """
+    or interrupted, and says it. Where no step ran (`forced.ran`), training continues where
+    `run.start` says."""
     if run.record is None:  # before rank 0's record, or another rank: as in its start-up
-        end_in_start_up(run.settings, run.epochs, signum, reason, ran, failed, failed_rank)
+        end_in_start_up(run.settings, run.epochs, forced)
         run.end(None)
         return
-    name = signal.Signals(signum).name
-    if failed:
-        known = {} if failed_rank is None else {"failed_rank": failed_rank}
+    name, reason = signal.Signals(forced.signum).name, forced.reason
+    if forced.failed:
+        known = {} if forced.failed_rank is None else {"failed_rank": forced.failed_rank}
         run.end("failed", forced=True, error=reason, **known)
         logs.failed(reason if known else f"{ANOTHER_FIRST}, or the job was stopped: {reason}")
         return
     fields: Summary = {"stopped_by": name, "stop_detail": reason}
-    if not ran and run.start is not None:
+    if not forced.ran and run.start is not None:
         fields["stopped_at"] = {"epoch": run.start.epoch + 1, "step": run.start.step}
     run.end("interrupted", forced=True, **fields)
     last = run.record.summary.get("last_checkpoint")
