@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hvd_train.commands.environment import setup_environment
+from hvd_train.commands.environment import Role, setup_environment
 from hvd_train.commands.train import parser
 from hvd_train.config import load_config
 
@@ -17,7 +17,7 @@ def main(argv: list[str], prog: str) -> int:
     args = p.parse_args(argv)
     cfg = load_config(args.config, args.overrides)
     # The training step timed as training runs it: a worker's device and XLA.
-    setup_environment(cfg, command="hvd-train data-bench", worker=True)
+    setup_environment(cfg, command="hvd-train data-bench", role=Role.TIMED_WORKER)
     from hvd_train.train.inference.data_bench import data_bench
 
     data_bench(cfg, max(1, args.batches))

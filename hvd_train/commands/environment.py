@@ -12,6 +12,7 @@ any command (doctor and convert-tfrecord load TensorFlow without a config).
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -24,17 +25,33 @@ if TYPE_CHECKING:
     from hvd_train.record.stops import StopSignals
 
 
+class Role(enum.Enum):
+    """What the command's process is, for its start-up."""
+
+    TOOL = "tool"  # evaluate, predict, export, lr-plot: TensorFlow's own device and XLA defaults
+    # data-bench: a training worker's device and XLA set-up, as it times the training step
+    TIMED_WORKER = "timed worker"
+    TRAINER = "trainer"  # train: a worker whose stops are recorded and whose start-up is timed
+
+    @property
+    def worker(self) -> bool:
+        return self is not Role.TOOL
+
+    @property
+    def trains(self) -> bool:
+        return self is Role.TRAINER
+
+
 def setup_environment(
     cfg: Config,
     *,
     command: str = "",
     run: RunDir | None = None,
-    worker: bool = False,
-    trains: bool = False,
+    role: Role = Role.TOOL,
     check: Callable[[], None] | None = None,
 ) -> StopSignals | None:
-    """Prepares this process for TensorFlow, then imports it; returns the stop handling where
-    `trains`.
+    """Prepares this process for TensorFlow, then imports it; returns the stop handling of a
+    `Role.TRAINER`.
 
     Args:
         cfg: the command's config.
@@ -43,21 +60,19 @@ def setup_environment(
             (it may be another job's), and for lr-plot, which writes no run. Defaults to `""`.
         run: the run whose logs `command` adds to, where a training job started it. Defaults
             to `cfg.run.dir`'s (export's run is the folder it was given).
-        worker: a training worker's device and XLA set-up (train; data-bench, which times the
-            training step as training would run it). Evaluate, predict, export and lr-plot
-            leave the device and XLA to TensorFlow's defaults. Defaults to `False`.
-        trains: this process trains: its stops are recorded in summary.json from here on, and
-            its start-up phases are timed for it. Defaults to `False`.
+        role: a training worker's device and XLA set-up (`TIMED_WORKER`, `TRAINER`), and for a
+            `TRAINER` its stops recorded in summary.json from here on and its start-up phases
+            timed. Defaults to `Role.TOOL`: TensorFlow's defaults.
         check: the command's own check of its input (evaluate's and predict's output file),
             run once `runtime.keras` is settled and before the slow import. Defaults to none.
     """
     binding.prepare(cfg.runtime.keras)  # what tf.keras means
     if check is not None:
         check()
-    if worker:
+    if role.worker:
         _worker_environment(cfg.runtime)
     signals = None
-    if trains:
+    if role.trains:
         from hvd_train.record import stops
 
         startup.mark("config")
@@ -68,7 +83,7 @@ def setup_environment(
     log = (run or RunDir(cfg.run.dir)).started_run_logs() if command else None
     logs.quiet_tensorflow(log, command)
     binding.import_tensorflow()  # matplotlib deferred, the collector paused
-    if worker:
+    if role.worker:
         from hvd_train.runtime import xla
 
         # Before Horovod's library loads: its XLA all-reduce is registered then or never.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from hvd_train.commands.environment import setup_environment
+from hvd_train.commands.environment import Role, setup_environment
 from hvd_train.config import add_config_arguments, load_config
 
 
@@ -28,7 +28,7 @@ def main(argv: list[str], prog: str) -> int:
     cfg = load_config(args.config, args.overrides)  # before TensorFlow loads: fast to fail
     # A launcher's worker: its output waits for its log in run.dir, which the trainer starts
     # once run.dir is this job's; alone, TensorFlow's start-up lines are kept for that log.
-    signals = setup_environment(cfg, worker=True, trains=True)
+    signals = setup_environment(cfg, role=Role.TRAINER)
     from hvd_train.base import startup
     from hvd_train.train.run.trainer import train
 
