@@ -19,6 +19,8 @@ import os
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from hvd_train.base.errors import CheckpointError, RunDirError, TrainingError
@@ -26,7 +28,11 @@ from hvd_train.record import rundir
 from hvd_train.record.layout import RunDir
 from hvd_train.record.summary import (
     EARLIER_ENDING,
+    EarlierJob,
+    Mlflow,
     Summary,
+    Versions,
+    Wandb,
     early_summary,
     read_summary,
     write_summary,
@@ -45,16 +51,56 @@ class RecordError(TrainingError):
     recurs = CheckpointError.recurs
 
 
-class RunRecord:
-    """summary.json of one run, on rank 0. Every write is atomic; `end` is written once."""
+@dataclass(frozen=True)
+class Opened:
+    """run.dir as this job opened it: the record's opening fields and what the job carries
+    forward from run.dir's record before it, read once (rank 0's; other ranks carry none)."""
 
-    def __init__(self, run_dir: str, summary: Summary):
+    base: Summary  # this job's own opening fields (train/run/outcome.py summary_base)
+    earlier_jobs: list[EarlierJob] = field(default_factory=list)  # the jobs that trained run.dir
+    so_far: Summary = field(default_factory=dict)  # what they left, until this job's start
+    mlflow: Mlflow = field(default_factory=dict)  # the MLflow run it continues ({}: a new one)
+    wandb: Wandb = field(default_factory=dict)  # the W&B run it continues ({}: a new one)
+
+    def opening(self, so_far: bool = True) -> Summary:
+        """summary.json as the record starts: the runs it continues named from the start, so
+        that an ending before MLflow or W&B opens keeps them; with `so_far`, the run so far
+        (until this job's start is known, and after it where the job resumes)."""
+        carried: Summary = {"mlflow": self.mlflow} if self.mlflow else {}
+        carried.update({"wandb": self.wandb} if self.wandb else {})
+        if self.earlier_jobs and so_far:
+            carried.update(self.so_far, earlier_jobs=self.earlier_jobs)
+        return {**self.base, **carried}
+
+
+class RunRecord:
+    """summary.json of one run, on rank 0: the one writer of the record while rank 0 runs. It
+    opens with `Opened`, puts this job's start in place of the run so far (`begins`), keeps
+    `versions` as the stack says at each write, and writes the end once. Every write is atomic.
+    """
+
+    def __init__(
+        self, run_dir: str, opened: Opened, stack: Callable[[], Versions] | None = None
+    ) -> None:
         self.run_dir = run_dir
         self.path = RunDir(run_dir).summary
-        self.summary = Summary(summary)
+        self.opened = opened
+        self.summary = Summary(opened.opening())
         self.ended = False
+        self._stack = stack  # the Keras may change once, when a model factory's model is built
         self._lock = threading.Lock()  # the stop watcher thread may end the record too
         self._keeper: Any = None
+
+    @classmethod
+    def taken_over(
+        cls, run_dir: str, opened: Opened, stack: Callable[[], Versions] | None = None
+    ) -> RunRecord:
+        """Horovod Elastic: the record of a survivor that became rank 0 when rank 0 was lost.
+        It continues the MLflow and W&B runs the lost rank 0 opened, which only that one's
+        record names (its keeper has meanwhile written `failed` there)."""
+        lost = read_summary(RunDir(run_dir).summary)
+        mlflow, wandb = Mlflow(lost.get("mlflow") or {}), Wandb(lost.get("wandb") or {})
+        return cls(run_dir, Opened(opened.base, mlflow=mlflow, wandb=wandb), stack)
 
     def start(self) -> None:
         """Writes the first summary, sets the reserve aside and starts the keeper.
@@ -76,19 +122,31 @@ class RunRecord:
                 ) from None
             self._keeper = _start_keeper(self.run_dir, os.getpid())
 
-    def update(self, drop: tuple[str, ...] = (), **fields: Any) -> None:
-        """Progress while running (epochs completed, newest checkpoint), the fields `drop`
-        names left out; ignored once ended."""
+    def begins(self, resumed: bool, **fields: Any) -> None:
+        """This job's start is known (where it trains from, its model's figures): the record
+        is its opening with `fields`, and the run so far only where the job `resumed`. A job
+        that starts afresh keeps nothing the earlier jobs left. Ignored once ended."""
         with self._lock:
             if self.ended:
                 return
-            for name in drop:
-                self.summary.pop(name, None)
+            earlier = self.opened.earlier_jobs if resumed else []
+            self.summary = {**self.opened.opening(so_far=resumed), **fields,
+                            "earlier_jobs": earlier}  # fmt: skip
+            self._write_progress()
+
+    def update(self, **fields: Any) -> None:
+        """Progress while running (epochs completed, newest checkpoint); ignored once ended."""
+        with self._lock:
+            if self.ended:
+                return
             self.summary.update(fields)
-            try:
-                self._write()
-            except OSError:
-                pass  # progress is best effort; the end is not (see `end`)
+            self._write_progress()
+
+    def _write_progress(self) -> None:
+        try:
+            self._write()
+        except OSError:
+            pass  # progress is best effort; the end is not (see `end`)
 
     def end(self, **fields: Any) -> bool:
         """Writes the final summary; False when it was already written (by another thread).
@@ -134,6 +192,8 @@ class RunRecord:
             self._keeper = None
 
     def _write(self) -> None:
+        if self._stack is not None:
+            self.summary["versions"] = self._stack()
         write_summary(self.path, self.summary)
 
 

@@ -40,7 +40,6 @@ def summary_base(train: TrainConfig, plan: Derived, device: str) -> Summary:
         "resumed_from": None,
         "last_checkpoint": None,
         "model_path": None,
-        "versions": distributed.versions(),
     }
 
 

@@ -1,6 +1,10 @@
 """The state a run carries to every ending (completed, failed, interrupted): the stop handling,
 rank 0's claim on run.dir and its record, the current callbacks, and where training began;
-what opening run.dir gives the job (`Opened`), and the run's one way out (`Run.end`)."""
+and the run's one way out (`Run.end`).
+
+`Run` is filled in as start-up makes each part, because the stop watcher thread may end the
+process at any moment and must find what exists by then; the record itself is built by its one
+writer (record/run_record.py `RunRecord`)."""
 
 from __future__ import annotations
 
@@ -14,9 +18,9 @@ from hvd_train.base import logs
 from hvd_train.config import Config, RunConfig
 from hvd_train.data.job import Position
 from hvd_train.record import rundir
-from hvd_train.record.run_record import RecordError, RunRecord, end_before_start
+from hvd_train.record.run_record import Opened, RecordError, RunRecord, end_before_start
 from hvd_train.record.stops import StopSignals
-from hvd_train.record.summary import EarlierJob, Mlflow, Summary, Wandb
+from hvd_train.record.summary import Summary
 from hvd_train.runtime import distributed
 from hvd_train.train.callbacks.callback_list import RunCallbacks
 from hvd_train.train.callbacks.checkpointer import Checkpointer
@@ -33,27 +37,6 @@ class Start(Position):
     metrics: dict[str, float] = field(default_factory=dict)  # the checkpoint's epoch-end metrics
 
 
-@dataclass(frozen=True)
-class Opened:
-    """run.dir as this job opened it: the record's opening fields and what the job carries
-    forward from run.dir's record before it, read once (rank 0's; other ranks carry none)."""
-
-    base: Summary  # this job's own opening fields (outcome.summary_base)
-    earlier_jobs: list[EarlierJob] = field(default_factory=list)  # the jobs that trained run.dir
-    so_far: Summary = field(default_factory=dict)  # what they left, until this job's start
-    mlflow: Mlflow = field(default_factory=dict)  # the MLflow run it continues ({}: a new one)
-    wandb: Wandb = field(default_factory=dict)  # the W&B run it continues ({}: a new one)
-
-    def opening(self) -> Summary:
-        """summary.json as the record starts: the runs it continues named from the start, so
-        that an ending before MLflow or W&B opens keeps them."""
-        carried: Summary = {"mlflow": self.mlflow} if self.mlflow else {}
-        carried.update({"wandb": self.wandb} if self.wandb else {})
-        if self.earlier_jobs:  # the run so far, until this job resumes or starts afresh
-            carried.update(self.so_far, earlier_jobs=self.earlier_jobs)
-        return {**self.base, **carried}
-
-
 @dataclass
 class Run:
     """What every ending of the run needs: the stop handling, rank 0's claim on run.dir and its
@@ -65,7 +48,7 @@ class Run:
     started: float = field(default_factory=time.perf_counter)
     claim: rundir.Claim | None = None  # rank 0's, the moment it claims run.dir
     record: RunRecord | None = None  # rank 0's
-    base: Summary = field(default_factory=dict)  # this job's opening fields, the model's Keras
+    opened: Opened | None = None  # run.dir as this job opened it (every rank)
     callbacks: RunCallbacks | None = None  # the latest build (one per elastic membership)
     tracker: Tracking | None = None  # rank 0's MLflow run (logging.mlflow)
     wandb: WandbTracking | None = None  # rank 0's W&B run (logging.wandb)
@@ -173,21 +156,20 @@ class Run:
     def checkpointer(self) -> Checkpointer | None:
         return self.callbacks.checkpointer if self.callbacks else None
 
-    def note_start(self, start: Start, earlier_jobs: list[EarlierJob], **model: Any) -> None:
+    def note_start(self, start: Start, **model: Any) -> None:
         """Where training begins, for a stop's record and for summary.json, with `model`'s
-        figures (`gradient_size`, `versions`)."""
+        figures (`gradient_size`)."""
         if self.record:
-            # Afresh, nothing the earlier jobs left is this run's (Opened.so_far).
+            # Afresh, this job has no model yet; resumed, the newest checkpoint is its start.
             afresh = {} if start.checkpoint else {"model_path": None, "best_model_path": None}
-            self.record.update(
-                drop=() if start.checkpoint else ("final_metrics",),
+            self.record.begins(
+                resumed=bool(start.checkpoint),
                 **model,
                 **afresh,
                 epochs_completed=start.epoch,
                 resumed_from=start.checkpoint,
                 last_checkpoint=start.checkpoint,
                 trained_from={"epoch": start.epoch + 1, "step": start.step},
-                earlier_jobs=earlier_jobs if start.checkpoint else [],
             )
 
 

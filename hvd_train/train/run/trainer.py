@@ -18,7 +18,7 @@ from hvd_train.data.job import Job, Position, plan_job
 from hvd_train.data.sources import load_source
 from hvd_train.record import rundir
 from hvd_train.record.layout import RunDir
-from hvd_train.record.run_record import RunRecord
+from hvd_train.record.run_record import Opened, RunRecord
 from hvd_train.record.stops import StopSignals, installed
 from hvd_train.record.summary import (
     ENDINGS,
@@ -50,7 +50,7 @@ from hvd_train.train.run.outcome import (
     summary_base,
 )
 from hvd_train.train.run.resume import resume
-from hvd_train.train.run.state import Opened, Run, Start, running
+from hvd_train.train.run.state import Run, Start, running
 from hvd_train.train.run.tracking import check_tracker, start_tracking
 from hvd_train.train.run.wandb_tracking import check_wandb, start_wandb
 from hvd_train.train.step import build_compiled_model
@@ -115,12 +115,7 @@ def train(
                 distributed.log(f"note: {problem}")
             start = resume(cfg, model, plan)
             run.start = start  # a forced exit before any step ran says where to continue
-            # The model's Keras, which a factory's model may have switched (runtime.keras: auto).
-            versions = distributed.versions()
-            run.base = {**opened.base, "versions": versions}
-            run.note_start(
-                start, opened.earlier_jobs, versions=versions, **gradient_size(cfg.horovod, model)
-            )
+            run.note_start(start, **gradient_size(cfg.horovod, model))
             run.tracker = start_tracking(cfg, run.record, opened.mlflow)
             _start_wandb(cfg, run, opened.wandb)
             history = _fit(job, model, start, run)
@@ -139,7 +134,10 @@ def train(
             fail(run, e)  # the export or the record failed: said and recorded like any failure
             raise
         say_done(cfg.run.dir, summary, run)
-        return model, run.record.summary if run.record else {**run.base, **summary}
+        if run.record:
+            return model, run.record.summary
+        # The model's Keras, which a factory's model may have switched (runtime.keras: auto).
+        return model, {**opened.base, "versions": distributed.versions(), **summary}
 
 
 def _start_worker(cfg: Config, run: Run, timeline: bool = True) -> str:
@@ -171,12 +169,14 @@ def _open_run_dir(
     )
     base = summary_base(cfg.train, plan, device)
     if not distributed.is_chief():
-        return Opened(base)
-    opened = _carried_forward(cfg, base, read_summary(RunDir(cfg.run.dir).summary))
+        run.opened = Opened(base)
+        return run.opened
+    run.opened = _carried_forward(cfg, base, read_summary(RunDir(cfg.run.dir).summary))
     # The record first: a stop that comes while it starts is recorded (record_forced_exit).
-    run.record = RunRecord(cfg.run.dir, opened.opening())
+    # Its `versions` are the stack's at each write: the model's Keras once it is built.
+    run.record = RunRecord(cfg.run.dir, run.opened, distributed.versions)
     run.record.start()
-    return opened
+    return run.opened
 
 
 def _carried_forward(cfg: Config, base: Summary, previous: Summary) -> Opened:
@@ -275,12 +275,11 @@ def _fit(job: Job, model: Model, start: Start, run: Run) -> dict[str, list[float
     history, report = fit_elastic(model, job, start, wire)
     # Horovod Elastic: when rank 0 was lost, a survivor became rank 0; it ends the record (the
     # lost one's keeper has meanwhile written `failed`).
-    if run.record is None and distributed.is_chief():
-        run.record = RunRecord(cfg.run.dir, run.base)
-        previous = read_summary(RunDir(cfg.run.dir).summary)
+    if run.record is None and distributed.is_chief() and run.opened is not None:
+        run.record = RunRecord.taken_over(cfg.run.dir, run.opened, distributed.versions)
         # To end the run's MLflow and W&B runs.
-        run.tracker = start_tracking(cfg, run.record, previous.get("mlflow") or {})
-        _start_wandb(cfg, run, previous.get("wandb") or {})
+        run.tracker = start_tracking(cfg, run.record, run.record.opened.mlflow)
+        _start_wandb(cfg, run, run.record.opened.wandb)
     if run.record:
         last = run.callbacks.plan
         run.record.update(world_size=last.world_size, elastic=report, **batches_and_rates(last))
