@@ -11,6 +11,7 @@ import math
 import pathlib
 import re
 
+import numpy as np
 import pytest
 import tensorflow as tf
 from harness import PYTHON, QUICKSTART, check, run, start_up_lines
@@ -18,6 +19,8 @@ from harness import PYTHON, QUICKSTART, check, run, start_up_lines
 from hvd_train.base.errors import ConfigError
 from hvd_train.config import check as check_config
 from hvd_train.config import derive, load_config
+from hvd_train.data.job import Job
+from hvd_train.data.sources import Source
 from hvd_train.runtime import distributed
 from hvd_train.runtime.keras import binding
 from hvd_train.runtime.schedules import WarmupScaledMath, learning_rate_schedule, rates
@@ -218,7 +221,8 @@ def test_an_old_checkpoint_resumes_at_its_epoch_at_another_worker_count(
         monkeypatch.setattr(distributed, name, stand_in)
     monkeypatch.setattr(each_keras, "broadcast_model", lambda model: None)
     model, s = model_with_schedule()
-    start = resuming.resume(cfg, model, one)
+    no_data = Source(*[np.zeros(0, np.float32)] * 4, num_classes=2)  # resume reads none
+    start = resuming.resume(Job(cfg, one, no_data), model)
     assert (start.epoch, start.step) == (epoch, position - epoch * one.steps_per_epoch)
     assert int(model.optimizer.iterations.numpy()) == counter
     assert float(s.position(counter)) == position

@@ -8,7 +8,8 @@ import os
 from typing import Any
 
 from hvd_train.base.errors import CheckpointError, DataError, UserError
-from hvd_train.config import Config, Derived
+from hvd_train.config import Config
+from hvd_train.data.job import Job
 from hvd_train.record.layout import RunDir
 from hvd_train.runtime import distributed
 from hvd_train.runtime.keras import binding
@@ -29,10 +30,11 @@ from hvd_train.train.run.messages import one_line
 from hvd_train.train.run.state import Start
 
 
-def resume(cfg: Config, model: Model, plan: Derived) -> Start:
+def resume(job: Job, model: Model) -> Start:
     """Rank 0 tidies run.dir, then picks and reads the checkpoint; weights, optimizer state and
     position are then broadcast, so other hosts need not see rank 0's disk. Every rank raises
     alike on error: DataError (exit 2) for a checkpoint that cannot be resumed from."""
+    cfg, plan = job.cfg, job.plan
     # The optimizer's slots exist on every rank (step.build_compiled_model built them) before
     # the restore and the broadcast fill them.
     found: dict[str, Any] = {}

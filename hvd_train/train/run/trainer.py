@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 from hvd_train.base import logs, startup
 from hvd_train.base.errors import DeviceError
-from hvd_train.config import Config, Derived, dump_yaml
+from hvd_train.config import Config, dump_yaml
 from hvd_train.data.job import Job, Position, plan_job
 from hvd_train.data.sources import load_source
 from hvd_train.record import rundir
@@ -94,16 +94,15 @@ def train(
         source = load_source(cfg)
         startup.mark("data")
         job = plan_job(cfg, source, distributed.size())
-        plan = job.plan
         try:
-            opened = _open_run_dir(cfg, config_path, run, plan, device)
+            opened = _open_run_dir(job, config_path, run, device)
         except BaseException as e:
             _end_under_the_claim(cfg, run, e)
             raise
         startup.mark("run_dir")
         try:
             log_plan(job, device)
-            tuning.log_knobs(cfg, plan)
+            tuning.log_knobs(cfg, job.plan)
             model = build_compiled_model(job, device)
             startup.mark("model")
             if note := weights_note(cfg.model):
@@ -113,7 +112,7 @@ def train(
             # on rank 0 alone left the ranks' names apart and hung the job). Said once.
             if problem := plain_file_problem(model, built_in=not cfg.model.factory):
                 distributed.log(f"note: {problem}")
-            start = resume(cfg, model, plan)
+            start = resume(job, model)
             run.start = start  # a forced exit before any step ran says where to continue
             run.note_start(start, **gradient_size(cfg.horovod, model))
             run.tracker = start_tracking(cfg, run.record, opened.mlflow)
@@ -156,18 +155,17 @@ def _start_worker(cfg: Config, run: Run, timeline: bool = True) -> str:
     return device
 
 
-def _open_run_dir(
-    cfg: Config, config_path: str | None, run: Run, plan: Derived, device: str
-) -> Opened:
+def _open_run_dir(job: Job, config_path: str | None, run: Run, device: str) -> Opened:
     """Claims run.dir (rank 0), moves this rank's output into its log there, and starts rank
     0's record: summary.json says `running` from here on."""
+    cfg = job.cfg
     _prepare_run_dir(cfg, config_path, run)
     # run.dir is this job's now: this rank's output goes on in its log there.
     rank = distributed.rank()
     logs.attach(
         RunDir(cfg.run.dir).rank_log(rank), rank, logs.attempt_description(cfg.train.resume)
     )
-    base = summary_base(cfg.train, plan, device)
+    base = summary_base(cfg.train, job.plan, device)
     if not distributed.is_chief():
         run.opened = Opened(base)
         return run.opened
