@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+from hvd_train.record.run_record import Opened, RunRecord
 from hvd_train.record.summary import (
     Summary,
     earlier_job,
@@ -73,3 +74,67 @@ def test_an_unreadable_record_reads_as_empty(tmp_path) -> None:
     assert read_summary(str(path)) == {}
     path.write_text('{"status": "runn')
     assert read_summary(str(path)) == {}
+
+
+# The one writer of the running record (record/run_record.py RunRecord), in-process: its keeper
+# is not started (RunRecord.start), so only its writes are tested here; test_rerun and
+# test_faults run it in real jobs.
+
+EARLIER = {"started_at": 1.0, "status": "interrupted", "world_size": 2, "epochs_completed": 3}
+SO_FAR = {"epochs_completed": 3, "last_checkpoint": "ckpt-3", "final_metrics": {"loss": 0.5},
+          "model_path": None, "best_model_path": "best.keras"}  # fmt: skip
+BASE = {"status": "running", "epochs": 6, "epochs_completed": 0, "last_checkpoint": None,
+        "model_path": None}  # fmt: skip
+
+
+def _opened_record(tmp_path, stack=None) -> RunRecord:
+    opened = Opened(Summary(BASE), [earlier_job(EARLIER)], Summary(SO_FAR), {"run_id": "m1"})
+    return RunRecord(str(tmp_path), opened, stack)
+
+
+def test_until_its_start_is_known_a_jobs_record_keeps_the_run_so_far(tmp_path) -> None:
+    record = _opened_record(tmp_path)
+    record.update()
+    on_disk = read_summary(str(tmp_path / "summary.json"))
+    assert on_disk["epochs_completed"] == 3 and on_disk["final_metrics"] == {"loss": 0.5}
+    assert on_disk["earlier_jobs"] == [earlier_job(EARLIER)]
+    assert on_disk["mlflow"] == {"run_id": "m1"} and on_disk["status"] == "running"
+
+
+def test_a_job_that_resumes_keeps_the_run_so_far_under_its_own_start(tmp_path) -> None:
+    record = _opened_record(tmp_path)
+    record.begins(resumed=True, epochs_completed=3, resumed_from="ckpt-3", last_checkpoint="ckpt-3")
+    on_disk = read_summary(str(tmp_path / "summary.json"))
+    assert on_disk["resumed_from"] == "ckpt-3" and on_disk["final_metrics"] == {"loss": 0.5}
+    assert on_disk["best_model_path"] == "best.keras"
+    assert on_disk["earlier_jobs"] == [earlier_job(EARLIER)] and on_disk == record.summary
+
+
+def test_a_job_that_starts_afresh_keeps_nothing_the_earlier_jobs_left(tmp_path) -> None:
+    record = _opened_record(tmp_path)
+    record.begins(resumed=False, epochs_completed=0, resumed_from=None, last_checkpoint=None)
+    on_disk = read_summary(str(tmp_path / "summary.json"))
+    assert "final_metrics" not in on_disk and "best_model_path" not in on_disk, on_disk
+    assert on_disk["epochs_completed"] == 0 and on_disk["last_checkpoint"] is None
+    assert on_disk["earlier_jobs"] == [] and on_disk["mlflow"] == {"run_id": "m1"}
+
+
+def test_versions_are_the_stacks_at_each_write(tmp_path) -> None:
+    """A model factory may switch the Keras once the record has opened: each write asks."""
+    keras = ["keras 3.15.1"]
+    record = _opened_record(tmp_path, stack=lambda: {"keras": keras[0]})
+    record.update()
+    assert read_summary(str(tmp_path / "summary.json"))["versions"] == {"keras": "keras 3.15.1"}
+    keras[0] = "tf_keras 2.21.0"
+    assert record.end(status="completed")
+    assert read_summary(str(tmp_path / "summary.json"))["versions"] == {"keras": keras[0]}
+    record.update(epochs_completed=9)  # ignored once ended
+    assert read_summary(str(tmp_path / "summary.json"))["status"] == "completed"
+
+
+def test_a_survivor_that_became_rank_0_continues_the_lost_ones_tracking_runs(tmp_path) -> None:
+    lost = {**BASE, "status": "failed", "mlflow": {"run_id": "m2"}, "wandb": {"run_id": "w2"}}
+    write_summary(str(tmp_path / "summary.json"), Summary(lost))
+    record = RunRecord.taken_over(str(tmp_path), Opened(Summary(BASE)))
+    assert record.opened.mlflow == {"run_id": "m2"} and record.opened.wandb == {"run_id": "w2"}
+    assert record.summary["status"] == "running" and record.summary["mlflow"] == {"run_id": "m2"}

@@ -5,7 +5,9 @@ broadcast, so other hosts need not see rank 0's disk."""
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, NamedTuple
+
+import numpy as np
 
 from hvd_train.base.errors import CheckpointError, DataError, UserError
 from hvd_train.config import Config
@@ -30,6 +32,15 @@ from hvd_train.train.run.messages import one_line
 from hvd_train.train.run.state import Start
 
 
+class Found(NamedTuple):
+    """Rank 0's checkpoint to resume from, as every rank receives it."""
+
+    path: str
+    state: dict[str, Any]  # its state.json (train/checkpoint.py)
+    set_aside: list[str]  # the newer checkpoints that could not be loaded, renamed out of the way
+    window: list[list[np.ndarray]] | None = None  # each rank's part-way accumulation sums
+
+
 def resume(job: Job, model: Model) -> Start:
     """Rank 0 tidies run.dir, then picks and reads the checkpoint; weights, optimizer state and
     position are then broadcast, so other hosts need not see rank 0's disk. Every rank raises
@@ -37,7 +48,7 @@ def resume(job: Job, model: Model) -> Start:
     cfg, plan = job.cfg, job.plan
     # The optimizer's slots exist on every rank (step.build_compiled_model built them) before
     # the restore and the broadcast fill them.
-    found: dict[str, Any] = {}
+    found: Found | None = None
     error: Exception | None = None
     if distributed.is_chief():
         try:
@@ -48,7 +59,7 @@ def resume(job: Job, model: Model) -> Start:
                 )
             found = _read_checkpoint(cfg, model)
             if found:
-                found["window"] = read_window(found["path"])  # each rank's part-way sums
+                found = found._replace(window=read_window(found.path))
         except (UserError, CheckpointError) as e:
             error = e
         except OSError as e:
@@ -61,12 +72,12 @@ def resume(job: Job, model: Model) -> Start:
     binding.active().broadcast_model(model)
     # Then each rank its own dropout stream: the checkpoint's, or a fresh one; and its own
     # sums of a part-way accumulation window.
-    saved = found["state"].get("random_states") if found else None
+    saved = found.state.get("random_states") if found else None
     random_states.start(model, saved, plan.world_size)
-    random_states.start_window(model, found.get("window"), plan.world_size)
+    random_states.start_window(model, found.window if found else None, plan.world_size)
     if not found:
         return Start()
-    state = found["state"]
+    state = found.state
     # ReduceLROnPlateau's factor so far (state.json, broadcast above), on every rank.
     multiplier = lr_multiplier(model.optimizer)
     if multiplier is not None:
@@ -81,18 +92,18 @@ def resume(job: Job, model: Model) -> Start:
     # The schedule lives in epochs: at another worker count or batch size the restored step
     # counter means other epochs, so the schedule continues from the epoch resumed at.
     continue_at(model.optimizer, epoch + step / plan.steps_per_epoch)
-    aside = ", ".join(found["set_aside"])
+    aside = ", ".join(found.set_aside)
     aside = f"; set aside as unloadable: {aside}" if aside else ""
     distributed.log(
-        f"resuming from {found['path']}: epoch {epoch + 1}, step {step} "
+        f"resuming from {found.path}: epoch {epoch + 1}, step {step} "
         f"(saved with {state['world_size']} worker(s), global batch {state['global_batch']})"
         f"{aside}"
     )
-    return Start(epoch=epoch, step=step, checkpoint=found["path"], metrics=state.get("metrics", {}))
+    return Start(epoch=epoch, step=step, checkpoint=found.path, metrics=state.get("metrics", {}))
 
 
-def _read_checkpoint(cfg: Config, model: Model) -> dict[str, Any]:
-    """Rank 0: {} to start afresh, or the restored checkpoint's path and state, and the newer
+def _read_checkpoint(cfg: Config, model: Model) -> Found | None:
+    """Rank 0: None to start afresh, or the restored checkpoint's path and state, and the newer
     checkpoints that could not be loaded, renamed out of the way (`set_aside`).
 
     With `train.resume: auto`, a checkpoint that cannot be loaded (truncated, corrupt, not
@@ -102,13 +113,9 @@ def _read_checkpoint(cfg: Config, model: Model) -> dict[str, Any]:
     """
     resume = cfg.train.resume
     if resume == "never":
-        return {}
+        return None
     if resume != "auto":
-        return {
-            "path": resume,
-            "state": _load_named(RunDir(cfg.run.dir), model, resume),
-            "set_aside": [],
-        }
+        return Found(resume, _load_named(RunDir(cfg.run.dir), model, resume), [])
     store = CheckpointStore(cfg.run.dir, cfg.checkpoint)
     failed: list[tuple[str, Unloadable]] = []
     candidates = store.named()[::-1]  # newest first
@@ -126,9 +133,9 @@ def _read_checkpoint(cfg: Config, model: Model) -> dict[str, Any]:
             distributed.log(f"warning: cannot resume from {path}: {e}; {then}")
             continue
         aside = [store.set_aside(p) for p, _ in failed]
-        return {"path": path, "state": state, "set_aside": aside}
+        return Found(path, state, aside)
     if not failed:
-        return {}
+        return None
     newest, why = failed[0]
     raise DataError(
         f"train.resume: auto: none of the {len(failed)} checkpoint(s) in {store.dir} can be "
