@@ -12,7 +12,7 @@ import math
 import os
 import shutil
 import weakref
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 import tensorflow as tf
@@ -141,7 +141,7 @@ class CheckpointStore:
         self.cfg = cfg
 
     def save(
-        self, model: Model, state: dict[str, Any], window: list[list[Any]] | None = None
+        self, model: Model, state: CheckpointState, window: list[list[Any]] | None = None
     ) -> str:
         """Writes one checkpoint for `state["global_step"]`, then prunes; returns its folder.
 
@@ -161,7 +161,7 @@ class CheckpointStore:
         return final
 
     def _write(
-        self, model: Model, state: dict[str, Any], final: str, window: list[list[Any]] | None
+        self, model: Model, state: CheckpointState, final: str, window: list[list[Any]] | None
     ) -> None:
         # Atomic (base/files.py): written as `.tmp-ckpt-<step>-<pid>`, hidden from a listing of
         # ckpt-*, every file fsynced, then renamed into place (over the same step written
@@ -254,13 +254,36 @@ def read_window(path: str) -> list[list[np.ndarray]] | None:
         return None
 
 
-def read_state(path: str) -> dict[str, Any]:
+def read_state(path: str) -> CheckpointState:
     with open(os.path.join(path, STATE_FILE)) as f:
         return json.load(f)
 
 
 # What resuming reads from state.json.
 STATE_KEYS = ("epoch", "step", "examples_in_epoch", "world_size", "global_batch")
+
+
+class CheckpointState(TypedDict, total=False):
+    """A checkpoint's state.json (train/callbacks/checkpointer.py writes it): where training
+    stands and what a resume needs besides the variables. Older checkpoints may lack the
+    later fields (`keras`, `lr_multiplier`, `random_states`): readers default them."""
+
+    global_step: int  # the optimizer's step counter, which names the folder (ckpt-<step>)
+    epoch: int  # the epoch to continue (0-based); `step` of its steps are done
+    step: int
+    examples_in_epoch: int  # step x global_batch: where a resume at another batch continues
+    epochs: int  # train.epochs
+    steps_per_epoch: int
+    world_size: int
+    per_worker_batch: int
+    global_batch: int
+    seed: int
+    reason: str  # "epoch_end", "stopped", ...
+    metrics: dict[str, float]  # the epoch-end metrics (best.keras is chosen on one of them)
+    lr_multiplier: float  # ReduceLROnPlateau's factor so far
+    keras: str  # the Keras that wrote it ("keras 3.15.1"): the other cannot read it
+    random_states: Any  # every rank's dropout generators (train/callbacks/random_states.py)
+    time: float
 
 
 class Unloadable(Exception):
@@ -280,14 +303,14 @@ class OtherKeras(Exception):
     the reverse (their names differ). Not a damaged file: it is never set aside."""
 
 
-def written_by(state: dict[str, Any]) -> str:
+def written_by(state: CheckpointState) -> str:
     """The Keras that wrote a checkpoint: state.json's `keras` ("keras 3.15.1"); hvd_train's
     checkpoints from before Keras 3 do not say, and are Keras 2's."""
     version = str(state.get("keras", "tf_keras 2")).rpartition(" ")[2]
     return binding.KERAS3 if binding.version_tuple(version) >= (3,) else binding.KERAS2
 
 
-def check_keras(state: dict[str, Any]) -> None:
+def check_keras(state: CheckpointState) -> None:
     """Raises OtherKeras when the checkpoint of `state` is not the active Keras'."""
     active = binding.active()
     if written_by(state) != active.NAME:
@@ -297,7 +320,7 @@ def check_keras(state: dict[str, Any]) -> None:
         )
 
 
-def load(model: Model, path: str) -> dict[str, Any]:
+def load(model: Model, path: str) -> CheckpointState:
     """Restores checkpoint `path` into `model` and its (already built) optimizer; returns its
     state.
 

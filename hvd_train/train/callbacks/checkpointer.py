@@ -17,6 +17,7 @@ from hvd_train.train.callbacks.bookkeeping import is_number
 from hvd_train.train.callbacks.random_states import RandomStates
 from hvd_train.train.callbacks.stop import RunControl
 from hvd_train.train.checkpoint import (
+    CheckpointState,
     CheckpointStore,
     export_plain_model,
     monitor_mode,
@@ -102,7 +103,7 @@ class Checkpointer(Callback):
 
     def _save(self, epoch: int, step: int, reason: str, metrics: dict | None = None) -> None:
         plan = self.plan
-        state = {
+        state: CheckpointState = {
             "global_step": int(self.model.optimizer.iterations.numpy()),
             "epoch": epoch,  # the epoch to continue (0-based); `step` of its steps are done
             "step": step,

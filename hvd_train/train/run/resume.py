@@ -5,7 +5,7 @@ broadcast, so other hosts need not see rank 0's disk."""
 from __future__ import annotations
 
 import os
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 
@@ -21,6 +21,7 @@ from hvd_train.train.callbacks import random_states
 from hvd_train.train.checkpoint import (
     PREFIX,
     STATE_FILE,
+    CheckpointState,
     CheckpointStore,
     OtherKeras,
     Unloadable,
@@ -36,7 +37,7 @@ class Found(NamedTuple):
     """Rank 0's checkpoint to resume from, as every rank receives it."""
 
     path: str
-    state: dict[str, Any]  # its state.json (train/checkpoint.py)
+    state: CheckpointState
     set_aside: list[str]  # the newer checkpoints that could not be loaded, renamed out of the way
     window: list[list[np.ndarray]] | None = None  # each rank's part-way accumulation sums
 
@@ -144,7 +145,7 @@ def _read_checkpoint(cfg: Config, model: Model) -> Found | None:
     )
 
 
-def _load_named(run: RunDir, model: Model, path: str) -> dict[str, Any]:
+def _load_named(run: RunDir, model: Model, path: str) -> CheckpointState:
     """`train.resume: PATH`: its state, restored into `model`; a one-line DataError if not."""
     if not any(os.path.exists(os.path.join(path, f)) for f in (STATE_FILE, f"{PREFIX}.index")):
         raise DataError(
