@@ -159,6 +159,7 @@ class Run:
     def note_start(self, start: Start, **model: Any) -> None:
         """Where training begins, for a stop's record and for summary.json, with `model`'s
         figures (`gradient_size`)."""
+        self.start = start  # a forced exit before any step ran says where to continue
         if self.record:
             # Afresh, this job has no model yet; resumed, the newest checkpoint is its start.
             afresh = {} if start.checkpoint else {"model_path": None, "best_model_path": None}

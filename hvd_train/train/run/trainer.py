@@ -113,7 +113,6 @@ def train(
             if problem := plain_file_problem(model, built_in=not cfg.model.factory):
                 distributed.log(f"note: {problem}")
             start = resume(job, model)
-            run.start = start  # a forced exit before any step ran says where to continue
             run.note_start(start, **gradient_size(cfg.horovod, model))
             run.tracker = start_tracking(cfg, run.record, opened.mlflow)
             _start_wandb(cfg, run, opened.wandb)
