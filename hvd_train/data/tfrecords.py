@@ -38,6 +38,7 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import tensorflow as tf
@@ -63,15 +64,24 @@ def _features():
 # --------------------------------------------------------------------------- writing
 
 
+@dataclass(frozen=True)
+class Examples:
+    """The images of one split to write, in order: each one's file, class index and example id
+    (its place in the source folder's sorted listing), and the folder `image/filename` is
+    relative to."""
+
+    paths: Sequence[str]
+    labels: Sequence[int]
+    ids: Sequence[int]
+    root: str
+
+    def shard(self, i: int, n: int) -> Examples:
+        """Every n-th example from the i-th on: shard i of n."""
+        return Examples(self.paths[i::n], self.labels[i::n], self.ids[i::n], self.root)
+
+
 def write_split(
-    paths: Sequence[str],
-    labels: Sequence[int],
-    ids: Sequence[int],
-    root: str,
-    class_names: Sequence[str],
-    dst: str,
-    prefix: str,
-    shards: int,
+    examples: Examples, class_names: Sequence[str], dst: str, prefix: str, shards: int
 ) -> list[str]:
     """Writes `shards` files `dst/{prefix}-0000i-of-0000N.tfrecord` in parallel, plus classes.txt.
 
@@ -81,22 +91,23 @@ def write_split(
     os.makedirs(dst, exist_ok=True)
     with open(os.path.join(dst, CLASSES_FILE), "w") as f:
         f.write("".join(f"{name}\n" for name in class_names))
-    shards = max(1, min(shards, len(paths)))
+    total = len(examples.paths)
+    shards = max(1, min(shards, total))
     names = [os.path.join(dst, f"{prefix}-{i:05d}-of-{shards:05d}{SUFFIX}") for i in range(shards)]
     done = _Counter()
 
     def write(i: int) -> None:
-        _write_shard(names[i], paths[i::shards], labels[i::shards], ids[i::shards], root, done)
+        _write_shard(names[i], examples.shard(i, shards), done)
 
     with ThreadPoolExecutor(min(shards, os.cpu_count() or 1)) as pool:
         futures = [pool.submit(write, i) for i in range(shards)]
-        _progress(futures, done, len(paths), f"{prefix} -> {dst}")
+        _progress(futures, done, total, f"{prefix} -> {dst}")
         for fut in futures:
             fut.result()
     return names
 
 
-def _write_shard(name, paths, labels, ids, root, done: _Counter) -> None:
+def _write_shard(name: str, examples: Examples, done: _Counter) -> None:
     def feature(value) -> tf.train.Feature:
         if isinstance(value, bytes):
             return tf.train.Feature(bytes_list=tf.train.BytesList(value=[value]))
@@ -106,11 +117,13 @@ def _write_shard(name, paths, labels, ids, root, done: _Counter) -> None:
     # A shard is either complete or absent (convert writes a local folder: `dst` is made by
     # os.makedirs).
     with atomic_path(name) as tmp, tf.io.TFRecordWriter(tmp) as writer:
-        for path, label, example_id in zip(paths, labels, ids, strict=True):
+        for path, label, example_id in zip(
+            examples.paths, examples.labels, examples.ids, strict=True
+        ):
             with open(path, "rb") as f:
                 data = f.read()
             kind = b"png" if data[:4] == b"\x89PNG" else b"jpeg"
-            rel = os.path.relpath(path, root).encode()
+            rel = os.path.relpath(path, examples.root).encode()
             example = tf.train.Example(
                 features=tf.train.Features(
                     feature={
@@ -130,9 +143,11 @@ def _write_shard(name, paths, labels, ids, root, done: _Counter) -> None:
     sizes_arr = np.asarray(sizes, np.int64)
     offsets = np.concatenate([[0], np.cumsum(sizes_arr)[:-1]]).astype(np.int64)
     n = len(sizes)
-    _write_index(
-        name, offsets[:n], sizes_arr, np.asarray(labels), np.asarray(ids), np.ones(n, bool)
-    )
+    index = _FileIndex(
+        offsets[:n], sizes_arr, np.asarray(examples.labels), np.asarray(examples.ids),
+        np.ones(n, bool),
+    )  # fmt: skip
+    _write_index(name, index)
 
 
 class _Counter:
@@ -169,6 +184,17 @@ def _progress(futures, done: _Counter, total: int, label: str) -> None:
 INDEX_SUFFIX = ".idx"  # NAME.tfrecord.idx: "offset size" a record, as DALI's tfrecord2idx
 LABELS_SUFFIX = ".labels"  # NAME.tfrecord.labels: "label id checked" a record (ours)
 _HEADER = 12  # uint64 length, uint32 masked CRC of the length; then data, uint32 CRC of data
+
+
+class _FileIndex(NamedTuple):
+    """One file's index, a row per record in file order: what `FILE.idx` and `FILE.labels`
+    hold."""
+
+    offsets: np.ndarray  # int64: where the record's framing starts
+    sizes: np.ndarray  # int64: framing + data
+    labels: np.ndarray  # int64
+    ids: np.ndarray  # int64: `image/id`, -1 where the record has none
+    checked: np.ndarray  # bool: the image passed `images.image_problem` when indexed
 
 
 @dataclass(frozen=True)
@@ -347,11 +373,12 @@ def read_folder(folder: str, key: str) -> Records:
     """
     files = record_files(folder, key)
     parts = [_file_index(path, key) for path in files]
-    offsets = np.concatenate([p[0] for p in parts])
+    offsets, sizes, labels, ids, checked = (
+        np.concatenate(column) for column in zip(*parts, strict=True)
+    )
     if not len(offsets):
         raise DataError(f"{key}: the {SUFFIX} files in {folder} hold no records")
-    file_of = np.concatenate([np.full(len(p[0]), k, np.int32) for k, p in enumerate(parts)])
-    sizes, labels, ids, checked = (np.concatenate([p[j] for p in parts]) for j in (1, 2, 3, 4))
+    file_of = np.concatenate([np.full(len(p.offsets), k, np.int32) for k, p in enumerate(parts)])
     ids = np.where(ids >= 0, ids, np.arange(len(ids)))  # records without image/id: file order
     order = np.argsort(ids, kind="stable")
     labels = labels[order].astype(np.int32)
@@ -367,20 +394,20 @@ def read_folder(folder: str, key: str) -> Records:
     )  # fmt: skip
 
 
-def _file_index(path: str, key: str) -> tuple[np.ndarray, ...]:
-    """(offsets, sizes, labels, ids, checked) of one file, from its index or by reading it."""
+def _file_index(path: str, key: str) -> _FileIndex:
+    """One file's index, from `FILE.idx` and `FILE.labels` or by reading the file."""
     found = _load_index(path, tf.io.gfile.stat(path).length)
     if found is not None:
         return found
     built = _build_index(path, key)
     try:
-        _write_index(path, *built)
+        _write_index(path, built)
     except (OSError, tf.errors.OpError):  # a read-only folder: rebuilt at every start
         pass
     return built
 
 
-def _load_index(path: str, file_size: int) -> tuple[np.ndarray, ...] | None:
+def _load_index(path: str, file_size: int) -> _FileIndex | None:
     """The index beside `path`, or None when missing or not ending at `file_size` (stale)."""
     try:
         with tf.io.gfile.GFile(path + INDEX_SUFFIX, "rb") as f:
@@ -392,15 +419,15 @@ def _load_index(path: str, file_size: int) -> tuple[np.ndarray, ...] | None:
     end = int(idx[-1, 0] + idx[-1, 1]) if len(idx) else 0
     if end != file_size or len(idx) != len(meta):
         return None
-    return idx[:, 0], idx[:, 1], meta[:, 0], meta[:, 1], meta[:, 2].astype(bool)
+    return _FileIndex(idx[:, 0], idx[:, 1], meta[:, 0], meta[:, 1], meta[:, 2].astype(bool))
 
 
-def _write_index(path, offsets, sizes, labels, ids, checked) -> None:
+def _write_index(path: str, index: _FileIndex) -> None:
     """Writes `path.idx` and `path.labels`, each atomically (a temporary file, then a rename;
     the temporary's name holds the pid: workers may index at once)."""
     for suffix, rows in (
-        (INDEX_SUFFIX, zip(offsets, sizes, strict=True)),
-        (LABELS_SUFFIX, zip(labels, ids, checked.astype(int), strict=True)),
+        (INDEX_SUFFIX, zip(index.offsets, index.sizes, strict=True)),
+        (LABELS_SUFFIX, zip(index.labels, index.ids, index.checked.astype(int), strict=True)),
     ):
         text = "".join(" ".join(str(int(v)) for v in row) + "\n" for row in rows)
         if images.is_url(path):
@@ -419,7 +446,7 @@ def _write_url(url: str, text: str) -> None:
     tf.io.gfile.rename(tmp, url, overwrite=True)
 
 
-def _build_index(path: str, key: str) -> tuple[np.ndarray, ...]:
+def _build_index(path: str, key: str) -> _FileIndex:
     """Reads `path` once, a record at a time, keeping offsets, labels and ids; checks images."""
     offsets, sizes, labels, ids, checked, pending = [], [], [], [], [], []
     with ThreadPoolExecutor(images.CHECK_THREADS) as pool, tf.io.gfile.GFile(path, "rb") as f:
@@ -446,9 +473,10 @@ def _build_index(path: str, key: str) -> tuple[np.ndarray, ...]:
                 checked += [p.result() is None for p in pending]
                 pending = []
         checked += [p.result() is None for p in pending]
-    as_arrays = (np.asarray(offsets, np.int64), np.asarray(sizes, np.int64))
-    return (*as_arrays, np.asarray(labels, np.int64), np.asarray(ids, np.int64),
-            np.asarray(checked, bool))  # fmt: skip
+    return _FileIndex(
+        np.asarray(offsets, np.int64), np.asarray(sizes, np.int64), np.asarray(labels, np.int64),
+        np.asarray(ids, np.int64), np.asarray(checked, bool),
+    )  # fmt: skip
 
 
 def _small_fields(data: bytes, path: str, offset: int, key: str) -> tuple[int, int, bytes]:
@@ -538,10 +566,8 @@ def _convert_split(folders: images.ClassFolders, chosen, out: str, name: str, sh
     labels = [c for c, files in enumerate(folders.files) for _ in files]
     good = set(chosen.per_class[0])
     keep = [i for i, p in enumerate(paths) if p in good]  # ids: places in the full listing
-    written = write_split(
-        [paths[i] for i in keep], [labels[i] for i in keep], keep,
-        folders.root, folders.class_names, out, name, shards,
-    )  # fmt: skip
+    examples = Examples([paths[i] for i in keep], [labels[i] for i in keep], keep, folders.root)
+    written = write_split(examples, folders.class_names, out, name, shards)
     skipped = _write_skipped(out, folders.root, paths, labels, chosen.bad)
     print(
         f"{name}: {len(keep)} images of {len(folders.class_names)} classes in "
