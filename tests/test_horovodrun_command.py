@@ -21,7 +21,7 @@ from harness import run
 
 from hvd_train.base.errors import ConfigError
 from hvd_train.config import load_config
-from hvd_train.launcher.horovodrun import command, network_flags, shared_cpu_note
+from hvd_train.launcher.horovodrun import Placement, command, network_flags, shared_cpu_note
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 QUICKSTART = ROOT / "configs" / "quickstart.yaml"
@@ -30,7 +30,7 @@ CPU = "--mca mpi_yield_when_idle 1"
 
 
 def horovodrun_command(cfg, hosts=None, controller=None) -> list[str]:
-    return command(cfg, "c.yaml", [], 2, hosts, controller)[0]
+    return command(cfg, "c.yaml", [], Placement(2, hosts, controller))[0]
 
 
 def elastic(script: str):

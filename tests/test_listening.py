@@ -27,7 +27,7 @@ from harness import (
 )
 
 from hvd_train.config import load_config
-from hvd_train.launcher.horovodrun import command, mpi_note, probe_note
+from hvd_train.launcher.horovodrun import Placement, command, mpi_note, probe_note
 
 # The quickstart cut to one epoch of 4 steps: what listens is under test, not the training.
 SETS = ["train.epochs=1", "train.steps_per_epoch=4", "train.verbose=false",
@@ -276,10 +276,10 @@ def test_an_elastic_job_talks_on_the_interface_it_is_given(tmp_path) -> None:
     script.write_text("#!/bin/sh\necho localhost:2\n")
     script.chmod(0o755)
     cfg = load_config(QUICKSTART, ["elastic.enabled=true", f"elastic.discovery_script={script}"])
-    named, _ = command(cfg, str(QUICKSTART), [], 2, nics="eth1")
+    named, _ = command(cfg, str(QUICKSTART), [], Placement(np=2, nics="eth1"))
     i = named.index("--network-interfaces")
     assert named[i + 1] == "eth1" and named.index(PYTHON) > i, named
-    assert "--network-interfaces" not in command(cfg, str(QUICKSTART), [], 2)[0]
+    assert "--network-interfaces" not in command(cfg, str(QUICKSTART), [], Placement(np=2))[0]
 
 
 def test_a_socket_listening_on_all_interfaces_is_seen_as_such() -> None:

@@ -17,6 +17,7 @@ import shlex
 import shutil
 import socket
 import sys
+from dataclasses import dataclass
 
 from hvd_train.base import gpus as gpu_devices
 from hvd_train.base.errors import ConfigError, UserError
@@ -50,22 +51,12 @@ def training_gpus(runtime: RuntimeConfig) -> int:
     return 0 if runtime.device == "cpu" else count_gpus()
 
 
-def command(
-    cfg: Config,
-    config_path: str,
-    overrides: list[str],
-    np: int | None = None,
-    hosts: str | None = None,
-    controller: str | None = None,
-    nics: str = "",
-    ssh: list[str] | None = None,
-) -> tuple[list[str], dict[str, str]]:
-    """The horovodrun command line and environment of the job `cfg` describes.
+@dataclass(frozen=True)
+class Placement:
+    """Where a job's workers run and how they reach each other: what the launcher's flags say
+    and the config does not. Each field left at its default lets `command` choose.
 
     Args:
-        cfg: the resolved config (its Horovod knobs and elastic section shape the command).
-        config_path: the YAML file the workers load (passed as its real path).
-        overrides: the `--set key=value` items the workers apply after it.
         np: workers. Defaults to every slot of `hosts`, else one per GPU here (`count_gpus`),
             else `launch.cpu_workers` (`workers`).
         hosts: horovodrun's `-H host:slots,...`. Defaults to `localhost:NP`.
@@ -73,28 +64,49 @@ def command(
         nics: interfaces the job talks on (`--network-interfaces`). Defaults to `lo` when all
             hosts are loopback, else (and for an elastic job) to Horovod's own choice.
         ssh: horovodrun's ssh flags (`--ssh-port P`, `--ssh-identity-file F`). Defaults to none.
+    """
+
+    np: int | None = None
+    hosts: str | None = None
+    controller: str | None = None
+    nics: str = ""
+    ssh: tuple[str, ...] = ()
+
+
+def command(
+    cfg: Config, config_path: str, overrides: list[str], placement: Placement
+) -> tuple[list[str], dict[str, str]]:
+    """The horovodrun command line and environment of the job `cfg` describes.
+
+    Args:
+        cfg: the resolved config (its Horovod knobs and elastic section shape the command).
+        config_path: the YAML file the workers load (passed as its real path).
+        overrides: the `--set key=value` items the workers apply after it.
+        placement: where the workers run and how they talk (`Placement()`: every choice made
+            here).
 
     Returns:
         (argv, env): env is this process's environment with what the job adds.
     """
     gpus = training_gpus(cfg.runtime)
-    np = np or workers(cfg.launch, gpus, hosts)
+    hosts, nics, ssh = placement.hosts, placement.nics, list(placement.ssh)
+    np = placement.np or workers(cfg.launch, gpus, hosts)
     cmd = [_horovodrun(), "-np", str(np)]
     if cfg.elastic.enabled:  # Horovod Elastic (Gloo): hosts come and go as the script reports them
         e = cfg.elastic
         cmd += ["--min-np", str(e.min_workers)]
         cmd += ["--host-discovery-script", discovery_command(e.discovery_script)]
         cmd += ["--max-np", str(e.max_workers)] if e.max_workers else []
-        cmd += ["--gloo", *(ssh or [])]
+        cmd += ["--gloo", *ssh]
         cmd += ["--network-interfaces", nics] if nics else []  # named: no search (probe_note)
     else:
-        mpi = chosen_controller(cfg, hosts, gpus, controller) == "mpi"
+        mpi = chosen_controller(cfg, hosts, gpus, placement.controller) == "mpi"
         hosts = hosts or f"localhost:{np}"
         # horovodrun --mpi adds --allow-run-as-root (containers run as root), -bind-to none and
         # -map-by slot itself.
         cpu = CPU_MPI_ARGS if gpus == 0 else []
         cmd += ["-H", hosts, "--mpi" if mpi else "--gloo"]
-        cmd += network_flags(hosts, mpi, cpu, nics, ssh or [])
+        cmd += network_flags(hosts, mpi, cpu, nics, ssh)
     cmd += horovod_flags(cfg)
     cmd += [sys.executable, "-m", "hvd_train", "--config", os.path.realpath(config_path)]
     cmd += [arg for item in overrides for arg in ("--set", item)]

@@ -148,9 +148,8 @@ def command(
     """
     ssh = ["--ssh-port", str(args.ssh_port)] if args.ssh_port else []
     ssh += ["--ssh-identity-file", args.ssh_identity_file] if args.ssh_identity_file else []
-    cmd, env = horovodrun.command(
-        cfg, args.config, overrides, np_, args.hosts, args.controller, args.nics or "", ssh
-    )
+    placement = horovodrun.Placement(np_, args.hosts, args.controller, args.nics or "", tuple(ssh))
+    cmd, env = horovodrun.command(cfg, args.config, overrides, placement)
     if getattr(args, "slurm", False):
         env["PATH"] = f"{_srun_ssh_folder()}{os.pathsep}{env['PATH']}"
     return cmd, env

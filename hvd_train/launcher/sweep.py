@@ -87,7 +87,7 @@ def run_point(config: str, overrides: list[str], point: Point, run_dir: str, tim
     os.makedirs(run_dir, exist_ok=True)
     sets = [*overrides, f"train.batch_size={point.batch_size}", f"run.dir={run_dir}"]
     cfg = load_config(config, sets)
-    cmd, env = horovodrun.command(cfg, config, sets, point.workers)
+    cmd, env = horovodrun.command(cfg, config, sets, horovodrun.Placement(np=point.workers))
     with open(RunDir(run_dir).sweep_log, "w") as log:
         log.write(" ".join(cmd) + "\n")
         log.flush()
