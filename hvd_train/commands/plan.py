@@ -69,8 +69,8 @@ def main(argv: list[str], prog: str) -> int:
                      args.intra_host_bandwidth_gbit, args.transport)  # fmt: skip
     tm.check_network(net)
     a = tm.with_fusion(tm.Assumptions(), args.fusion_threshold_mb, args.cycle_time_ms)
-    w = tm.workload(args.run, args.throughput, args.params, args.batch, args.fp16,
-                    args.examples_per_epoch)  # fmt: skip
+    stated = tm.StatedWorkload(args.throughput, args.params, args.batch)
+    w = tm.workload(args.run, stated, args.fp16, args.examples_per_epoch)
     workers = tm.parse_workers(args.workers) if args.workers else tm.default_workers()
     print(tm.format_table(tm.predict(w, workers, net, a)))
     print(tm.describe(w, net, a))

@@ -73,12 +73,6 @@ class Run:
         return predict_one(self.workload(), self.workers, self.net, a).efficiency
 
 
-def _horovod(model: str, single: float, workers: int, total: float | None, eff: float | None,
-             source: str, setup: str, net: Network, **kw) -> Run:  # fmt: skip
-    efficiency = total / (workers * single) if total else eff
-    return Run(source, setup, model, 64, single, workers, efficiency, net, **kw)
-
-
 _SINGLE = {"Inception V3": 134.4, "ResNet-101": 119.4, "VGG-16": 130.9}
 _T16 = {"Inception V3": 2022.6, "ResNet-101": 1746.2, "VGG-16": 1787.4}
 _T64 = {"Inception V3": 7932.1, "ResNet-101": 7741.6, "VGG-16": 6084.2}
@@ -97,20 +91,28 @@ _DLPERF_MISS = (
 )
 
 
+def _efficiencies(totals: dict[str, float], workers: int) -> dict[str, float]:
+    """Each model's published throughput at `workers` GPUs / (workers x its single GPU)."""
+    return {m: totals[m] / (workers * single) for m, single in _SINGLE.items()}
+
+
 def _horovod_runs() -> list[Run]:
+    """Horovod's benchmark (batch 64 a GPU) on each published cluster, against the single GPU
+    of the README's 16-GPU table: the README gives throughputs, the docs efficiencies."""
+    tables = [
+        (HOROVOD_README, "4 servers x 4 Pascal, 25 Gbit/s RoCE", PASCAL_ROCE, 16,
+         _efficiencies(_T16, 16)),
+        (HOROVOD_README, "16 servers x 4 Pascal, 40 Gbit/s TCP", PASCAL_TCP, 64,
+         _efficiencies(_T64, 64)),
+        (HOROVOD_DOCS, "32 servers x 4 Pascal, 25 Gbit/s RoCE", PASCAL_ROCE, 128, _E128),
+        (HOROVOD_DOCS, "128 servers x 4 Pascal, 25 Gbit/s RoCE", PASCAL_ROCE, 512, _E512),
+    ]  # fmt: skip
     runs = []
-    for m in _SINGLE:
-        runs.append(_horovod(m, _SINGLE[m], 16, _T16[m], None, HOROVOD_README,
-                             "4 servers x 4 Pascal, 25 Gbit/s RoCE", PASCAL_ROCE))  # fmt: skip
-    for m in _SINGLE:
-        miss = {"role": "miss", "note": _ABOVE_ONE} if m == "ResNet-101" else {}
-        runs.append(_horovod(m, _SINGLE[m], 64, _T64[m], None, HOROVOD_README,
-                             "16 servers x 4 Pascal, 40 Gbit/s TCP", PASCAL_TCP, **miss))  # fmt: skip
-    for workers, effs in ((128, _E128), (512, _E512)):
-        setup = f"{workers // 4} servers x 4 Pascal, 25 Gbit/s RoCE"
-        for m in _SINGLE:
-            runs.append(_horovod(m, _SINGLE[m], workers, None, effs[m], HOROVOD_DOCS, setup,
-                                 PASCAL_ROCE))  # fmt: skip
+    for source, setup, net, workers, effs in tables:
+        for m, single in _SINGLE.items():
+            above_one = (m, workers) == ("ResNet-101", 64)
+            miss = {"role": "miss", "note": _ABOVE_ONE} if above_one else {}
+            runs.append(Run(source, setup, m, 64, single, workers, effs[m], net, **miss))
     return runs
 
 

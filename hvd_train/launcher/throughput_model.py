@@ -292,28 +292,41 @@ def with_fusion(a: Assumptions, fusion_mb: float | None, cycle_ms: float | None)
     return replace(a, **changes)
 
 
-def workload(
-    run: str | None,
-    throughput: float | None,
-    params: float | None,
-    batch: int | None,
-    fp16: bool,
-    examples_per_epoch: int | None,
-) -> Workload:
-    """The workload of `hvd-train plan`: from a run.dir, or from the explicit numbers.
+@dataclass(frozen=True)
+class StatedWorkload:
+    """A workload given as numbers (`hvd-train plan --throughput --params --batch`) instead of
+    a run; each None when not given.
 
     Args:
-        run: a 1-worker run.dir, or None for the explicit numbers.
-        throughput: one worker's examples/s (without `run`).
-        params: trainable parameters (without `run`).
-        batch: per-worker batch (without `run`).
+        throughput: one worker's examples/s.
+        params: trainable parameters.
+        batch: per-worker batch.
+    """
+
+    throughput: float | None = None
+    params: float | None = None
+    batch: int | None = None
+
+
+def workload(
+    run: str | None, stated: StatedWorkload, fp16: bool, examples_per_epoch: int | None
+) -> Workload:
+    """The workload of `hvd-train plan`: from a run.dir, or from the numbers stated.
+
+    Args:
+        run: a 1-worker run.dir, or None for the numbers stated.
+        stated: the numbers given instead of `run`.
         fp16: float16 gradients.
         examples_per_epoch: overrides the run's; None keeps it.
 
     Raises:
         UserError: a mix of both, a number missing or not positive.
     """
-    explicit = {"--throughput": throughput, "--params": params, "--batch": batch}
+    explicit = {
+        "--throughput": stated.throughput,
+        "--params": stated.params,
+        "--batch": stated.batch,
+    }
     if run and any(v is not None for v in explicit.values()):
         raise UserError("plan: give --run or --throughput/--params/--batch, not both")
     if run:
@@ -326,7 +339,7 @@ def workload(
                     "and --batch"
                 )
             check_positive(name, value)
-        w = Workload(throughput, batch, gradient_bytes(params, fp16))
+        w = Workload(stated.throughput, stated.batch, gradient_bytes(stated.params, fp16))
     if examples_per_epoch is not None:
         check_positive("--examples-per-epoch", examples_per_epoch)
         w = replace(w, examples_per_epoch=examples_per_epoch)
