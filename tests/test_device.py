@@ -199,6 +199,7 @@ def test_thread_pools_are_the_workers_share_of_the_cores(
     """Not every core of the host in each of its workers, GPU workers included."""
     pytest.importorskip("tensorflow")
 
-    from hvd_train.runtime.distributed import thread_counts
+    from hvd_train.runtime.distributed import core_share, thread_counts
 
-    assert thread_counts(*config, cores, workers, bound=bound, gpu=gpu) == expected
+    share = core_share(cores, workers, bound=bound)
+    assert thread_counts(*config, share, gpu=gpu) == expected

@@ -229,10 +229,8 @@ def configure_devices(intra_op_threads: int, inter_op_threads: int, use_gpus: bo
         tf.config.set_visible_devices(gpu, "GPU")
         ordinal = int(gpu.name.rsplit(":", 1)[1])
     # After cores.bind() the affinity mask already is this worker's share.
-    intra, inter = thread_counts(
-        intra_op_threads, inter_op_threads, len(os.sched_getaffinity(0)), local_size(),
-        bound=bool(cores.bound()), gpu=bool(gpus),
-    )  # fmt: skip
+    share = core_share(len(os.sched_getaffinity(0)), local_size(), bound=bool(cores.bound()))
+    intra, inter = thread_counts(intra_op_threads, inter_op_threads, share, gpu=bool(gpus))
     tf.config.threading.set_intra_op_parallelism_threads(intra)
     tf.config.threading.set_inter_op_parallelism_threads(inter)
     # After the pools are sized: a collective runs TensorFlow, which then fixes them.
@@ -274,17 +272,19 @@ def refuse_shared_gpu(ordinal: int | None) -> None:
         holder[machine, bus] = r
 
 
-def thread_counts(
-    intra_op: int, inter_op: int, cores: int, local_workers: int, *, bound: bool, gpu: bool
-) -> tuple[int, int]:
+def core_share(cores: int, local_workers: int, *, bound: bool) -> int:
+    """One worker's share of the `cores` this process may use: split between the
+    `local_workers` of its host, or all of them once `bound` to its own; at least 1."""
+    return cores if bound else max(1, cores // local_workers)
+
+
+def thread_counts(intra_op: int, inter_op: int, share: int, *, gpu: bool) -> tuple[int, int]:
     """TensorFlow's (intra-op, inter-op) threads for one worker: the config's where set (not 0),
-    else its share of the `cores` this process may use, split between the `local_workers` of
-    its host (all of them once `bound` to its own), at least 1.
+    else sized to the worker's `share` of the cores (`core_share`).
 
     Left to TensorFlow, each pool takes every core of the host in each worker: eight GPU
     workers would each start two threads per core for their host-side ops.
     """
-    share = cores if bound else max(1, cores // local_workers)
     # On CPU, two ops at once where the worker has two cores or more; on one core a second
     # thread only time-slices the core with the first, each evicting the other's cache. On a
     # GPU the inter-op pool launches the kernels and runs the host's ops: the worker's share.
