@@ -240,7 +240,8 @@ def test_the_mlflow_status_follows_the_record(tmp_path) -> None:
     local store, SQLite, no server) gets the status of the record's ending, and none while it
     runs."""
     place = mlflow_run.Where(f"sqlite:///{tmp_path}/mlflow.db", EXPERIMENT)
-    sender = mlflow_run.start(place, "run", {}, {"a": "1"}, {"b": "2"}, say=print)
+    target = mlflow_run.Target(place, "run", {})
+    sender = mlflow_run.start(target, {"a": "1"}, {"b": "2"}, say=print)
     sender.close()
     run_id = sender.run_id
     tracker, _ = mlflow_run.client(place.uri)

@@ -74,6 +74,16 @@ def where(logging: LoggingConfig, environ: Mapping[str, str] = os.environ) -> Wh
     return Where(uri, name)
 
 
+@dataclass(frozen=True)
+class Target:
+    """The MLflow run a job opens: at `place`, the one `continues` names (summary.json's
+    `mlflow` before this job), else a new one called `name`."""
+
+    place: Where
+    name: str
+    continues: Mlflow
+
+
 def require_mlflow() -> None:
     """Raises UserError (exit code 2) in one line when MLflow is not installed."""
     if importlib.util.find_spec("mlflow") is None:
@@ -332,18 +342,17 @@ def log_params_and_tags(
 
 
 def start(
-    place: Where,
-    name: str,
-    continues: Mlflow,
+    target: Target,
     params: Mapping[str, str],
     tags: Mapping[str, str],
     say: Callable[[str], None],
     on_change: Callable[[Mlflow], None] = lambda _: None,
 ) -> Sender:
-    """Rank 0 opens the run's MLflow run: the one `continues` names (set running again), or a
-    new one called `name` (under `hvd-train sweep`'s parent run when PARENT_RUN is set); logs
-    `params` and `tags`, and sends the points an earlier job could not. A failure does not
-    stop the run: the Sender is then lost (it says so), and keeps what it is given."""
+    """Rank 0 opens the run's MLflow run (`target`): the one it continues (set running again),
+    or a new one (under `hvd-train sweep`'s parent run when PARENT_RUN is set); logs `params`
+    and `tags`, and sends the points an earlier job could not. A failure does not stop the
+    run: the Sender is then lost (it says so), and keeps what it is given."""
+    place, continues = target.place, target.continues
     tracker, uri = client(place.uri)
     sender = Sender(tracker, uri, say, on_change)
     at = "at the run's start"
@@ -357,7 +366,7 @@ def start(
     else:
         parent = os.environ.get(PARENT_RUN, "")
         first = {**({"mlflow.parentRunId": parent} if parent else {}), **_user()}
-        run = sender.call(at, tracker.create_run, exp, run_name=name, tags=first)
+        run = sender.call(at, tracker.create_run, exp, run_name=target.name, tags=first)
         if run is None:
             return sender
         sender.identify(run_id=run.info.run_id, parent_run_id=parent)

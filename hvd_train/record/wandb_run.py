@@ -60,6 +60,16 @@ def where(logging: LoggingConfig, environ: Mapping[str, str] = os.environ) -> Wh
     return Where(project, entity, "offline" if mode in ("offline", "dryrun") else "online")
 
 
+@dataclass(frozen=True)
+class Target:
+    """The W&B run a job opens: at `place`, the one `continues` names (summary.json's `wandb`
+    before this job), else a new one called `name`."""
+
+    place: Where
+    name: str
+    continues: Wandb
+
+
 def require_wandb() -> None:
     """Raises UserError (exit code 2) in one line when wandb is not installed."""
     if importlib.util.find_spec("wandb") is None:
@@ -186,16 +196,14 @@ def finish_quietly(run: Any, code: int) -> None:
 
 
 def start(
-    place: Where,
-    name: str,
-    continues: Wandb,
+    target: Target,
     config: Mapping[str, Any],
     say: Callable[[str], None],
     on_change: Callable[[Wandb], None] = lambda _: None,
 ) -> WandbRun:
-    """Rank 0 opens the run's W&B run: the one `continues` names (resumed), or a new one called
-    `name`, with `config`. A failure does not stop the run: the WandbRun is then lost (it says
-    so)."""
+    """Rank 0 opens the run's W&B run (`target`): the one it continues (resumed), or a new one,
+    with `config`. A failure does not stop the run: the WandbRun is then lost (it says so)."""
+    place, continues = target.place, target.continues
     import logging
 
     import wandb
@@ -215,7 +223,7 @@ def start(
     tracked = WandbRun(None, place, say, on_change, continues)
     run = tracked.call(
         "at the run's start", wandb.init,
-        project=place.project, entity=place.entity, name=name, id=run_id,
+        project=place.project, entity=place.entity, name=target.name, id=run_id,
         resume="allow" if run_id else None, config=dict(config), allow_val_change=True,
         settings=settings, reinit="create_new",
     )  # fmt: skip

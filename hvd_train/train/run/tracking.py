@@ -105,9 +105,11 @@ def start_tracking(cfg: Config, record: RunRecord | None, earlier: Mlflow) -> Tr
         return None
     try:
         sender = mlflow_run.start(
-            mlflow_run.where(cfg.logging),
-            name=os.path.basename(os.path.abspath(cfg.run.dir)),
-            continues=earlier,
+            mlflow_run.Target(
+                mlflow_run.where(cfg.logging),
+                name=os.path.basename(os.path.abspath(cfg.run.dir)),
+                continues=earlier,
+            ),
             params=params(cfg, record.summary),
             tags=tags(cfg.run.dir, record.summary),
             say=distributed.log,

@@ -69,9 +69,11 @@ def start_wandb(cfg: Config, record: RunRecord | None, earlier: Wandb) -> WandbT
         return None
     try:
         tracked = wandb_run.start(
-            wandb_run.where(cfg.logging),
-            name=os.path.basename(os.path.abspath(cfg.run.dir)),
-            continues=earlier,
+            wandb_run.Target(
+                wandb_run.where(cfg.logging),
+                name=os.path.basename(os.path.abspath(cfg.run.dir)),
+                continues=earlier,
+            ),
             config=config(cfg, record.summary),
             say=distributed.log,
             on_change=lambda fields: record.update(wandb=fields),
