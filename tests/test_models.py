@@ -19,8 +19,8 @@ import tensorflow as tf
 from harness import PYTHON, ROOT, WORKERS, check, horovodrun, load_model, run
 
 from hvd_train.base.errors import ConfigError
+from hvd_train.config import ModelConfig, load_config
 from hvd_train.config import check as check_config
-from hvd_train.config import load_config
 from hvd_train.runtime.keras import binding
 from hvd_train.train.models import application, build_model, input_adapter, plain_clone
 
@@ -32,6 +32,12 @@ TINY = ["data.source=synthetic", "data.image_size=[32, 32]", "data.train_example
 BUILTIN = {"mlp": 2, "mobilenet_v2_sync": 2, "resnet50": 1, "efficientnet_b0": 1}
 # Building and tracing the Applications models is slow on a shared 2-core CPU.
 pytestmark = pytest.mark.timeout(1500)
+
+
+def bare(name: str, weights: str = "none") -> ModelConfig:
+    """The `model` section of the Applications base `name` under the classifier alone (no
+    hidden dense layer, no dropout), as these tests build it."""
+    return ModelConfig(name=name, weights=weights, dense_units=(), dropout=0.0)
 
 
 def _job(root: pathlib.Path, spec: list[dict], workers: int) -> dict[str, dict]:
@@ -249,7 +255,7 @@ def test_pretrained_weights_file_loads_and_predictions_match(tmp_path) -> None:
     then predicts exactly as the model it came from."""
     x = np.random.default_rng(1).random((4, 32, 32, 3), dtype=np.float32)
     tf.keras.utils.set_random_seed(7)
-    trained = application("mobilenet_v2", (32, 32, 3), 5)
+    trained = application((32, 32, 3), 5, bare("mobilenet_v2"))
     base = trained.get_layer("mobilenet_v2")
     _randomise(base, seed=3)  # stands in for pretrained weights
     base.save_weights(str(tmp_path / "base.weights.h5"))  # Keras 3 names it so; 2 reads it
@@ -257,18 +263,18 @@ def test_pretrained_weights_file_loads_and_predictions_match(tmp_path) -> None:
     expected = trained(x, training=False).numpy()  # called, not predict(): nothing to trace
 
     tf.keras.utils.set_random_seed(7)  # same head as `trained`; only the base differs
-    fresh = application("mobilenet_v2", (32, 32, 3), 5)(x, training=False).numpy()
+    fresh = application((32, 32, 3), 5, bare("mobilenet_v2"))(x, training=False).numpy()
     assert np.abs(fresh - expected).max() > 1e-3  # without the file the predictions differ
     for name in ("base.weights.h5", "base.keras"):
         tf.keras.utils.set_random_seed(7)
-        loaded = application("mobilenet_v2", (32, 32, 3), 5, weights=str(tmp_path / name))
+        loaded = application((32, 32, 3), 5, bare("mobilenet_v2", str(tmp_path / name)))
         predicted = loaded(x, training=False).numpy()
         np.testing.assert_allclose(predicted, expected, atol=1e-6, err_msg=name)
 
 
 def test_missing_weights_file_says_where_weights_come_from(tmp_path) -> None:
     with pytest.raises(ConfigError) as info:
-        application("resnet50", (32, 32, 3), 5, weights=str(tmp_path / "nope.h5"))
+        application((32, 32, 3), 5, bare("resnet50", str(tmp_path / "nope.h5")))
     message = str(info.value)
     assert message.startswith(f"model.weights: '{tmp_path / 'nope.h5'}' not found.")
     assert "never downloaded" in message
@@ -281,9 +287,9 @@ def test_missing_weights_file_says_where_weights_come_from(tmp_path) -> None:
 @pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning")
 def test_weights_file_of_another_model_is_a_config_error(tmp_path) -> None:
     path = str(tmp_path / "mobilenet.weights.h5")
-    application("mobilenet_v2", (32, 32, 3), 5).get_layer("mobilenet_v2").save_weights(path)
+    application((32, 32, 3), 5, bare("mobilenet_v2")).get_layer("mobilenet_v2").save_weights(path)
     with pytest.raises(ConfigError, match=r"does not fit the ResNet50 base without its classifier"):
-        application("resnet50", (32, 32, 3), 5, weights=path)
+        application((32, 32, 3), 5, bare("resnet50", path))
 
 
 def test_efficientnet_imagenet_weights_get_keras_variance_correction(tmp_path) -> None:
@@ -296,7 +302,7 @@ def test_efficientnet_imagenet_weights_get_keras_variance_correction(tmp_path) -
     norm.set_weights([mean, std, norm.get_weights()[2]])  # as in Keras' imagenet file
     path = str(tmp_path / "efficientnet.weights.h5")
     donor.save_weights(path)
-    model = application("efficientnet_b0", (32, 32, 3), 5, weights=path)
+    model = application((32, 32, 3), 5, bare("efficientnet_b0", path))
     base = model.get_layer("efficientnet_b0")
     norm = next(x for x in base.layers if isinstance(x, tf.keras.layers.Normalization))
     upto = tf.keras.Model(model.input, tf.keras.Model(base.input, norm.output)(
@@ -347,9 +353,9 @@ def test_base_options_on_other_models_are_config_errors(overrides, message) -> N
 
 def test_small_or_flat_inputs_are_config_errors() -> None:
     with pytest.raises(ConfigError, match=r"mobilenet_v2 needs images of at least 32x32, got 8x8"):
-        application("mobilenet_v2", (8, 8, 1), 10)
+        application((8, 8, 1), 10, bare("mobilenet_v2"))
     with pytest.raises(ConfigError, match=r"resnet50 takes images of height x width x 1 or 3"):
-        application("resnet50", (64,), 10)
+        application((64,), 10, bare("resnet50"))
 
 
 def test_factory_accepts_a_file_path_and_names_a_missing_one(tmp_path, monkeypatch) -> None:

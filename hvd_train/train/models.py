@@ -84,37 +84,21 @@ def _build(cfg: Config, input_shape: tuple[int, ...], num_classes: int) -> Model
     if m.factory:
         return _from_factory(cfg, input_shape, num_classes)
     if m.name == "convnet":
-        return convnet(input_shape, num_classes, m.filters, m.dense_units, m.dropout, m.from_logits)
+        return convnet(input_shape, num_classes, m)
     if m.name == "mlp":
-        return mlp(input_shape, num_classes, m.dense_units, m.dropout, m.from_logits)
-    return application(
-        m.name,
-        input_shape,
-        num_classes,
-        weights=m.weights,
-        trainable_base=m.trainable_base,
-        pooling=m.pooling,
-        dense_units=m.dense_units,
-        dropout=m.dropout,
-        from_logits=m.from_logits,
-    )
+        return mlp(input_shape, num_classes, m)
+    return application(input_shape, num_classes, m)
 
 
-def convnet(
-    input_shape: tuple[int, ...],
-    num_classes: int,
-    filters: tuple[int, ...] = (32, 32, 64, 64),
-    dense_units: tuple[int, ...] = (256,),
-    dropout: float = 0.25,
-    from_logits: bool = False,
-) -> Model:
-    """A small convnet (Keras' classic CIFAR-10 example), for small images.
+def convnet(input_shape: tuple[int, ...], num_classes: int, m: ModelConfig) -> Model:
+    """A small convnet (Keras' classic CIFAR-10 example), for small images, shaped by the
+    `model` section's `filters`, `dense_units`, `dropout` and `from_logits`.
 
     Layer by layer, with the default widths (`model.filters: [32, 32, 64, 64]`,
     `model.dense_units: [256]`):
 
     1. Conv2D 32 filters, 3x3, padding `same`, ReLU.
-    2. Conv2D 32, 3x3, `same`, ReLU; then MaxPooling2D 2x2 and Dropout(`dropout`).
+    2. Conv2D 32, 3x3, `same`, ReLU; then MaxPooling2D 2x2 and Dropout(`model.dropout`).
     3. Conv2D 64, 3x3, `same`, ReLU.
     4. Conv2D 64, 3x3, `same`, ReLU; then MaxPooling2D 2x2 and Dropout.
     5. Flatten.
@@ -134,35 +118,30 @@ def convnet(
     x = inputs = keras.Input(shape=input_shape)
     if len(input_shape) == 2:  # grey images given as height x width
         x = layers.Reshape((*input_shape, 1))(x)
-    for i, width in enumerate(filters):
+    for i, width in enumerate(m.filters):
         x = layers.Conv2D(width, 3, padding="same", activation="relu")(x)
         if i % 2 == 1:
             x = layers.MaxPooling2D(2)(x)
-            x = layers.Dropout(dropout)(x) if dropout else x
+            x = layers.Dropout(m.dropout)(x) if m.dropout else x
     x = layers.Flatten()(x)
-    for units in dense_units:
+    for units in m.dense_units:
         x = layers.Dense(units, activation="relu")(x)
-        x = layers.Dropout(dropout)(x) if dropout else x
-    outputs = _head(x, num_classes, from_logits)
+        x = layers.Dropout(m.dropout)(x) if m.dropout else x
+    outputs = _head(x, num_classes, m.from_logits)
     return keras.Model(inputs, outputs, name="convnet")
 
 
-def mlp(
-    input_shape: tuple[int, ...],
-    num_classes: int,
-    dense_units: tuple[int, ...] = (256,),
-    dropout: float = 0.0,
-    from_logits: bool = False,
-) -> Model:
-    """A multilayer perceptron over the flattened input."""
+def mlp(input_shape: tuple[int, ...], num_classes: int, m: ModelConfig) -> Model:
+    """A multilayer perceptron over the flattened input: the `model` section's `dense_units`,
+    each with `dropout`, then the classifier (`from_logits`)."""
     keras = binding.keras()
     layers = keras.layers
     x = inputs = keras.Input(shape=input_shape)
     x = layers.Flatten()(x)
-    for units in dense_units:
+    for units in m.dense_units:
         x = layers.Dense(units, activation="relu")(x)
-        x = layers.Dropout(dropout)(x) if dropout else x
-    return keras.Model(inputs, _head(x, num_classes, from_logits), name="mlp")
+        x = layers.Dropout(m.dropout)(x) if m.dropout else x
+    return keras.Model(inputs, _head(x, num_classes, m.from_logits), name="mlp")
 
 
 def _head(x: Any, num_classes: int, from_logits: bool) -> Any:
@@ -233,32 +212,24 @@ BASES = {  # name -> the class in keras.applications
 _MIN_SIZE = 32  # Keras Applications refuse smaller inputs
 
 
-def application(
-    name: str,
-    input_shape: tuple[int, ...],
-    num_classes: int,
-    weights: str = "none",
-    trainable_base: bool = True,
-    pooling: str = "avg",
-    dense_units: tuple[int, ...] = (),
-    dropout: float = 0.0,
-    from_logits: bool = False,
-) -> Model:
+def application(input_shape: tuple[int, ...], num_classes: int, m: ModelConfig) -> Model:
     """A Keras Applications base (no ImageNet classifier) under a new head, for inputs in [0, 1].
 
     Layers: a frozen 1x1 channel map that turns the [0, 1] input (1 or 3 channels) into what
-    the base expects (`PREPROCESS`), the base (a nested model named after `name`), global
+    the base expects (`PREPROCESS`), the base (a nested model named after `model.name`), global
     `pooling` (avg or max), a ReLU dense layer per `dense_units` entry, dropout, the classifier.
 
     Args:
-        name: `mobilenet_v2`, `resnet50` or `efficientnet_b0`.
         input_shape: `(height, width, channels)`, height and width at least 32, 1 or 3 channels.
-        weights: "none" (random initialisation) or the path of a weights file for the base
-            without its classifier (`.weights.h5` from `save_weights`, a legacy `.h5`, or
-            `.keras`). Never downloaded.
-        trainable_base: False freezes the base (its BatchNormalization then runs in inference
-            mode); only the head trains. Defaults to True (fine-tune the whole network).
+        num_classes: the classifier's outputs.
+        m: the `model` section. Its `name` is `mobilenet_v2`, `resnet50` or
+            `efficientnet_b0`; `weights` is "none" (random initialisation) or the path of a
+            weights file for the base without its classifier (`.weights.h5` from
+            `save_weights`, a legacy `.h5`, or `.keras`), never downloaded;
+            `trainable_base: false` freezes the base (its BatchNormalization then runs in
+            inference mode), and only the head trains.
     """
+    name, weights = m.name, m.weights
     _check_image_shape(name, input_shape)
     if weights != "none":
         _check_weights_file(name, weights)  # before the slow build
@@ -272,14 +243,14 @@ def application(
     _rename(base, name)  # the nested model's name, e.g. "mobilenet_v2", not "mobilenetv2_1.00_32"
     if weights != "none":
         load_base_weights(base, name, weights)
-    base.trainable = trainable_base
+    base.trainable = m.trainable_base
     x = base(x)
-    pool = layers.GlobalAveragePooling2D if pooling == "avg" else layers.GlobalMaxPooling2D
-    x = pool(name=f"{pooling}_pool")(x)
-    for units in dense_units:
+    pool = layers.GlobalAveragePooling2D if m.pooling == "avg" else layers.GlobalMaxPooling2D
+    x = pool(name=f"{m.pooling}_pool")(x)
+    for units in m.dense_units:
         x = layers.Dense(units, activation="relu")(x)
-    x = layers.Dropout(dropout)(x) if dropout else x
-    return keras.Model(inputs, _head(x, num_classes, from_logits), name=f"{name}_classifier")
+    x = layers.Dropout(m.dropout)(x) if m.dropout else x
+    return keras.Model(inputs, _head(x, num_classes, m.from_logits), name=f"{name}_classifier")
 
 
 def _check_image_shape(name: str, shape: tuple[int, ...]) -> None:

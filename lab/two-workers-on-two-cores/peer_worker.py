@@ -159,11 +159,12 @@ def keras_module(name: str):
 def build_model(name: str, workload: str):
     """hvd_train's convnet (the model the trainer builds from the same config) in the Keras
     `name`. Activating the binding imports Horovod's library but starts nothing."""
+    from hvd_train.config import ModelConfig
     from hvd_train.runtime.keras import binding
     from hvd_train.train.models import convnet
 
     binding.activate(name)
-    return convnet((32, 32, 3), 10, dense_units=WORKLOADS[workload])
+    return convnet((32, 32, 3), 10, ModelConfig(dense_units=WORKLOADS[workload]))
 
 
 def horovod_keras(name: str):

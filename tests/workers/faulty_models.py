@@ -5,6 +5,7 @@ number of training steps on one rank only, so the tests also check that one rank
 becomes every rank's decision.
 """
 
+import dataclasses
 import os
 
 import tensorflow as tf
@@ -62,7 +63,8 @@ def _inf_gradient(x, fire):
 
 def _trapped(cfg, mode: str) -> tf.keras.Model:
     """convnet with the trap on its output (a NaN there reaches the loss at once)."""
-    inner = convnet((8, 8, 1), 10, cfg.model.filters, cfg.model.dense_units, 0.0)
+    plain = dataclasses.replace(cfg.model, dropout=0.0, from_logits=False)
+    inner = convnet((8, 8, 1), 10, plain)
     inputs = tf.keras.Input((8, 8, 1))
     return tf.keras.Model(inputs, _Trap(mode, FAIL_AFTER_STEPS)(inner(inputs)))
 

@@ -14,8 +14,7 @@ from hvd_train.train.models import convnet
 
 
 def convnet7_float64(cfg, input_shape, num_classes) -> tf.keras.Model:
-    m = cfg.model
-    model = convnet(input_shape, num_classes, m.filters, m.dense_units, m.dropout, m.from_logits)
+    model = convnet(input_shape, num_classes, cfg.model)
 
     def in_float64(layer: tf.keras.layers.Layer) -> tf.keras.layers.Layer:
         return type(layer).from_config({**layer.get_config(), "dtype": "float64"})
