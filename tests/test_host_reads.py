@@ -80,7 +80,7 @@ def test_keras3_list_gives_tensors_to_ours_and_numbers_to_the_others() -> None:
     model.compile(optimizer="sgd", loss="mse")
     data = tf.data.Dataset.from_tensors((np.zeros((4, 2)), np.zeros((4, 1)))).repeat()
     listed = keras3.fit_callbacks([Theirs(), Ours(), keras.callbacks.Callback()], model, 0, 2, 3)
-    model.fit(data, epochs=2, steps_per_epoch=3, callbacks=listed, verbose=0)
+    model.fit(data, epochs=2, steps_per_epoch=3, callbacks=listed, verbose=0, shuffle=False)
     assert [who for who, _ in seen] == ["theirs", "ours"] * 6, seen
     assert all(issubclass(t, tf.Tensor) if who == "ours" else t is float for who, t in seen), seen
 
@@ -102,7 +102,7 @@ def test_keras3_list_converts_nothing_when_only_ours_have_batch_hooks(monkeypatc
     data = tf.data.Dataset.from_tensors((np.zeros((4, 2)), np.zeros((4, 1)))).repeat()
     ours = Takes()
     listed = keras3.fit_callbacks([ours], model, 0, epochs=1, steps=5)
-    model.fit(data, epochs=1, steps_per_epoch=5, callbacks=listed, verbose=0)
+    model.fit(data, epochs=1, steps_per_epoch=5, callbacks=listed, verbose=0, shuffle=False)
     assert len(ours.seen) == 5
     # Keras converts the logs of the epoch's end and of the training's end; of no step.
     assert len([logs for logs in converted if logs]) == 2, converted

@@ -122,7 +122,9 @@ def test_stamp_is_read_inside_each_step_after_it_began(logged) -> None:
     model.compile(optimizer="sgd", loss="mse")
     data = tf.data.Dataset.from_tensors((tf.zeros([4, 2]), tf.zeros([4, 1]))).repeat(10)
     data = data.prefetch(4)  # batches already waiting: the stamp must still be read in-step
-    history = model.fit(iw.attach(data), epochs=2, steps_per_epoch=5, callbacks=[iw], verbose=0)
+    history = model.fit(
+        iw.attach(data), epochs=2, steps_per_epoch=5, callbacks=[iw], verbose=0, shuffle=False
+    )
     assert history.history["input_wait_fraction"] == [0.5, 0.5]
 
 
@@ -141,7 +143,9 @@ def test_with_several_steps_a_call_only_each_calls_first_fetch_is_timed(logged) 
     model = tf.keras.Sequential([tf.keras.Input((2,)), tf.keras.layers.Dense(1)])
     model.compile(optimizer="sgd", loss="mse", steps_per_execution=2)
     data = tf.data.Dataset.from_tensors((tf.zeros([4, 2]), tf.zeros([4, 1]))).repeat(8)
-    history = model.fit(iw.attach(data), epochs=2, steps_per_epoch=4, callbacks=[iw], verbose=0)
+    history = model.fit(
+        iw.attach(data), epochs=2, steps_per_epoch=4, callbacks=[iw], verbose=0, shuffle=False
+    )
     assert history.history["input_wait_fraction"] == pytest.approx([1 / 3, 1 / 3])
 
 
