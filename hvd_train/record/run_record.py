@@ -85,9 +85,9 @@ class RunRecord:
         self.run_dir = run_dir
         self.path = RunDir(run_dir).summary
         self.opened = opened
-        self.summary = Summary(opened.opening())
-        self.ended = False
         self._stack = stack  # the Keras may change once, when a model factory's model is built
+        self.summary = self._opening(so_far=True)
+        self.ended = False
         self._lock = threading.Lock()  # the stop watcher thread may end the record too
         self._keeper: Any = None
 
@@ -130,7 +130,7 @@ class RunRecord:
             if self.ended:
                 return
             earlier = self.opened.earlier_jobs if resumed else []
-            self.summary = {**self.opened.opening(so_far=resumed), **fields,
+            self.summary = {**self._opening(so_far=resumed), **fields,
                             "earlier_jobs": earlier}  # fmt: skip
             self._write_progress()
 
@@ -190,6 +190,11 @@ class RunRecord:
             except OSError:
                 pass
             self._keeper = None
+
+    def _opening(self, so_far: bool) -> Summary:
+        """`Opened.opening`, with `versions` after the job's own fields."""
+        versions: Summary = {"versions": self._stack()} if self._stack else {}
+        return {**self.opened.base, **versions, **self.opened.opening(so_far)}
 
     def _write(self) -> None:
         if self._stack is not None:
