@@ -12,7 +12,8 @@ import hashlib
 import json
 import sys
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 import tensorflow as tf
@@ -30,6 +31,23 @@ def on_every_rank(arrays) -> list[int]:
     """Each rank's digest of `arrays`, in rank order."""
     digest = hashlib.sha256(b"".join(np.asarray(a).tobytes() for a in arrays)).hexdigest()
     return hvd.allgather(tf.constant([int(digest[:12], 16)], tf.int64)).numpy().tolist()
+
+
+def reduction_arguments(keras: Any) -> Iterator[tuple[dict, tuple, float]]:
+    """Horovod's reduction arguments (`groups` as a number or as lists of variables,
+    `num_groups`, `gradient_predivide_factor`, `op=hvd.Sum`), each with three fresh variables
+    a, b, c and what each gradient reduces to when each rank's is rank + 1: the ranks' mean,
+    or their sum. DistributedGradientTape and DistributedOptimizer take the same ones."""
+    mean = sum(range(1, hvd.size() + 1)) / hvd.size()
+    total = float(sum(range(1, hvd.size() + 1)))
+    for kwargs, expected in [
+        ({"groups": 2}, mean), ({"num_groups": 1}, mean), ({"gradient_predivide_factor": 2.0}, mean),
+        ({"op": hvd.Sum}, total), ({}, mean),
+    ]:  # fmt: skip
+        a, b, c = keras.Variable([0.0]), keras.Variable([0.0, 0.0]), keras.Variable([0.0])
+        if kwargs == {}:
+            kwargs = {"groups": [[a, c]]}  # lists of variables: b a group of its own
+        yield kwargs, (a, b, c), expected
 
 
 def main(cases: list[Callable[[], None]]) -> None:

@@ -21,7 +21,7 @@ import case_runner  # tests/workers/, beside this script
 import keras
 import numpy as np
 import tensorflow as tf
-from case_runner import same_on_every_rank
+from case_runner import reduction_arguments, same_on_every_rank
 
 import hvd_train.horovod as hvd
 
@@ -509,15 +509,7 @@ def own_groups_predivide_and_sum_reduce_as_horovod_says():
     assert hvd.allgather(mine).shape == (4 * hvd.size(),)
     part = hvd.reducescatter(np.ones((2 * hvd.size(), 3)), op=hvd.Sum)
     np.testing.assert_allclose(part, np.full((2, 3), float(hvd.size())))
-    mean = sum(range(1, hvd.size() + 1)) / hvd.size()
-    total = float(sum(range(1, hvd.size() + 1)))
-    for kwargs, expected in [
-        ({"groups": 2}, mean), ({"num_groups": 1}, mean), ({"gradient_predivide_factor": 2.0}, mean),
-        ({"op": hvd.Sum}, total), ({}, mean),
-    ]:  # fmt: skip
-        a, b, c = keras.Variable([0.0]), keras.Variable([0.0, 0.0]), keras.Variable([0.0])
-        if kwargs == {}:
-            kwargs = {"groups": [[a, c]]}  # lists of variables: b a group of its own
+    for kwargs, (a, b, c), expected in reduction_arguments(keras):
         opt = hvd.DistributedOptimizer(Adding(learning_rate=1.0), **kwargs)
         grads = [tf.fill(v.shape, float(hvd.rank() + 1)) for v in (a, b, c)]
         opt.apply_gradients(zip(grads, [a, b, c], strict=True))

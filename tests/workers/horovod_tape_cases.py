@@ -19,7 +19,7 @@ import case_runner  # tests/workers/, beside this script
 import keras
 import numpy as np
 import tensorflow as tf
-from case_runner import same_on_every_rank
+from case_runner import reduction_arguments, same_on_every_rank
 
 import hvd_train.horovod as hvd
 
@@ -565,15 +565,7 @@ def own_tape_arguments_reduce_as_horovod_says():
     `gradient_predivide_factor` give the ranks' mean, `op=hvd.Sum` their sum: each rank's
     gradient is rank + 1. The gradients come back in the sources' structure (a dict, one
     variable). What Keras 3 or this build cannot do is refused naming the argument."""
-    mean = sum(range(1, hvd.size() + 1)) / hvd.size()
-    total = float(sum(range(1, hvd.size() + 1)))
-    for kwargs, expected in [
-        ({"groups": 2}, mean), ({"num_groups": 1}, mean), ({"gradient_predivide_factor": 2.0}, mean),
-        ({"op": hvd.Sum}, total), ({}, mean),
-    ]:  # fmt: skip
-        a, b, c = keras.Variable([0.0]), keras.Variable([0.0, 0.0]), keras.Variable([0.0])
-        if kwargs == {}:
-            kwargs = {"groups": [[a, c]]}  # lists of variables: b a group of its own
+    for kwargs, (a, b, c), expected in reduction_arguments(keras):
         with tf.GradientTape() as tape:
             loss = float(hvd.rank() + 1) * sum(tf.reduce_sum(v.value) for v in (a, b, c))
         tape = hvd.DistributedGradientTape(tape, **kwargs)
@@ -584,6 +576,7 @@ def own_tape_arguments_reduce_as_horovod_says():
     v = keras.Variable([0.0])
     with tf.GradientTape() as tape:
         loss = float(hvd.rank() + 1) * tf.reduce_sum(v.value)
+    mean = sum(range(1, hvd.size() + 1)) / hvd.size()
     np.testing.assert_allclose(hvd.DistributedGradientTape(tape).gradient(loss, v), [mean])
     for call, word in [
         (lambda: hvd.DistributedGradientTape(tf.GradientTape(), op=hvd.Adasum), "op"),
