@@ -123,6 +123,17 @@ def test_schedule_round_trips_through_a_saved_model_with_its_optimizer(
     assert float(restored(loaded.optimizer.iterations)) == pytest.approx(0.16)
 
 
+def test_a_schedule_saved_as_its_flat_config_is_rebuilt_as_it_was() -> None:
+    """A saved optimizer keeps the schedule as get_config's flat fields, as every version has
+    written them: Keras rebuilds it through from_config."""
+    saved = {"base_lr": 0.1, "scaled_lr": 0.4, "warmup_steps": 10, "decay": "step",
+             "total_steps": 110, "boundaries": [30, 60], "factor": 0.5, "decay_rate": 1.0,
+             "decay_steps": 1.0, "min_fraction": 0.0, "steps_per_epoch": 10}  # fmt: skip
+    restored = WarmupScaledMath.from_config(saved)
+    assert restored.get_config() == saved
+    assert at(restored, 0, 10, 30, 60) == pytest.approx([0.1, 0.4, 0.2, 0.1])
+
+
 @pytest.mark.parametrize("case", CASES)
 def test_a_fresh_schedule_is_at_the_step_counter_bit_for_bit(case: str) -> None:
     """Its position is the step counter as float32, as the rates were computed before the

@@ -31,6 +31,7 @@ import functools
 import math
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
@@ -43,17 +44,13 @@ from hvd_train.runtime.keras import binding
 DECAYS = choices(OptimizerConfig, "schedule")  # constant, step, cosine, ...
 
 
-class WarmupScaledMath:
-    """The schedule's rates, for either Keras: `warmup_scaled` makes it a LearningRateSchedule
-    of the Keras that trains.
+@dataclass(frozen=True)
+class Schedule:
+    """What a WarmupScaled schedule follows (see the module docstring): a linear ramp from
+    `base_lr` to `scaled_lr` over `warmup_steps`, then `decay` on `scaled_lr`. With the
+    defaults: the ramp, then `scaled_lr`. Its fields are the schedule's Keras config.
 
-    Linear ramp from `base_lr` to `scaled_lr` over `warmup_steps`, then `decay` on
-    `scaled_lr` (see the module docstring). With the defaults: the ramp, then `scaled_lr`.
-
-    Goyal et al. (2017), "Accurate, Large Minibatch SGD": with k times the batch, use k times
-    the rate, reached gradually so the first steps do not diverge.
-
-    Args:
+    Attributes:
         total_steps: the run's last step + 1 (epochs x steps per epoch); cosine and
             warmup_decay reach the floor at its last step, `total_steps - 1`.
         boundaries: steps at which `step` multiplies the rate by `factor`.
@@ -63,33 +60,42 @@ class WarmupScaledMath:
             position the schedule is re-based to (`continue_at`) is in epochs. Defaults to 1.
     """
 
-    def __init__(
-        self,
-        base_lr: float,
-        scaled_lr: float,
-        warmup_steps: int,
-        decay: str = "constant",
-        total_steps: int = 0,
-        boundaries: Sequence[int] = (),
-        factor: float = 0.1,
-        decay_rate: float = 1.0,
-        decay_steps: float = 1.0,
-        min_fraction: float = 0.0,
-        steps_per_epoch: int = 1,
-    ):
-        if decay not in DECAYS:
-            raise ValueError(f"decay: expected one of {DECAYS}, got {decay!r}")
-        self.base_lr = float(base_lr)
-        self.scaled_lr = float(scaled_lr)
-        self.warmup_steps = int(warmup_steps)
-        self.decay = decay
-        self.total_steps = int(total_steps)
-        self.boundaries = [int(b) for b in boundaries]
-        self.factor = float(factor)
-        self.decay_rate = float(decay_rate)
-        self.decay_steps = float(decay_steps)
-        self.min_fraction = float(min_fraction)
-        self.steps_per_epoch = int(steps_per_epoch)
+    base_lr: float
+    scaled_lr: float
+    warmup_steps: int
+    decay: str = "constant"
+    total_steps: int = 0
+    boundaries: Sequence[int] = ()
+    factor: float = 0.1
+    decay_rate: float = 1.0
+    decay_steps: float = 1.0
+    min_fraction: float = 0.0
+    steps_per_epoch: int = 1
+
+
+class WarmupScaledMath:
+    """The schedule's rates, for either Keras: `warmup_scaled` makes it a LearningRateSchedule
+    of the Keras that trains. It follows a `Schedule`.
+
+    Goyal et al. (2017), "Accurate, Large Minibatch SGD": with k times the batch, use k times
+    the rate, reached gradually so the first steps do not diverge.
+    """
+
+    def __init__(self, schedule: Schedule):
+        s = schedule
+        if s.decay not in DECAYS:
+            raise ValueError(f"decay: expected one of {DECAYS}, got {s.decay!r}")
+        self.base_lr = float(s.base_lr)
+        self.scaled_lr = float(s.scaled_lr)
+        self.warmup_steps = int(s.warmup_steps)
+        self.decay = s.decay
+        self.total_steps = int(s.total_steps)
+        self.boundaries = [int(b) for b in s.boundaries]
+        self.factor = float(s.factor)
+        self.decay_rate = float(s.decay_rate)
+        self.decay_steps = float(s.decay_steps)
+        self.min_fraction = float(s.min_fraction)
+        self.steps_per_epoch = int(s.steps_per_epoch)
         # Scales the whole schedule (warm-up and decay alike): ReduceLROnPlateau's lever (see
         # train/callbacks/user_callbacks.py), kept in each checkpoint's state.json. Not in
         # get_config: a fresh schedule starts at 1, and x 1.0 leaves every rate bit for bit as
@@ -144,6 +150,11 @@ class WarmupScaledMath:
             return tf.maximum(peak * tf.pow(self.decay_rate, t / self.decay_steps), floor)
         return peak + 0.0 * step  # constant, shaped like `step`
 
+    @classmethod
+    def from_config(cls, config: dict) -> WarmupScaledMath:
+        """Keras rebuilds a saved schedule from `get_config`'s fields: a `Schedule`'s."""
+        return cls(Schedule(**config))
+
     def get_config(self) -> dict:
         return {
             "base_lr": self.base_lr,
@@ -174,9 +185,9 @@ def schedule_class(keras: ModuleType) -> type:
 
 
 def warmup_scaled(keras: ModuleType | None, *args: Any, **kwargs: Any) -> WarmupScaledMath:
-    """A WarmupScaled schedule (arguments: WarmupScaledMath) for `keras` (the active Keras when
+    """A WarmupScaled schedule (arguments: `Schedule`'s) for `keras` (the active Keras when
     None)."""
-    return schedule_class(keras or binding.keras())(*args, **kwargs)
+    return schedule_class(keras or binding.keras())(Schedule(*args, **kwargs))
 
 
 def lr_multiplier(optimizer: Any) -> tf.Variable | None:
@@ -205,13 +216,13 @@ def _schedule(optimizer: Any) -> WarmupScaledMath | None:
 def learning_rate_schedule(cfg: Config, plan: Derived) -> WarmupScaledMath:
     """The schedule the run follows: `optimizer.schedule` after the warm-up, both on the rates
     and steps `derive` computed for this worker count, for the active Keras."""
-    return warmup_scaled(None, **schedule_arguments(cfg, plan))
+    return schedule_class(binding.keras())(run_schedule(cfg, plan))
 
 
-def schedule_arguments(cfg: Config, plan: Derived) -> dict[str, Any]:
-    """WarmupScaledMath's arguments for the run's schedule (see `learning_rate_schedule`)."""
+def run_schedule(cfg: Config, plan: Derived) -> Schedule:
+    """The run's `Schedule` (see `learning_rate_schedule`)."""
     o, spe = cfg.optimizer, plan.steps_per_epoch
-    return dict(
+    return Schedule(
         base_lr=plan.base_lr,
         scaled_lr=plan.scaled_lr,
         warmup_steps=plan.warmup_steps,
@@ -240,7 +251,7 @@ def plot(cfg: Config, plan: Derived, out: str) -> list[float]:
 
     total = cfg.train.epochs * plan.steps_per_epoch
     # The schedule's rates alone: no Keras, no Horovod (lr-plot imports neither).
-    values = rates(WarmupScaledMath(**schedule_arguments(cfg, plan)), total)
+    values = rates(WarmupScaledMath(run_schedule(cfg, plan)), total)
     epochs = [s / plan.steps_per_epoch for s in range(total)]
     fig, ax = plt.subplots(figsize=(8, 4))
     ax.plot(epochs, values)
