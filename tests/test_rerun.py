@@ -131,3 +131,32 @@ def test_a_rerun_of_a_finished_run_changes_nothing_and_raising_epochs_continues(
     assert s["train_examples_per_sec"] > 0, s
     assert s["best_model_path"] == str(d / "best.keras") and (d / "best.keras").exists(), s
     assert s["launch"] == {"restarts": 0, "failures": []}, s
+
+
+@pytest.mark.processes
+def test_starting_afresh_sets_the_earlier_runs_checkpoints_aside(tmp_path) -> None:
+    """One worker trains 3 short epochs; `train.resume: never` then trains 1 afresh in the same
+    run.dir. The earlier run's checkpoints and best model move to checkpoints/earlier-1, none
+    deleted, and checkpoints/ holds this run's alone. With `auto` and 2 epochs, the same
+    command then continues this run at epoch 2, not the earlier one at its epoch 4."""
+    d = tmp_path / "run"
+    alone = [PYTHON, "-m", "hvd_train", "--config", str(QUICKSTART), *sets(f"run.dir={d}")]
+    check(run([*alone, "--set", "train.epochs=3"], tmp_path))
+    earlier = sorted(p.name for p in (d / "checkpoints").iterdir())
+    assert earlier == ["ckpt-00000003", "ckpt-00000006", "ckpt-00000009"], earlier
+
+    afresh = check(run([*alone, "--set", "train.epochs=1", "--set", "train.resume=never"],
+                       tmp_path))  # fmt: skip
+    aside = d / "checkpoints" / "earlier-1"
+    assert f"set aside in {aside}, out of this run's way" in afresh.stdout, afresh.stdout
+    assert sorted(p.name for p in aside.iterdir()) == ["best.keras", *earlier]
+    assert sorted(p.name for p in (d / "checkpoints").iterdir()) == ["ckpt-00000003", "earlier-1"]
+    s = summary(d)
+    assert s["last_checkpoint"] == str(d / "checkpoints" / "ckpt-00000003"), s
+    assert s["epochs_completed"] == 1 and s["earlier_jobs"] == [], s
+
+    more = check(run([*alone, "--set", "train.epochs=2"], tmp_path))
+    assert ": epoch 2, step 0" in more.stdout, more.stdout
+    s = summary(d)
+    assert s["epochs_completed"] == 2 and s["trained_from"] == {"epoch": 2, "step": 0}, s
+    assert s["resumed_from"] == str(d / "checkpoints" / "ckpt-00000003"), s

@@ -55,8 +55,9 @@ class TrainConfig:
     # rank 0's running loss and accuracy, examples/s); 0: none.
     log_every_s: float = field(default=60.0, metadata={"min": 0.0})
     # auto: continue from the newest valid checkpoint in run.dir if there is one; never: start
-    # afresh (existing checkpoints are left alone, new ones overwrite by step); or a checkpoint
-    # folder (run.dir/checkpoints/ckpt-NNNNNNNN) to continue from.
+    # afresh (the checkpoints and best model an earlier run left are moved, not deleted, to
+    # run.dir/checkpoints/earlier-N); or a checkpoint folder (run.dir/checkpoints/ckpt-NNNNNNNN)
+    # to continue from.
     resume: str = "auto"
     # Batches each worker runs before one all-reduce and update (Horovod's
     # backward_passes_per_step, averaged): the effective batch is global batch x this, the

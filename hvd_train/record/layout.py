@@ -94,6 +94,11 @@ class RunDir:
         """checkpoints/ckpt-NNNNNNNN: the checkpoint taken after `global_step` steps."""
         return os.path.join(self.root, CHECKPOINTS, f"ckpt-{global_step:08d}")
 
+    def earlier_run(self, n: int) -> str:
+        """checkpoints/earlier-N: where a job with `train.resume: never` sets aside the
+        checkpoints and best model an earlier run left (the Nth time), out of its way."""
+        return os.path.join(self.root, CHECKPOINTS, f"earlier-{n}")
+
     def exported(self, fmt: str) -> str:
         """export/saved_model, export/model.onnx, export/model.tflite: `hvd-train export`'s
         default --out for a format."""

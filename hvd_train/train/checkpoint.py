@@ -436,6 +436,32 @@ def remove_strays(run_dir: str) -> list[str]:
     return found
 
 
+def set_aside_earlier_run(run_dir: str) -> str | None:
+    """`train.resume: never` (rank 0, as the job starts): moves the checkpoints (loadable or
+    set aside as unloadable) and the best model an earlier run left into checkpoints/earlier-N,
+    the first free N, and returns that folder; None when there were none. Nothing is deleted.
+
+    Left in place, they would mix two runs: this run's checkpoints would be pruned as older than
+    the earlier run's (pruning keeps the newest steps), its best model would have to beat the
+    earlier run's, and a later `train.resume: auto` would continue the earlier run.
+    """
+    run = RunDir(run_dir)
+    names = [n for n in _listdir(run.checkpoints)
+             if layout.CHECKPOINT_FOLDER.match(n.removesuffix(layout.UNLOADABLE))]  # fmt: skip
+    found = [os.path.join(run.checkpoints, n) for n in names]
+    found += [p for p in (run.best, run.best_folder, run.best_weights) if os.path.exists(p)]
+    if not found:
+        return None
+    n = 1
+    while os.path.exists(run.earlier_run(n)):
+        n += 1
+    target = run.earlier_run(n)
+    os.makedirs(target)
+    for path in found:
+        os.rename(path, os.path.join(target, os.path.basename(path)))
+    return target
+
+
 def _listdir(path: str) -> list[str]:
     try:
         return sorted(os.listdir(path))

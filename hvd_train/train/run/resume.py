@@ -28,6 +28,7 @@ from hvd_train.train.checkpoint import (
     load,
     read_window,
     remove_strays,
+    set_aside_earlier_run,
 )
 from hvd_train.train.run.messages import one_line
 from hvd_train.train.run.state import Start
@@ -57,6 +58,11 @@ def resume(job: Job, model: Model) -> Start:
             if removed:
                 distributed.log(
                     f"removed what a killed job left half-written: {', '.join(removed)}"
+                )
+            if cfg.train.resume == "never" and (aside := set_aside_earlier_run(cfg.run.dir)):
+                distributed.log(
+                    f"train.resume: never: what an earlier run left here (its checkpoints, its "
+                    f"best model) is set aside in {aside}, out of this run's way"
                 )
             found = _read_checkpoint(cfg, model)
             if found:
