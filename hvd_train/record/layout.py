@@ -94,6 +94,12 @@ class RunDir:
         """checkpoints/ckpt-NNNNNNNN: the checkpoint taken after `global_step` steps."""
         return os.path.join(self.root, CHECKPOINTS, f"ckpt-{global_step:08d}")
 
+    def best_forms(self) -> tuple[str, str, str]:
+        """Every form the best model may be exported in (train/checkpoint.py
+        export_plain_model): its SavedModel folder, its weights, best.keras; the last that
+        exists is the one written."""
+        return self.best_folder, self.best_weights, self.best
+
     def earlier_run(self, n: int) -> str:
         """checkpoints/earlier-N: where a job with `train.resume: never` sets aside the
         checkpoints and best model an earlier run left (the Nth time), out of its way."""

@@ -447,9 +447,9 @@ def set_aside_earlier_run(run_dir: str) -> str | None:
     """
     run = RunDir(run_dir)
     names = [n for n in _listdir(run.checkpoints)
-             if layout.CHECKPOINT_FOLDER.match(n.removesuffix(layout.UNLOADABLE))]  # fmt: skip
+             if CHECKPOINT_PATTERN.match(n.removesuffix(layout.UNLOADABLE))]  # fmt: skip
     found = [os.path.join(run.checkpoints, n) for n in names]
-    found += [p for p in (run.best, run.best_folder, run.best_weights) if os.path.exists(p)]
+    found += [p for p in run.best_forms() if os.path.exists(p)]
     if not found:
         return None
     n = 1

@@ -9,7 +9,7 @@ import time
 import tensorflow as tf
 
 from hvd_train.data.job import Job
-from hvd_train.record.layout import RunDir, saved_model_folder, weights_file
+from hvd_train.record.layout import RunDir
 from hvd_train.runtime.keras import binding
 from hvd_train.runtime.schedules import lr_multiplier
 from hvd_train.train.callbacks.base import Callback
@@ -62,14 +62,14 @@ class Checkpointer(Callback):
         cfg, checkpoint = job.cfg, job.cfg.checkpoint
         self.store, self.control, self.plan, self.k = store, control, job.plan, checkpoint
         self.epochs, self.seed, self.random = cfg.train.epochs, cfg.runtime.seed, random
-        self.best_path = best_path = RunDir(cfg.run.dir).best
+        run = RunDir(cfg.run.dir)
+        self.best_path = run.best
         self.last: str | None = store.newest()
         best = store.best()
         self.best_value = read_state(best)["metrics"][checkpoint.monitor] if best else None
         # A resumed run's best model, exported by an earlier job (best.keras, or its SavedModel
         # folder or weights: checkpoint.export_plain_model), stays its best until beaten.
-        exported = [saved_model_folder(best_path), weights_file(best_path), best_path]
-        found = [p for p in exported if os.path.exists(p)] if self.last is not None else []
+        found = [p for p in run.best_forms() if os.path.exists(p)] if self.last is not None else []
         self.best_model: str | None = found[-1] if found else None
 
     def acts_mid_epoch(self) -> bool:
